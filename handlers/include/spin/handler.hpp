@@ -1,0 +1,411 @@
+// spinnic handler API: the one header a handler author includes.
+//
+// Freestanding: it uses no libstdc++ and no libc, only compiler builtins, so the same source
+// compiles for the native target (x86-64 shared object) and, later, the eBPF target.
+//
+// Model (sPIN, Hoefler et al., SC17, section 3; PsPIN, ISCA 2021): a message is a sequence of
+// packets that match one execution context (EC). For each message the NIC runs
+//   - the header handler once, before any payload handler of the message,
+//   - one payload handler per packet, concurrently on any HPU, in no guaranteed order,
+//   - the completion handler once, after the end-of-message packet was seen, every packet of
+//     the message arrived and every payload handler of the message returned.
+// Any of the three may be absent. Handlers reach the runtime only through the function table
+// carried in their context (`spin::ctx::api`), never through symbols the dynamic linker
+// resolves: a compiled handler has no undefined symbols.
+#pragma once
+
+namespace spin {
+
+using u8 = __UINT8_TYPE__;
+using u16 = __UINT16_TYPE__;
+using u32 = __UINT32_TYPE__;
+using u64 = __UINT64_TYPE__;
+using i32 = __INT32_TYPE__;
+using i64 = __INT64_TYPE__;
+
+/// ABI version of `spin::ctx` and `spin::api_table`. Bumped on any incompatible change; the
+/// runtime refuses handlers built for another version.
+inline constexpr u32 abi_version = 1;
+
+/// Error codes shared by the handler API and the runtime. 0 is success; errors are negative so
+/// that API calls can return "count or error" in one signed integer.
+enum class errc : i32 {
+  ok = 0,
+  out_of_bounds = -1,    ///< an offset/length lies outside the memory the call may touch
+  misaligned = -2,       ///< an atomic or typed access is not naturally aligned
+  invalid_argument = -3, ///< a parameter is malformed (null pointer, zero size, bad flag)
+  no_space = -4,         ///< a queue or pool is full (TX queue, event queue, message table)
+  would_block = -5,      ///< a non-blocking operation has not completed yet
+  timeout = -6,          ///< a bounded wait expired
+  not_found = -7,        ///< an id (EC, region, DMA handle) does not exist
+  exists = -8,           ///< the object is already installed / registered
+  no_memory = -9,        ///< the NIC memory arena cannot hold the request
+  aborted = -10,         ///< the handler exceeded its budget and was stopped
+  not_supported = -11,   ///< the operation is not available (target, configuration)
+  bad_state = -12,       ///< the call is not valid now (e.g. unlock of a lock not held)
+};
+
+/// Returns a static, human-readable name for `e` ("out_of_bounds", ...).
+constexpr const char* errc_name(errc e) {
+  switch (e) {
+  case errc::ok: return "ok";
+  case errc::out_of_bounds: return "out_of_bounds";
+  case errc::misaligned: return "misaligned";
+  case errc::invalid_argument: return "invalid_argument";
+  case errc::no_space: return "no_space";
+  case errc::would_block: return "would_block";
+  case errc::timeout: return "timeout";
+  case errc::not_found: return "not_found";
+  case errc::exists: return "exists";
+  case errc::no_memory: return "no_memory";
+  case errc::aborted: return "aborted";
+  case errc::not_supported: return "not_supported";
+  case errc::bad_state: return "bad_state";
+  }
+  return "unknown";
+}
+
+/// What a handler tells the runtime when it returns. The runtime's exact reaction:
+///
+/// | code            | header handler                          | payload handler                    | completion handler |
+/// |-----------------|-----------------------------------------|------------------------------------|--------------------|
+/// | success         | run payload handlers, then completion   | packet done                        | message done       |
+/// | drop            | discard the whole message: no payload or completion handler runs; its packets count as `handler_drop` | this packet counts as `handler_drop`; the message goes on | message done, counted as dropped message |
+/// | proceed         | skip every payload handler; completion runs once the message is complete | skip payload handlers of packets not yet started; completion as usual | as success |
+/// | *_pending       | as the base code, and the message's match entry stays pending (below) |
+///
+/// Pending: normally a message's entry is retired right after its completion handler; its
+/// scratchpad is freed and its key is remembered in a bounded per-EC history so that late
+/// duplicates are dropped as `duplicate`. When any handler of the message returns a *_pending
+/// code, the entry is kept (scratchpad included) after completion until the host releases it
+/// (`spin::rt::runtime::release_message`) or the EC is uninstalled; every late packet of it
+/// counts as `duplicate`, however long ago it completed.
+/// Any other value counts as `bad_return` and is treated as drop.
+enum class ret : i32 {
+  success = 0,
+  drop = 1,
+  proceed = 2,
+  success_pending = 3,
+  drop_pending = 4,
+  proceed_pending = 5,
+};
+
+/// The three handler kinds.
+enum class handler_kind : u32 { header = 0, payload = 1, completion = 2 };
+
+/// Flags of `message_desc::flags`.
+enum message_flags : u32 {
+  msg_start = 1u << 0,  ///< this packet opens the message (packet_index == 0)
+  msg_end = 1u << 1,    ///< this packet is the last one of the message
+  msg_retransmit = 1u << 2, ///< the sender marked this packet as a retransmission
+};
+
+/// Where a packet of a message comes from and where it belongs. All fields are host byte order.
+struct message_desc {
+  u32 ec_id;              ///< execution context the message matched
+  u32 source_rank;        ///< rank of the sender
+  u64 message_id;         ///< sender-chosen id, unique per (EC, source) while in flight
+  u64 match_bits;         ///< the packet's match bits (wire header)
+  u64 offset_bytes;       ///< byte offset of this packet's payload in the message
+  u64 message_len_bytes;  ///< total payload bytes of the message
+  u32 packet_index;       ///< 0-based index of this packet in the message
+  u32 flags;              ///< `message_flags`
+  u32 packet_count;       ///< packets in the message; 0 while the end packet is unseen
+  u32 reserved;
+};
+
+/// Handle of a non-blocking DMA; test it with `ctx::dma_test`, wait with `ctx::dma_wait`.
+struct dma_handle {
+  u64 id;
+};
+
+/// Descriptor of a packet a handler sends (`ctx::send`, `ctx::put`). Begins with its size so
+/// the struct can grow without breaking compiled handlers.
+struct send_desc {
+  u32 size_bytes;           ///< sizeof(send_desc) as the handler was compiled
+  u32 dest_rank;            ///< destination rank; the port maps it to an address
+  u64 match_bits;           ///< match bits of the outgoing packet
+  u64 message_id;           ///< message id of the outgoing packet
+  u64 offset_bytes;         ///< byte offset of this packet in the outgoing message (put target)
+  u64 message_len_bytes;    ///< total length of the outgoing message
+  const void* data;         ///< payload: must lie in the packet, handler memory or scratchpad
+  u32 len_bytes;            ///< payload bytes (at most the port's MTU payload)
+  u32 flags;                ///< `message_flags` of the outgoing packet
+  u32 packet_index;         ///< packet index in the outgoing message
+  u32 reserved;
+};
+
+struct ctx;
+
+/// The runtime's function table. C ABI, begins with its size: a runtime built later may append
+/// entries; a handler only calls entries that fit in `size_bytes`. Every call is bounds-checked
+/// against the calling handler's own packet, EC handler memory, message scratchpad and host
+/// window, and returns `errc` as i32 (0 or a negative error), or a count where stated.
+struct api_table {
+  u64 size_bytes;
+  u32 abi_version;
+  u32 reserved;
+  /// Copies `len` bytes from local memory `src` to host window offset `host_off`. With `h`
+  /// null the call blocks until the copy is done; otherwise it returns at once and fills `h`.
+  i32 (*dma_to_host)(ctx* c, u64 host_off, const void* src, u64 len, dma_handle* h);
+  /// Copies `len` bytes from host window offset `host_off` to local memory `dst`.
+  i32 (*dma_from_host)(ctx* c, void* dst, u64 host_off, u64 len, dma_handle* h);
+  /// 1 when the DMA `h` has completed, 0 while it is in flight, <0 on error.
+  i32 (*dma_test)(ctx* c, dma_handle h);
+  /// Waits until the DMA `h` has completed.
+  i32 (*dma_wait)(ctx* c, dma_handle h);
+  /// Sends one packet described by `d` through the NIC's TX queue.
+  i32 (*send)(ctx* c, const send_desc* d);
+  /// Writes an 8-byte event to the host's event queue of this EC.
+  i32 (*post_event)(ctx* c, u64 value);
+  /// Acquires the spin lock word at handler-memory offset `off` (8-byte aligned u64).
+  i32 (*lock)(ctx* c, u64 off);
+  /// Releases the spin lock at `off`; the caller must hold it.
+  i32 (*unlock)(ctx* c, u64 off);
+};
+
+namespace detail {
+template <class T> struct is_atomic_int { static constexpr bool value = false; };
+template <> struct is_atomic_int<u32> { static constexpr bool value = true; };
+template <> struct is_atomic_int<u64> { static constexpr bool value = true; };
+template <> struct is_atomic_int<i32> { static constexpr bool value = true; };
+template <> struct is_atomic_int<i64> { static constexpr bool value = true; };
+
+constexpr bool range_ok(u64 off, u64 len, u64 limit) { return off <= limit && len <= limit - off; }
+
+template <class T> constexpr bool aligned(u64 off) { return off % alignof(T) == 0; }
+
+template <class To, class From> To bit_cast(From f) { return __builtin_bit_cast(To, f); }
+} // namespace detail
+
+/// A bounds-checked view of bytes the handler may read and write (packet payload, handler
+/// memory, scratchpad).
+struct byte_view {
+  u8* data;
+  u64 len_bytes;
+
+  /// Returns a pointer to `count` objects of type T at byte `off`, or null when they do not lie
+  /// inside the view or are not aligned for T.
+  template <class T> T* at(u64 off, u64 count = 1) const {
+    if (count > len_bytes / sizeof(T) || !detail::range_ok(off, count * sizeof(T), len_bytes) ||
+        !detail::aligned<T>(reinterpret_cast<u64>(data) + off))
+      return nullptr;
+    return reinterpret_cast<T*>(data + off);
+  }
+  u64 size() const { return len_bytes; }
+};
+
+/// The handler context: everything a handler invocation sees. Built by the runtime for each
+/// call; valid only during the call. Begins with its size (ABI rule of `api_table`).
+struct ctx {
+  u32 size_bytes;             ///< sizeof(ctx) as the runtime built it
+  u32 abi_version;            ///< `spin::abi_version` of the runtime
+  const api_table* api;       ///< the runtime's function table
+  void* rt;                   ///< opaque runtime state of this invocation
+  byte_view packet;           ///< payload of this packet (after the spin header); empty in completion
+  message_desc msg;           ///< the message this invocation belongs to
+  byte_view handler_mem;      ///< the EC's handler memory (shared by all messages of the EC)
+  byte_view scratch;          ///< this message's scratchpad (zeroed when the message starts)
+  u64 host_window_len_bytes;  ///< bytes of the host window that DMA may address
+  u32 hpu;                    ///< index of the HPU running this invocation
+  u32 kind;                   ///< `handler_kind` of this invocation
+
+  // ---- typed access -----------------------------------------------------------------------
+  /// `count` objects of T at byte `off` of the EC's handler memory, or null when out of bounds
+  /// or misaligned.
+  template <class T> T* mem(u64 off, u64 count = 1) const { return handler_mem.at<T>(off, count); }
+  /// `count` objects of T at byte `off` of the message scratchpad, or null.
+  template <class T> T* scratchpad(u64 off, u64 count = 1) const { return scratch.at<T>(off, count); }
+  /// `count` objects of T at byte `off` of the packet payload, or null.
+  template <class T> T* payload(u64 off, u64 count = 1) const { return packet.at<T>(off, count); }
+
+  // ---- DMA ----------------------------------------------------------------------------------
+  /// Blocking DMA of `len` bytes from local `src` to host window offset `host_off`.
+  /// Errors: out_of_bounds (src range outside packet/handler memory/scratchpad, or host range
+  /// outside the window), invalid_argument (null src with len > 0).
+  errc dma_to_host(u64 host_off, const void* src, u64 len) {
+    return static_cast<errc>(api->dma_to_host(this, host_off, src, len, nullptr));
+  }
+  /// Blocking DMA of `len` bytes from host window offset `host_off` to local `dst`.
+  errc dma_from_host(void* dst, u64 host_off, u64 len) {
+    return static_cast<errc>(api->dma_from_host(this, dst, host_off, len, nullptr));
+  }
+  /// Non-blocking DMA to host; `h` identifies it. Errors as `dma_to_host`, and no_space when the
+  /// HPU has too many DMAs in flight.
+  errc dma_to_host_nb(u64 host_off, const void* src, u64 len, dma_handle& h) {
+    return static_cast<errc>(api->dma_to_host(this, host_off, src, len, &h));
+  }
+  /// Non-blocking DMA from host.
+  errc dma_from_host_nb(void* dst, u64 host_off, u64 len, dma_handle& h) {
+    return static_cast<errc>(api->dma_from_host(this, dst, host_off, len, &h));
+  }
+  /// 1 when `h` completed, 0 while in flight; negative errc (not_found) for an unknown handle.
+  i32 dma_test(dma_handle h) { return api->dma_test(this, h); }
+  /// Waits for `h`; not_found for an unknown handle.
+  errc dma_wait(dma_handle h) { return static_cast<errc>(api->dma_wait(this, h)); }
+
+  // ---- sending ------------------------------------------------------------------------------
+  /// Sends a packet. Errors: out_of_bounds (data outside local memory or longer than the MTU
+  /// payload), no_space (TX queue full; the packet is not sent and counted), invalid_argument.
+  errc send(const send_desc& d) { return static_cast<errc>(api->send(this, &d)); }
+  /// Put from device: sends `len` bytes at local `src` to `dest_rank`, to land at byte
+  /// `remote_off` of message `message_id` (matched there by `match_bits`).
+  errc put(u32 dest_rank, u64 match_bits, u64 message_id, u64 remote_off, const void* src, u32 len,
+           u32 flags = msg_start | msg_end) {
+    send_desc d{};
+    d.size_bytes = sizeof(send_desc);
+    d.dest_rank = dest_rank;
+    d.match_bits = match_bits;
+    d.message_id = message_id;
+    d.offset_bytes = remote_off;
+    d.message_len_bytes = remote_off + len;
+    d.data = src;
+    d.len_bytes = len;
+    d.flags = flags;
+    return send(d);
+  }
+  /// Forwards this packet's payload unchanged (same message id, offset, index and flags) to
+  /// `dest_rank`.
+  errc forward(u32 dest_rank) {
+    send_desc d{};
+    d.size_bytes = sizeof(send_desc);
+    d.dest_rank = dest_rank;
+    d.match_bits = msg.match_bits;
+    d.message_id = msg.message_id;
+    d.offset_bytes = msg.offset_bytes;
+    d.message_len_bytes = msg.message_len_bytes;
+    d.data = packet.data;
+    d.len_bytes = static_cast<u32>(packet.len_bytes);
+    d.flags = msg.flags & (msg_start | msg_end);
+    d.packet_index = msg.packet_index;
+    return send(d);
+  }
+
+  // ---- host events --------------------------------------------------------------------------
+  /// Writes an 8-byte event for the host. Errors: no_space (event queue full; counted).
+  errc post_event(u64 value) { return static_cast<errc>(api->post_event(this, value)); }
+
+  // ---- locks --------------------------------------------------------------------------------
+  /// Spin lock on the u64 word at handler-memory offset `off`. Errors: out_of_bounds,
+  /// misaligned. A handler stopped for exceeding its budget releases the locks it holds.
+  errc lock(u64 off) { return static_cast<errc>(api->lock(this, off)); }
+  /// Errors: out_of_bounds, misaligned, bad_state (the lock is not held by this invocation).
+  errc unlock(u64 off) { return static_cast<errc>(api->unlock(this, off)); }
+
+  // ---- atomics on handler memory --------------------------------------------------------------
+  // T is u32, u64, i32 or i64. Each returns out_of_bounds or misaligned without touching memory
+  // when the word at `off` is not inside handler memory or not naturally aligned; `old`
+  // (optional) receives the previous value. Sequentially consistent.
+  template <class T> errc fetch_add(u64 off, T v, T* old = nullptr) {
+    return rmw<T>(off, old, [v](T* p) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); });
+  }
+  template <class T> errc exchange(u64 off, T v, T* old = nullptr) {
+    return rmw<T>(off, old, [v](T* p) { return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); });
+  }
+  template <class T> errc fetch_min(u64 off, T v, T* old = nullptr) {
+    return rmw<T>(off, old, [v](T* p) {
+      T cur = __atomic_load_n(p, __ATOMIC_SEQ_CST);
+      while (v < cur && !__atomic_compare_exchange_n(p, &cur, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+      }
+      return cur;
+    });
+  }
+  template <class T> errc fetch_max(u64 off, T v, T* old = nullptr) {
+    return rmw<T>(off, old, [v](T* p) {
+      T cur = __atomic_load_n(p, __ATOMIC_SEQ_CST);
+      while (v > cur && !__atomic_compare_exchange_n(p, &cur, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+      }
+      return cur;
+    });
+  }
+  /// Compare-and-swap: when the word equals `*expected` it becomes `desired` and ok is returned;
+  /// otherwise `*expected` receives the current value and bad_state is returned.
+  template <class T> errc compare_exchange(u64 off, T* expected, T desired) {
+    static_assert(detail::is_atomic_int<T>::value, "atomics take u32, u64, i32 or i64");
+    T* p = mem<T>(off);
+    if (p == nullptr || expected == nullptr) return locate_error<T>(off);
+    return __atomic_compare_exchange_n(p, expected, desired, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)
+               ? errc::ok
+               : errc::bad_state;
+  }
+  /// Atomic load.
+  template <class T> errc load(u64 off, T* out) {
+    static_assert(detail::is_atomic_int<T>::value, "atomics take u32, u64, i32 or i64");
+    T* p = mem<T>(off);
+    if (p == nullptr || out == nullptr) return locate_error<T>(off);
+    *out = __atomic_load_n(p, __ATOMIC_SEQ_CST);
+    return errc::ok;
+  }
+  /// Atomic store.
+  template <class T> errc store(u64 off, T v) {
+    static_assert(detail::is_atomic_int<T>::value, "atomics take u32, u64, i32 or i64");
+    T* p = mem<T>(off);
+    if (p == nullptr) return locate_error<T>(off);
+    __atomic_store_n(p, v, __ATOMIC_SEQ_CST);
+    return errc::ok;
+  }
+
+  /// Float atomics via a CAS loop on the bit pattern (F is float or double). min/max follow
+  /// IEEE minNum/maxNum: a NaN operand loses against a number.
+  template <class F> errc float_add(u64 off, F v, F* old = nullptr) {
+    return float_rmw<F>(off, old, [v](F cur) { return cur + v; });
+  }
+  template <class F> errc float_min(u64 off, F v, F* old = nullptr) {
+    return float_rmw<F>(off, old, [v](F cur) { return (v < cur || cur != cur) ? v : cur; });
+  }
+  template <class F> errc float_max(u64 off, F v, F* old = nullptr) {
+    return float_rmw<F>(off, old, [v](F cur) { return (v > cur || cur != cur) ? v : cur; });
+  }
+
+private:
+  template <class T> errc locate_error(u64 off) const {
+    if (!detail::range_ok(off, sizeof(T), handler_mem.len_bytes)) return errc::out_of_bounds;
+    if (!detail::aligned<T>(reinterpret_cast<u64>(handler_mem.data) + off)) return errc::misaligned;
+    return errc::invalid_argument;
+  }
+  template <class T, class Op> errc rmw(u64 off, T* old, Op op) {
+    static_assert(detail::is_atomic_int<T>::value, "atomics take u32, u64, i32 or i64");
+    T* p = mem<T>(off);
+    if (p == nullptr) return locate_error<T>(off);
+    T prev = op(p);
+    if (old != nullptr) *old = prev;
+    return errc::ok;
+  }
+  template <class F, class Op> errc float_rmw(u64 off, F* old, Op op) {
+    static_assert(sizeof(F) == 4 || sizeof(F) == 8, "float atomics take float or double");
+    using W = typename select_word<sizeof(F)>::type;
+    W* p = mem<W>(off);
+    if (p == nullptr) return locate_error<W>(off);
+    W cur = __atomic_load_n(p, __ATOMIC_SEQ_CST);
+    for (;;) {
+      F next = op(detail::bit_cast<F>(cur));
+      if (__atomic_compare_exchange_n(p, &cur, detail::bit_cast<W>(next), false, __ATOMIC_SEQ_CST,
+                                      __ATOMIC_SEQ_CST))
+        break;
+    }
+    if (old != nullptr) *old = detail::bit_cast<F>(cur);
+    return errc::ok;
+  }
+  template <unsigned N> struct select_word;
+};
+
+template <> struct ctx::select_word<4> { using type = u32; };
+template <> struct ctx::select_word<8> { using type = u64; };
+
+/// Signature of every handler: C linkage, takes the context, returns `spin::ret`.
+using handler_fn = ret (*)(ctx* c);
+
+} // namespace spin
+
+/// Declares a handler of the given kind. The kind is recorded as the ELF section
+/// ".spin.<kind>.<name>" (as libbpf's SEC() marks BPF programs), which is how spinc and the
+/// loader find a package's handlers; the symbol itself has C linkage and the name given.
+#define SPIN_HANDLER_(kind, name)                                                                  \
+  extern "C" __attribute__((section(".spin." #kind "." #name), used)) ::spin::ret name(::spin::ctx* ctx)
+
+/// Header handler: `SPIN_HEADER_HANDLER(my_hh) { ...; return spin::ret::success; }`
+#define SPIN_HEADER_HANDLER(name) SPIN_HANDLER_(header, name)
+/// Payload handler: runs once per packet of the message, concurrently with other packets.
+#define SPIN_PAYLOAD_HANDLER(name) SPIN_HANDLER_(payload, name)
+/// Completion handler: runs once per message after every payload handler returned.
+#define SPIN_COMPLETION_HANDLER(name) SPIN_HANDLER_(completion, name)

@@ -1,0 +1,204 @@
+// The sPIN execution engine: execution contexts, matching, message ordering, HPU scheduling,
+// NIC memory, DMA, actions and statistics (sPIN, Hoefler et al., SC17, section 3; PsPIN,
+// Di Girolamo et al., ISCA 2021, section 3). docs/architecture.md describes the data flow.
+//
+// Threads. One *scheduler thread* drives a runtime: it creates it and is the only thread that
+// calls install, uninstall, register_host_memory, release_message, rx_burst, poll and drain
+// (calls may come from different threads over time if they never overlap, as with DPDK's
+// ethdev API). The runtime owns N HPU threads and a watchdog thread. stats() and poll_events()
+// may be called from any thread. The TX port and the packet release callback are called from
+// HPU threads and from the scheduler thread.
+#pragma once
+
+#include <spin/handler.hpp>
+#include <spin/rt/result.hpp>
+#include <spin/rt/stats.hpp>
+#include <spin/rt/tx.hpp>
+#include <spin/rt/wire.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace spin::rt {
+
+/// Identifies an installed EC (also `spin::message_desc::ec_id`).
+using ec_id = std::uint32_t;
+/// Identifies a registered host memory region.
+using region_id = std::uint32_t;
+
+/// Portals-style match rule: a packet matches when its match bits equal `bits` in every bit
+/// that `ignore_mask` does not set. ECs are tried in installation order; the first match wins.
+struct match_rule {
+  std::uint64_t bits = 0;
+  std::uint64_t ignore_mask = 0;
+  bool matches(std::uint64_t mb) const { return ((mb ^ bits) & ~ignore_mask) == 0; }
+};
+
+/// The handlers of an EC; any of them may be null.
+struct handler_set {
+  handler_fn header = nullptr;
+  handler_fn payload = nullptr;
+  handler_fn completion = nullptr;
+};
+
+/// Part of a registered host region that an EC's DMA may address: bytes
+/// [offset_bytes, offset_bytes + len_bytes) of region `region`.
+struct host_window {
+  region_id region = 0;
+  std::uint64_t offset_bytes = 0;
+  std::uint64_t len_bytes = 0;
+};
+
+/// Limits of one EC. All resources are reserved at install; the data path never allocates.
+struct ec_limits {
+  /// Messages that may be open at once (each holds a scratchpad). A packet that would open one
+  /// more is dropped as no_message_slot.
+  std::uint32_t max_messages = 64;
+  /// Completed message keys remembered so that late duplicates are recognised (FIFO).
+  std::uint32_t retired_history = 1024;
+  /// Reorder window per message in packets (rounded up to a multiple of 64): a packet more
+  /// than this far ahead of the lowest missing packet is dropped as out_of_window.
+  std::uint32_t window_packets = 1024;
+  /// Payload packets of the whole EC that may wait for their message's header handler.
+  std::uint32_t max_parked_packets = 4096;
+  /// Time budget of one handler invocation. An invocation that runs longer is stopped (see
+  /// runtime_config::preempt), reported in the EC's statistics and as an error event, and its
+  /// message is aborted (docs/architecture.md, "Handler budget").
+  std::chrono::nanoseconds handler_budget{std::chrono::milliseconds(10)};
+  /// Capacity of the EC's host event queue (events).
+  std::uint32_t event_queue_depth = 4096;
+};
+
+/// Everything that defines an execution context.
+struct ec_config {
+  std::string name;                       ///< for statistics and errors
+  match_rule match;
+  handler_set handlers;
+  std::uint64_t handler_mem_bytes = 0;    ///< shared by all messages of the EC; zeroed at install
+  std::uint64_t scratchpad_bytes = 0;     ///< per message; zeroed when a message opens
+  std::optional<host_window> window;      ///< host memory the EC may DMA to/from
+  ec_limits limits;
+};
+
+/// DMA engine model: a DMA of n bytes completes latency + n*8/bandwidth after it was issued.
+/// Zero latency and zero bandwidth (the default) mean an instant copy.
+struct dma_model {
+  std::chrono::nanoseconds latency{0};
+  double bandwidth_gbps = 0;  ///< Gbit/s; 0 = unlimited
+};
+
+/// A frame handed to the runtime. The runtime owns it from rx_burst until it calls
+/// `runtime_config::release` with `cookie`, exactly once per accepted frame, from the scheduler
+/// or an HPU thread. Handlers may modify the bytes in place.
+struct packet {
+  std::byte* frame = nullptr;
+  std::uint32_t frame_len = 0;
+  std::uint64_t cookie = 0;
+};
+
+/// Called when the runtime is done with a packet (`user` is runtime_config::release_user).
+using release_fn = void (*)(void* user, std::uint64_t cookie) noexcept;
+
+/// How a runtime is built.
+struct runtime_config {
+  std::uint32_t rank = 0;                   ///< this NIC's rank: source rank of packets handlers send
+  std::uint32_t hpus = 1;                   ///< HPU worker threads (1..256)
+  std::vector<int> hpu_cpus;                ///< when non-empty, HPU i is pinned to hpu_cpus[i % size]
+  std::uint64_t nic_memory_bytes = 64ull << 20;  ///< NIC memory arena (handler memory, scratchpads)
+  std::uint32_t max_ecs = 64;
+  std::uint32_t hpu_queue_depth = 256;      ///< tasks queued per HPU (power of two)
+  std::uint16_t udp_port = wire::default_udp_port;
+  std::uint32_t max_dma_in_flight = 64;     ///< non-blocking DMAs per invocation
+  dma_model dma;
+  tx_port* tx = nullptr;                    ///< where handler sends go; null: sends fail (not_supported)
+  release_fn release = nullptr;             ///< null: packets are not returned to anyone
+  void* release_user = nullptr;
+  /// Stop an over-budget handler by a signal to its HPU thread (native code cannot be stopped
+  /// otherwise). Off: the handler is stopped at its next API call, or reported when it returns.
+  /// Ignored (off) in ThreadSanitizer builds, whose runtime defers asynchronous signals.
+  bool preempt = true;
+  int preempt_signal = 0;                   ///< 0: SIGRTMIN + 4
+};
+
+/// An event the host reads from an EC's queue.
+struct host_event {
+  enum class kind : std::uint32_t { handler = 0, error = 1 };
+  kind type = kind::handler;
+  errc code = errc::ok;        ///< for errors: aborted (budget)
+  std::uint32_t source_rank = 0;
+  std::uint64_t message_id = 0;
+  std::uint64_t value = 0;     ///< the handler's 8 bytes, or for errors the handler kind
+};
+
+class runtime_impl;
+
+/// A NIC's sPIN engine.
+class runtime {
+public:
+  /// Builds a runtime and starts its HPU and watchdog threads. Errors: invalid_argument (hpus
+  /// out of 1..256, zero queue depth, no NIC memory), no_memory.
+  static result<std::unique_ptr<runtime>> create(const runtime_config& cfg);
+  /// Stops the threads (after drain) and returns every packet still held to `release`.
+  ~runtime();
+  runtime(const runtime&) = delete;
+  runtime& operator=(const runtime&) = delete;
+
+  /// Registers host memory that EC windows may refer to. The caller keeps it alive and does not
+  /// move it until the runtime is destroyed. Errors: invalid_argument (null or empty).
+  result<region_id> register_host_memory(std::span<std::byte> mem);
+
+  /// Installs an EC: reserves its handler memory, scratchpads (max_messages x scratchpad_bytes)
+  /// and tables. Errors: invalid_argument (window outside its region, zero limits, window
+  /// without region), not_found (unknown region), no_space (max_ecs reached), no_memory (the NIC
+  /// arena cannot hold it; the message gives the sizes).
+  result<ec_id> install(const ec_config& cfg);
+
+  /// Uninstalls an EC: stops matching it, waits up to `timeout` for its running handlers,
+  /// drops its parked packets (ec_removed) and frees its memory. Errors: not_found,
+  /// timeout (handlers still running; the EC stays installed but matches no packets).
+  result<void> uninstall(ec_id ec, std::chrono::milliseconds timeout = std::chrono::milliseconds(5000));
+
+  /// Releases a message kept by a *_pending return. Errors: not_found (no such held message).
+  result<void> release_message(ec_id ec, std::uint32_t source_rank, std::uint64_t message_id);
+
+  /// Hands up to `n` frames to the NIC. Each accepted frame is parsed, matched, and either
+  /// scheduled on an HPU, parked, or dropped with a counted reason; the runtime owns it from
+  /// here (see `packet`). Returns how many frames were accepted, from the front of `pkts`; fewer
+  /// than `n` only when every HPU queue is full (back-pressure: the caller keeps the rest).
+  /// Also processes HPU completions, like poll(). Scheduler thread only; noexcept, no allocation.
+  std::uint32_t rx_burst(const packet* pkts, std::uint32_t n) noexcept;
+
+  /// Processes finished handler invocations: starts parked payload handlers whose header
+  /// handler returned, starts completion handlers, retires messages. Returns the number of
+  /// invocations retired. Scheduler thread only.
+  std::uint32_t poll() noexcept;
+
+  /// Polls until no handler is running or queued, or `timeout` passes. Returns true when idle.
+  /// Messages waiting for missing packets do not count as running.
+  bool drain(std::chrono::milliseconds timeout = std::chrono::milliseconds(5000)) noexcept;
+
+  /// Reads up to out.size() events of EC `ec`. Any thread. Returns the count (0 for an unknown EC).
+  std::size_t poll_events(ec_id ec, std::span<host_event> out) noexcept;
+
+  /// The EC's handler memory as the host sees it (for set-up before traffic and inspection
+  /// after drain). Empty for an unknown EC.
+  std::span<std::byte> handler_memory(ec_id ec);
+
+  /// Snapshot of all counters. Any thread.
+  runtime_stats stats() const;
+
+  /// Number of HPU threads.
+  std::uint32_t hpus() const;
+
+private:
+  explicit runtime(std::unique_ptr<runtime_impl> impl);
+  std::unique_ptr<runtime_impl> _impl;
+};
+
+} // namespace spin::rt

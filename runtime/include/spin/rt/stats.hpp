@@ -1,0 +1,151 @@
+// Runtime statistics: per EC and per handler kind; packets, bytes, drops by reason, handler
+// time. Snapshots are plain values that print as text and JSON.
+#pragma once
+
+#include <spin/handler.hpp>
+#include <spin/rt/wire.hpp>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace spin::rt {
+
+/// Why the runtime dropped a packet that parsed correctly. Every dropped packet counts under
+/// exactly one reason (frames that do not parse count under `wire::reject`, frames that match
+/// no EC under `runtime_stats::unknown_ec`).
+enum class drop_reason : std::uint8_t {
+  duplicate,        ///< the packet (EC, source, message, seq) was already accepted
+  out_of_window,    ///< seq is beyond the message's reorder window (ec_limits::window_packets)
+  bad_sequence,     ///< seq at or past the packet count fixed by the end-of-message packet
+  inconsistent,     ///< message length or packet count disagree with earlier packets
+  no_message_slot,  ///< the EC already has ec_limits::max_messages open messages
+  parking_full,     ///< payload packet waiting for its header handler, but no parking space left
+  handler_drop,     ///< a handler returned drop (for a header handler: every packet of the message)
+  bad_return,       ///< a handler returned a value that is not a `spin::ret`
+  message_aborted,  ///< the message was aborted (a handler exceeded its budget)
+  not_data,         ///< packet type other than data/result (ack, nack, control): not for handlers in v1
+  ec_removed,       ///< the EC was uninstalled while the packet waited
+  host_window,      ///< default deposit (no payload handler) outside the EC's host window
+  count_
+};
+inline constexpr std::size_t drop_reason_count = static_cast<std::size_t>(drop_reason::count_);
+const char* drop_reason_name(drop_reason r);
+
+/// Summary of a latency distribution (ns). Percentiles come from a log-linear histogram with
+/// 8 sub-buckets per power of two: they are upper bounds within 12.5% of the exact value.
+struct latency_summary {
+  std::uint64_t count = 0;
+  double mean_ns = 0;
+  std::uint64_t p50_ns = 0;
+  std::uint64_t p99_ns = 0;
+  std::uint64_t max_ns = 0;
+};
+
+/// Per handler kind of one EC.
+struct handler_stats {
+  std::uint64_t invocations = 0;
+  std::uint64_t bytes = 0;        ///< payload bytes the invocations saw
+  std::uint64_t over_budget = 0;  ///< invocations that exceeded the EC's budget
+  latency_summary time;
+};
+
+/// Snapshot of one EC.
+struct ec_stats {
+  std::uint32_t ec_id = 0;
+  std::string name;
+  std::uint64_t packets_in = 0;
+  std::uint64_t bytes_in = 0;  ///< payload bytes of accepted packets
+  std::uint64_t packets_skipped = 0;  ///< accepted, but a proceed return skipped their payload handler
+  std::uint64_t messages_started = 0;
+  std::uint64_t messages_completed = 0;
+  std::uint64_t messages_dropped = 0;  ///< header handler returned drop
+  std::uint64_t messages_aborted = 0;  ///< a handler exceeded its budget
+  std::array<std::uint64_t, drop_reason_count> drops{};
+  std::uint64_t dma_to_host_bytes = 0;
+  std::uint64_t dma_from_host_bytes = 0;
+  std::uint64_t dma_ops = 0;
+  std::uint64_t deposit_bytes = 0;  ///< default deposits (EC without payload handler)
+  std::uint64_t sends = 0;
+  std::uint64_t send_bytes = 0;
+  std::uint64_t send_failed = 0;
+  std::uint64_t events_posted = 0;
+  std::uint64_t events_lost = 0;  ///< event queue full
+  std::uint64_t api_errors = 0;   ///< API calls that returned an error
+  std::uint64_t handler_mem_bytes = 0;
+  std::uint64_t nic_mem_bytes = 0;  ///< NIC memory the EC holds (handler memory + scratchpads)
+  std::array<handler_stats, 3> kinds{};  ///< indexed by spin::handler_kind
+  std::uint64_t total_drops() const;
+};
+
+/// Snapshot of one HPU.
+struct hpu_stats {
+  std::uint32_t hpu = 0;
+  std::uint64_t tasks = 0;
+  std::uint64_t busy_ns = 0;
+  std::uint64_t preempted = 0;
+};
+
+/// Snapshot of the whole runtime.
+struct runtime_stats {
+  std::uint64_t frames_accepted = 0;
+  std::array<std::uint64_t, wire::reject_count> frames_rejected{};
+  std::uint64_t unknown_ec = 0;
+  std::uint64_t nic_mem_capacity_bytes = 0;
+  std::uint64_t nic_mem_used_bytes = 0;
+  std::uint64_t nic_mem_peak_bytes = 0;
+  std::vector<hpu_stats> hpus;
+  std::vector<ec_stats> ecs;
+};
+
+/// Multi-line human-readable text (one block per EC; zero counters omitted).
+std::string to_text(const runtime_stats& s);
+/// JSON object with every counter (zeros included), stable key names.
+std::string to_json(const runtime_stats& s);
+
+namespace detail {
+
+/// Counter written by one thread, read by any: relaxed load+store, no read-modify-write.
+class counter {
+public:
+  void add(std::uint64_t n) noexcept { _v.store(_v.load(std::memory_order_relaxed) + n, std::memory_order_relaxed); }
+  std::uint64_t get() const noexcept { return _v.load(std::memory_order_relaxed); }
+
+private:
+  std::atomic<std::uint64_t> _v{0};
+};
+
+/// Log-linear histogram of ns values: 64 powers of two x 8 sub-buckets. Single writer.
+class latency_histogram {
+public:
+  static constexpr unsigned sub_bits = 3;
+  static constexpr unsigned buckets = 64 << sub_bits;
+  void record(std::uint64_t ns) noexcept;
+  latency_summary summary() const;
+  static unsigned bucket_of(std::uint64_t v) noexcept;
+  static std::uint64_t bucket_upper(unsigned b) noexcept;
+
+private:
+  std::array<counter, buckets> _b;
+  counter _count, _sum, _max;
+};
+
+struct kind_counters {
+  counter invocations, bytes, over_budget;
+  latency_histogram time;
+};
+
+/// Live counters of one EC; the runtime's scheduler thread is the only writer.
+struct ec_counters {
+  counter packets_in, bytes_in, messages_started, messages_completed, messages_dropped, messages_aborted;
+  std::array<counter, drop_reason_count> drops;
+  counter dma_to_host_bytes, dma_from_host_bytes, dma_ops, deposit_bytes, sends, send_bytes, send_failed,
+      events_posted, events_lost, api_errors;
+  std::array<kind_counters, 3> kinds;
+  void snapshot(ec_stats& out) const;
+};
+
+} // namespace detail
+} // namespace spin::rt

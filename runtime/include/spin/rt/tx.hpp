@@ -1,0 +1,63 @@
+// The TX queue abstraction: where packets produced by handlers go. The emulator plugs DPDK in
+// behind it; tests use `memory_tx_port`.
+#pragma once
+
+#include <spin/rt/wire.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+namespace spin::rt {
+
+/// A NIC's transmit side. The runtime calls `send` from HPU threads: HPU h only ever calls it
+/// with `hpu == h`, so an implementation can keep one queue per HPU and needs no lock.
+class tx_port {
+public:
+  virtual ~tx_port() = default;
+  /// Transmits one packet with spin header `h` (h.payload_len == payload.size()) to rank
+  /// `h`'s destination `dest_rank`. Must copy what it keeps; must not block or allocate.
+  /// Returns ok, or no_space when the queue is full (the runtime counts a failed send and
+  /// returns the error to the handler).
+  virtual errc send(std::uint32_t hpu, std::uint32_t dest_rank, const wire::header& h,
+                    std::span<const std::byte> payload) noexcept = 0;
+  /// Largest payload (bytes) of one packet this port carries.
+  virtual std::uint32_t max_payload_bytes() const noexcept = 0;
+};
+
+/// In-memory TX port: each HPU appends encoded frames (wire format v1, addresses from
+/// `wire::rank_endpoint`) to its own preallocated buffer; `take_frames` hands them to the test
+/// after the runtime is quiescent. Capacity is fixed at construction; a full buffer gives
+/// no_space.
+class memory_tx_port final : public tx_port {
+public:
+  /// `hpus` queues of `capacity_bytes` each; frames carry `source_rank` as sender address.
+  memory_tx_port(std::uint32_t hpus, std::size_t capacity_bytes, std::uint32_t source_rank,
+                 std::uint32_t mtu_payload_bytes = 4096);
+  errc send(std::uint32_t hpu, std::uint32_t dest_rank, const wire::header& h,
+            std::span<const std::byte> payload) noexcept override;
+  std::uint32_t max_payload_bytes() const noexcept override { return _mtu_payload; }
+
+  /// One captured frame.
+  struct frame {
+    std::uint32_t hpu;
+    std::uint32_t dest_rank;
+    std::vector<std::byte> bytes;
+  };
+  /// Moves out every frame sent so far, HPU by HPU in send order. Call only while no HPU sends
+  /// (after runtime::drain).
+  std::vector<frame> take_frames();
+
+private:
+  struct queue {
+    std::vector<std::byte> buf;
+    std::size_t used = 0;
+  };
+  std::vector<queue> _q;
+  std::uint32_t _source_rank;
+  std::uint32_t _mtu_payload;
+};
+
+} // namespace spin::rt

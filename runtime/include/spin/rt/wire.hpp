@@ -1,0 +1,139 @@
+// Wire format v1: Ethernet / IPv4 / UDP (one configurable port) / spin header.
+// The normative description is docs/wire-format.md; this header is its only implementation.
+#pragma once
+
+#include <spin/handler.hpp>
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+namespace spin::rt::wire {
+
+inline constexpr std::uint8_t version = 1;
+inline constexpr std::uint16_t default_udp_port = 17771;
+inline constexpr std::size_t eth_len = 14;
+inline constexpr std::size_t ipv4_min_len = 20;
+inline constexpr std::size_t udp_len = 8;
+inline constexpr std::size_t spin_base_len = 48;  ///< spin header without extension (bytes)
+inline constexpr std::size_t spin_coll_len = 16;  ///< collective extension (bytes)
+/// Bytes before the payload of a data packet without options or extension: 14+20+8+48 = 90.
+inline constexpr std::size_t min_overhead = eth_len + ipv4_min_len + udp_len + spin_base_len;
+
+/// Packet types (byte 1 of the spin header).
+enum class packet_type : std::uint8_t { data = 1, ack = 2, nack = 3, result = 4, control = 5 };
+
+/// Flags (bytes 2-3 of the spin header).
+enum flag : std::uint16_t {
+  flag_start = 1u << 0,      ///< first packet of the message (seq 0)
+  flag_end = 1u << 1,        ///< last packet of the message
+  flag_retransmit = 1u << 2, ///< retransmission of an earlier packet
+  flag_coll = 1u << 3,       ///< the 16-byte collective extension follows the base header
+};
+inline constexpr std::uint16_t known_flags = flag_start | flag_end | flag_retransmit | flag_coll;
+
+/// Collective extension (present when `flag_coll` is set).
+struct coll_ext {
+  std::uint8_t op = 0;        ///< reduction operation id
+  std::uint8_t dtype = 0;     ///< datatype id
+  std::uint16_t slot = 0;     ///< aggregator slot index (bit 15: shadow copy)
+  std::uint32_t elem_count = 0; ///< elements in this packet
+  std::uint32_t epoch = 0;    ///< collective epoch / round
+  std::uint32_t reserved = 0;
+};
+
+/// The spin header in host byte order.
+struct header {
+  std::uint8_t version = wire::version;
+  packet_type type = packet_type::data;
+  std::uint16_t flags = 0;
+  std::uint32_t source_rank = 0;
+  std::uint64_t match_bits = 0;
+  std::uint64_t message_id = 0;
+  std::uint32_t seq = 0;            ///< packet index in the message
+  std::uint32_t payload_len = 0;    ///< payload bytes in this packet
+  std::uint64_t message_len = 0;    ///< payload bytes of the whole message
+  std::uint64_t offset = 0;         ///< byte offset of this payload in the message
+  coll_ext coll{};                  ///< valid when flags & flag_coll
+};
+
+/// Why a frame was rejected. Every rejected frame is counted under exactly one reason.
+enum class reject : std::uint8_t {
+  eth_truncated,    ///< shorter than an Ethernet header
+  not_ipv4,         ///< EtherType is not IPv4
+  ip_truncated,     ///< frame ends inside the IPv4 header, or IHL < 5
+  ip_version,       ///< IP version field is not 4
+  ip_length,        ///< IPv4 total length smaller than its header or larger than the frame
+  ip_checksum,      ///< IPv4 header checksum is wrong
+  ip_fragment,      ///< fragmented datagram (MF set or fragment offset non-zero)
+  not_udp,          ///< IP protocol is not UDP
+  udp_truncated,    ///< IP payload shorter than a UDP header
+  udp_length,       ///< UDP length smaller than 8 or larger than the IP payload
+  wrong_port,       ///< UDP destination port is not the spin port
+  spin_truncated,   ///< UDP payload shorter than the spin header (with its extension)
+  bad_version,      ///< spin version is not 1
+  bad_type,         ///< unknown packet type
+  bad_flags,        ///< unknown flag bits, or start flag on a packet with seq != 0
+  length_mismatch,  ///< payload_len disagrees with the UDP length
+  bad_offset,       ///< offset + payload_len exceeds message_len
+  count_            ///< number of reasons
+};
+inline constexpr std::size_t reject_count = static_cast<std::size_t>(reject::count_);
+
+/// Static name of a reason ("ip_checksum", ...).
+const char* reject_name(reject r);
+
+/// One piece of a frame that may be split over several buffers (mbuf segments).
+struct segment {
+  const std::byte* data;
+  std::uint32_t len;
+};
+
+/// What parsing a frame found.
+struct parsed {
+  header hdr;
+  std::uint32_t payload_offset = 0;  ///< byte offset of the payload in the whole frame
+  std::uint32_t frame_len = 0;       ///< bytes of the frame (sum of segments)
+};
+
+/// Counters of rejected frames, one per reason. Relaxed atomics: any thread may read them.
+struct parser_stats {
+  std::array<std::atomic<std::uint64_t>, reject_count> rejected{};
+  std::atomic<std::uint64_t> accepted{0};
+  std::uint64_t total_rejected() const;
+};
+
+/// Parses a frame split over `segs`. Never reads outside the segments. On success fills `out`
+/// and returns true; otherwise stores the reason in `why` and returns false. `udp_port` is the
+/// spin destination port. Thread-safe (no shared state).
+bool parse(std::span<const segment> segs, std::uint16_t udp_port, parsed& out, reject& why) noexcept;
+
+/// Contiguous-frame convenience form of `parse`.
+inline bool parse(std::span<const std::byte> frame, std::uint16_t udp_port, parsed& out, reject& why) noexcept {
+  const segment s{frame.data(), static_cast<std::uint32_t>(frame.size())};
+  return parse(std::span<const segment>(&s, 1), udp_port, out, why);
+}
+
+/// Addresses of one endpoint on the wire.
+struct endpoint {
+  std::array<std::uint8_t, 6> mac{};
+  std::uint32_t ipv4 = 0;  ///< host byte order
+  std::uint16_t udp_port = default_udp_port;
+};
+
+/// The default address of rank r in emulated networks: MAC 02:53:50:00:hi:lo, IPv4 10.83.hi.lo.
+endpoint rank_endpoint(std::uint32_t rank, std::uint16_t udp_port = default_udp_port);
+
+/// Bytes `encode` writes for a header `h` with `payload_len` payload bytes.
+std::size_t encoded_len(const header& h, std::size_t payload_len);
+
+/// Writes a complete frame (Ethernet, IPv4 with checksum, UDP without checksum, spin header,
+/// payload) into `out`. `h.payload_len` is set from `payload`. Returns the frame length, or 0
+/// when `out` is too small or the frame would exceed 65535 bytes of IP datagram.
+std::size_t encode(const endpoint& src, const endpoint& dst, header h, std::span<const std::byte> payload,
+                   std::span<std::byte> out) noexcept;
+
+} // namespace spin::rt::wire

@@ -1,0 +1,1486 @@
+// The sPIN engine. Layout of this file:
+//   clock            TSC ticks and their calibration
+//   structures       task/done records, messages, ECs, HPUs, invocations
+//   handler API      the functions behind spin::api_table (run on HPU threads)
+//   HPU loop         runs tasks, measures, enforces the budget
+//   watchdog         detects over-budget invocations and preempts them
+//   scheduler        parsing, matching, message table, ordering, dispatch (scheduler thread)
+//   control path     create, install, uninstall, stats
+#include <spin/rt/arena.hpp>
+#include <spin/rt/ring.hpp>
+#include <spin/rt/runtime.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <condition_variable>
+#include <csetjmp>
+#include <csignal>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include <pthread.h>
+#include <sched.h>
+
+#if defined(__x86_64__)
+#include <x86intrin.h>
+#endif
+
+namespace spin::rt {
+
+class runtime_core;
+
+namespace {
+
+// ---- clock ---------------------------------------------------------------------------------
+
+std::uint64_t ticks() noexcept {
+#if defined(__x86_64__)
+  return __rdtsc();
+#else
+  return static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+#endif
+}
+
+void cpu_relax() noexcept {
+#if defined(__x86_64__)
+  _mm_pause();
+#endif
+}
+
+// Ticks per ns, measured once per process against steady_clock over ~5 ms.
+double ticks_per_ns() {
+  static const double v = [] {
+#if defined(__x86_64__)
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::uint64_t c0 = ticks();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    const auto t1 = std::chrono::steady_clock::now();
+    const std::uint64_t c1 = ticks();
+    const double ns = static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count());
+    return ns > 0 ? static_cast<double>(c1 - c0) / ns : 1.0;
+#else
+    return 1.0;
+#endif
+  }();
+  return v;
+}
+
+std::uint64_t ns_to_ticks(std::uint64_t ns) { return static_cast<std::uint64_t>(static_cast<double>(ns) * ticks_per_ns()); }
+std::uint64_t ticks_to_ns(std::uint64_t t) { return static_cast<std::uint64_t>(static_cast<double>(t) / ticks_per_ns()); }
+
+constexpr std::uint32_t none = UINT32_MAX;
+
+bool is_drop(ret r) { return r == ret::drop || r == ret::drop_pending; }
+bool is_proceed(ret r) { return r == ret::proceed || r == ret::proceed_pending; }
+bool is_pending(ret r) { return r == ret::success_pending || r == ret::drop_pending || r == ret::proceed_pending; }
+bool is_valid(std::int32_t r) { return r >= 0 && r <= static_cast<std::int32_t>(ret::proceed_pending); }
+
+} // namespace
+
+// ---- structures ----------------------------------------------------------------------------
+
+namespace {
+
+enum class task_kind : std::uint8_t { header, payload, completion, deposit };
+
+struct task {
+  std::uint32_t ec_slot;
+  std::uint32_t msg_idx;
+  task_kind kind;
+  bool then_payload;    // header task: run the payload handler on the same packet afterwards
+  bool then_deposit;    // header task: deposit the packet afterwards (EC without payload handler)
+  bool has_packet;
+  packet pkt;
+  std::uint32_t payload_off;
+  std::uint32_t payload_len;
+  std::byte* scratch;
+  message_desc desc;
+};
+
+// What the HPU's API calls did, added to the EC's counters by the scheduler.
+struct tally {
+  std::uint64_t dma_to = 0, dma_from = 0, dma_ops = 0, sends = 0, send_bytes = 0, send_failed = 0, events = 0,
+                events_lost = 0, api_errors = 0, deposit = 0;
+};
+
+struct done {
+  std::uint32_t ec_slot;
+  std::uint32_t msg_idx;
+  task_kind kind;
+  bool ran_payload;
+  bool over_budget;
+  bool deposit_failed;
+  std::int32_t ret_first;
+  std::int32_t ret_payload;
+  std::uint64_t ns_first;
+  std::uint64_t ns_payload;
+  std::uint32_t payload_len;
+  tally t;
+};
+
+enum class msg_state : std::uint8_t { free, open, held, retired };
+enum class outcome : std::uint8_t { ok, dropped, aborted };
+
+struct message {
+  std::uint32_t source = 0;
+  std::uint64_t id = 0;
+  std::uint64_t match_bits = 0;
+  std::uint64_t len_bytes = 0;
+  msg_state state = msg_state::free;
+  outcome result = outcome::ok;
+  bool header_started = false, header_done = false, proceed = false, pending = false, eom_seen = false,
+       completion_started = false, in_retry = false;
+  std::uint32_t packet_count = 0;  // 0 until the end packet is seen
+  std::uint32_t base = 0;          // lowest seq not yet received
+  std::uint32_t highest = 0;       // highest seq + 1 received
+  std::uint32_t inflight = 0;      // tasks of this message on HPUs
+  std::uint32_t scratch_slot = none;
+  std::uint32_t park_head = none, park_tail = none;
+};
+
+struct parked {
+  packet pkt;
+  std::uint32_t payload_off, payload_len;
+  message_desc desc;
+  std::uint32_t next;
+};
+
+struct ec {
+  ec_id id = 0;
+  std::uint32_t slot = 0;
+  bool draining = false;
+  ec_config cfg;
+  arena_block mem_block, scratch_block;
+  std::byte* mem = nullptr;
+  std::byte* scratch_base = nullptr;
+  std::uint64_t scratch_stride = 0;
+  std::byte* host = nullptr;  // start of the window in host memory
+  std::uint64_t host_len = 0;
+  std::uint64_t budget_ticks = 0;
+  std::uint32_t window_words = 0;
+
+  std::vector<message> msgs;
+  std::vector<std::uint64_t> bitmaps;  // window_words per message
+  std::vector<std::uint32_t> free_msgs, free_scratch;
+  std::vector<std::uint32_t> index;    // open addressing: msg idx + 1, 0 = empty
+  std::uint32_t index_mask = 0;
+  std::vector<std::uint32_t> retired;  // FIFO of retired message indices
+  std::uint32_t retired_head = 0, retired_count = 0;
+  std::vector<parked> parking;
+  std::uint32_t park_free = none;
+  std::vector<std::uint32_t> retry;    // messages waiting for HPU room (parked release, completion)
+  std::uint32_t inflight = 0;
+
+  std::unique_ptr<detail::mpmc_queue<host_event>> events;
+  detail::ec_counters ctr;
+  detail::counter skipped;
+};
+
+struct hpu;
+
+struct dma_slot {
+  std::uint64_t done_tick = 0;
+  std::uint32_t gen = 0;
+  bool live = false;
+};
+
+// State of the invocation an HPU is running; spin::ctx::rt points here.
+struct invocation {
+  spin::ctx c{};
+  runtime_core* rt = nullptr;
+  hpu* h = nullptr;
+  ec* e = nullptr;
+  tally t;
+  std::uint64_t locks[8] = {};
+  std::uint32_t nlocks = 0;
+  std::vector<dma_slot> dma;
+};
+
+struct hpu {
+  std::uint32_t index = 0;
+  detail::spsc_ring<task> in;
+  detail::spsc_ring<done> out;
+  std::thread th;
+  pthread_t native{};
+  std::atomic<std::uint32_t> doorbell{0};
+  std::atomic<bool> sleeping{false};
+  std::uint32_t outstanding = 0;  // scheduler-owned: tasks pushed minus records popped
+
+  // Watchdog protocol: run id and start of the current invocation (0 = idle); the watchdog
+  // stores the id of an over-budget run in abort_run.
+  std::atomic<std::uint64_t> run_id{0};
+  std::atomic<std::uint64_t> run_start{0};
+  std::atomic<std::uint64_t> run_budget{0};
+  std::atomic<std::uint64_t> abort_run{0};
+  volatile sig_atomic_t in_handler = 0;
+  volatile sig_atomic_t in_api = 0;
+  sigjmp_buf jb;
+
+  detail::counter tasks, busy_ns, preempted;
+  invocation inv;
+
+  hpu(std::size_t depth) : in(depth), out(depth) {}
+};
+
+thread_local hpu* tls_hpu __attribute__((tls_model("initial-exec"))) = nullptr;
+
+bool abort_requested(const hpu* h) noexcept {
+  return h->abort_run.load(std::memory_order_relaxed) == h->run_id.load(std::memory_order_relaxed);
+}
+
+// Signal handler of the preemption signal: leaves the handler code of an over-budget run.
+void on_preempt(int) {
+  hpu* h = tls_hpu;
+  if (h != nullptr && h->in_handler && !h->in_api && abort_requested(h)) siglongjmp(h->jb, 1);
+}
+
+} // namespace
+
+class runtime_core {
+public:
+  runtime_config cfg;
+  nic_arena arena;
+  std::vector<std::unique_ptr<ec>> ecs;       // slot -> EC (null when free)
+  std::vector<std::uint32_t> active;          // slots in installation order
+  std::vector<std::unique_ptr<hpu>> hpus;
+  std::vector<std::span<std::byte>> regions;
+  std::uint32_t next_ec_id = 1;
+  std::uint32_t rr = 0;
+  std::uint32_t room = 0;                     // free task slots over all HPUs
+  std::uint32_t total_inflight = 0;
+  std::atomic<bool> running{true};
+  bool preempt = false;
+  int preempt_sig = 0;
+  api_table api{};
+
+  wire::parser_stats parser;
+  detail::counter unknown_ec;
+  mutable std::mutex control_mu;              // guards ecs/active against stats() readers
+
+  std::thread watchdog;
+  std::mutex wd_mu;
+  std::condition_variable wd_cv;
+  std::atomic<std::uint64_t> wd_tick_ns{1'000'000};
+
+  explicit runtime_core(const runtime_config& c) : cfg(c), arena(c.nic_memory_bytes) {}
+  ~runtime_core();
+
+  // scheduler
+  void handle(const packet& p) noexcept;
+  std::uint32_t poll_done() noexcept;
+  void retry_all() noexcept;
+  bool dispatch(const task& t) noexcept;
+  void release(const packet& p) noexcept {
+    if (cfg.release != nullptr) cfg.release(cfg.release_user, p.cookie);
+  }
+  void drop(ec& e, const packet& p, drop_reason r) noexcept {
+    e.ctr.drops[static_cast<std::size_t>(r)].add(1);
+    release(p);
+  }
+  std::uint32_t find_msg(ec& e, std::uint32_t source, std::uint64_t id) const noexcept;
+  std::uint32_t open_msg(ec& e, const wire::header& h) noexcept;
+  void index_erase(ec& e, std::uint32_t idx) noexcept;
+  void free_msg(ec& e, std::uint32_t idx) noexcept;
+  void retire(ec& e, std::uint32_t idx) noexcept;
+  void settle(ec& e, std::uint32_t idx) noexcept;  // moves a finished message to the retired history
+  void check_done(ec& e, std::uint32_t idx) noexcept;
+  void dispatch_payload(ec& e, std::uint32_t slot, std::uint32_t idx, const packet& p, std::uint32_t off,
+                        std::uint32_t len, const message_desc& d) noexcept;
+  bool release_parked(ec& e, std::uint32_t slot, std::uint32_t idx) noexcept;
+  void drop_parked(ec& e, std::uint32_t idx, drop_reason r) noexcept;
+  void want_retry(ec& e, std::uint32_t idx) noexcept;
+  void apply(const done& d) noexcept;
+  message_desc make_desc(const ec& e, const message& m, const wire::header& h) const noexcept;
+
+  // HPU side
+  void hpu_loop(hpu& h) noexcept;
+  void run(hpu& h, const task& t) noexcept;
+  std::int32_t invoke(hpu& h, handler_fn fn, bool& over, std::uint64_t& ns) noexcept;
+
+  void watchdog_loop();
+  void free_ec(std::uint32_t slot);
+};
+
+// ---- handler API ---------------------------------------------------------------------------
+
+namespace {
+
+invocation& inv_of(spin::ctx* c) { return *static_cast<invocation*>(c->rt); }
+
+// Marks the HPU as inside the runtime for the duration of an API call: the preemption signal
+// never cuts a runtime function in half; an abort requested meanwhile is honoured on exit.
+class api_guard {
+public:
+  explicit api_guard(invocation& i) : _h(*i.h) { _h.in_api = 1; }
+  ~api_guard() {
+    _h.in_api = 0;
+    if (_h.in_handler && abort_requested(&_h)) siglongjmp(_h.jb, 1);
+  }
+  api_guard(const api_guard&) = delete;
+  api_guard& operator=(const api_guard&) = delete;
+
+private:
+  hpu& _h;
+};
+
+bool inside(const void* p, std::uint64_t len, const byte_view& v) {
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  const auto b = reinterpret_cast<std::uintptr_t>(v.data);
+  return v.data != nullptr && a >= b && a - b <= v.len_bytes && len <= v.len_bytes - (a - b);
+}
+
+// True when [p, p+len) lies in memory the invocation owns: its packet, its EC's handler
+// memory or its message's scratchpad.
+bool local_ok(const invocation& i, const void* p, std::uint64_t len) {
+  if (len == 0) return true;
+  if (p == nullptr) return false;
+  return inside(p, len, i.c.packet) || inside(p, len, i.c.handler_mem) || inside(p, len, i.c.scratch);
+}
+
+std::int32_t err(invocation& i, errc e) {
+  ++i.t.api_errors;
+  return static_cast<std::int32_t>(e);
+}
+
+std::uint64_t dma_done_tick(const runtime_config& cfg, std::uint64_t len) {
+  std::uint64_t ns = static_cast<std::uint64_t>(cfg.dma.latency.count());
+  if (cfg.dma.bandwidth_gbps > 0) ns += static_cast<std::uint64_t>(static_cast<double>(len) * 8.0 / cfg.dma.bandwidth_gbps);
+  return ns == 0 ? 0 : ticks() + ns_to_ticks(ns);
+}
+
+std::int32_t dma_common(spin::ctx* c, bool to_host, void* local, std::uint64_t host_off, std::uint64_t len,
+                        dma_handle* h) {
+  invocation& i = inv_of(c);
+  api_guard g(i);
+  if (!local_ok(i, local, len)) return err(i, local == nullptr ? errc::invalid_argument : errc::out_of_bounds);
+  if (host_off > i.e->host_len || len > i.e->host_len - host_off) return err(i, errc::out_of_bounds);
+  std::uint32_t slot = none;
+  if (h != nullptr) {
+    for (std::uint32_t s = 0; s < i.dma.size(); ++s)
+      if (!i.dma[s].live) {
+        slot = s;
+        break;
+      }
+    if (slot == none) return err(i, errc::no_space);
+  }
+  if (len > 0) {
+    if (to_host)
+      std::memmove(i.e->host + host_off, local, len);
+    else
+      std::memmove(local, i.e->host + host_off, len);
+  }
+  (to_host ? i.t.dma_to : i.t.dma_from) += len;
+  ++i.t.dma_ops;
+  const std::uint64_t done_at = dma_done_tick(i.rt->cfg, len);
+  if (h == nullptr) {
+    while (done_at != 0 && ticks() < done_at) cpu_relax();
+    return 0;
+  }
+  dma_slot& d = i.dma[slot];
+  d.live = true;
+  d.gen += 1;
+  d.done_tick = done_at;
+  h->id = (std::uint64_t{d.gen} << 16) | slot;
+  return 0;
+}
+
+std::int32_t api_dma_to_host(spin::ctx* c, std::uint64_t host_off, const void* src, std::uint64_t len, dma_handle* h) {
+  return dma_common(c, true, const_cast<void*>(src), host_off, len, h);
+}
+std::int32_t api_dma_from_host(spin::ctx* c, void* dst, std::uint64_t host_off, std::uint64_t len, dma_handle* h) {
+  return dma_common(c, false, dst, host_off, len, h);
+}
+
+dma_slot* find_dma(invocation& i, dma_handle h) {
+  const std::uint64_t slot = h.id & 0xffff;
+  if (slot >= i.dma.size()) return nullptr;
+  dma_slot& d = i.dma[slot];
+  if (!d.live || d.gen != static_cast<std::uint32_t>(h.id >> 16)) return nullptr;
+  return &d;
+}
+
+std::int32_t api_dma_test(spin::ctx* c, dma_handle h) {
+  invocation& i = inv_of(c);
+  api_guard g(i);
+  dma_slot* d = find_dma(i, h);
+  if (d == nullptr) return err(i, errc::not_found);
+  if (d->done_tick != 0 && ticks() < d->done_tick) return 0;
+  d->live = false;
+  return 1;
+}
+
+std::int32_t api_dma_wait(spin::ctx* c, dma_handle h) {
+  invocation& i = inv_of(c);
+  dma_slot* d = find_dma(i, h);
+  if (d == nullptr) {
+    api_guard g(i);
+    return err(i, errc::not_found);
+  }
+  while (d->done_tick != 0 && ticks() < d->done_tick) {
+    api_guard g(i);  // lets an over-budget wait be aborted
+    cpu_relax();
+  }
+  d->live = false;
+  return 0;
+}
+
+std::int32_t api_send(spin::ctx* c, const send_desc* d) {
+  invocation& i = inv_of(c);
+  api_guard g(i);
+  if (d == nullptr || d->size_bytes < sizeof(send_desc)) return err(i, errc::invalid_argument);
+  tx_port* tx = i.rt->cfg.tx;
+  if (tx == nullptr) {
+    ++i.t.send_failed;
+    return err(i, errc::not_supported);
+  }
+  if (!local_ok(i, d->data, d->len_bytes) || d->len_bytes > tx->max_payload_bytes()) return err(i, errc::out_of_bounds);
+  if (d->offset_bytes > d->message_len_bytes || d->len_bytes > d->message_len_bytes - d->offset_bytes ||
+      ((d->flags & msg_start) != 0 && d->packet_index != 0) ||
+      ((d->flags & msg_end) != 0 && d->offset_bytes + d->len_bytes != d->message_len_bytes) ||
+      (d->flags & ~static_cast<std::uint32_t>(msg_start | msg_end | msg_retransmit)) != 0)
+    return err(i, errc::invalid_argument);
+  wire::header h;
+  h.type = wire::packet_type::data;
+  h.flags = static_cast<std::uint16_t>(((d->flags & msg_start) ? wire::flag_start : 0) |
+                                       ((d->flags & msg_end) ? wire::flag_end : 0) |
+                                       ((d->flags & msg_retransmit) ? wire::flag_retransmit : 0));
+  h.source_rank = i.rt->cfg.rank;
+  h.match_bits = d->match_bits;
+  h.message_id = d->message_id;
+  h.seq = d->packet_index;
+  h.payload_len = d->len_bytes;
+  h.message_len = d->message_len_bytes;
+  h.offset = d->offset_bytes;
+  const errc r = tx->send(i.h->index, d->dest_rank, h,
+                          std::span<const std::byte>(static_cast<const std::byte*>(d->data), d->len_bytes));
+  if (r != errc::ok) {
+    ++i.t.send_failed;
+    return err(i, r);
+  }
+  ++i.t.sends;
+  i.t.send_bytes += d->len_bytes;
+  return 0;
+}
+
+std::int32_t api_post_event(spin::ctx* c, std::uint64_t value) {
+  invocation& i = inv_of(c);
+  api_guard g(i);
+  host_event ev;
+  ev.type = host_event::kind::handler;
+  ev.source_rank = c->msg.source_rank;
+  ev.message_id = c->msg.message_id;
+  ev.value = value;
+  if (!i.e->events->try_push(ev)) {
+    ++i.t.events_lost;
+    return err(i, errc::no_space);
+  }
+  ++i.t.events;
+  return 0;
+}
+
+std::uint64_t* lock_word(invocation& i, std::uint64_t off, errc& e) {
+  std::uint64_t* w = i.c.handler_mem.at<std::uint64_t>(off);
+  if (w == nullptr)
+    e = (off > i.c.handler_mem.len_bytes || i.c.handler_mem.len_bytes - off < 8) ? errc::out_of_bounds : errc::misaligned;
+  return w;
+}
+
+std::int32_t api_lock(spin::ctx* c, std::uint64_t off) {
+  invocation& i = inv_of(c);
+  hpu& h = *i.h;
+  errc e = errc::ok;
+  std::uint64_t* w;
+  {
+    api_guard g(i);
+    w = lock_word(i, off, e);
+    if (w == nullptr) return err(i, e);
+    for (std::uint32_t k = 0; k < i.nlocks; ++k)
+      if (i.locks[k] == off) return err(i, errc::bad_state);  // would deadlock on itself
+    if (i.nlocks == std::size(i.locks)) return err(i, errc::no_space);
+  }
+  std::atomic_ref<std::uint64_t> word(*w);
+  const std::uint64_t token = (h.run_id.load(std::memory_order_relaxed) << 8) | (h.index + 1);
+  for (;;) {
+    api_guard g(i);  // a handler stuck waiting for a lock can be aborted
+    std::uint64_t expected = 0;
+    if (word.compare_exchange_weak(expected, token, std::memory_order_acquire, std::memory_order_relaxed)) break;
+    cpu_relax();
+  }
+  i.locks[i.nlocks++] = off;
+  return 0;
+}
+
+std::int32_t api_unlock(spin::ctx* c, std::uint64_t off) {
+  invocation& i = inv_of(c);
+  api_guard g(i);
+  errc e = errc::ok;
+  std::uint64_t* w = lock_word(i, off, e);
+  if (w == nullptr) return err(i, e);
+  for (std::uint32_t k = 0; k < i.nlocks; ++k) {
+    if (i.locks[k] != off) continue;
+    std::atomic_ref<std::uint64_t>(*w).store(0, std::memory_order_release);
+    i.locks[k] = i.locks[--i.nlocks];
+    return 0;
+  }
+  return err(i, errc::bad_state);
+}
+
+} // namespace
+
+// ---- HPU loop ------------------------------------------------------------------------------
+
+std::int32_t runtime_core::invoke(hpu& h, handler_fn fn, bool& over, std::uint64_t& ns) noexcept {
+  invocation& i = h.inv;
+  const std::uint64_t id = h.run_id.load(std::memory_order_relaxed) + 1;
+  h.run_budget.store(i.e->budget_ticks, std::memory_order_relaxed);
+  h.run_id.store(id, std::memory_order_relaxed);
+  const std::uint64_t start = ticks();
+  h.run_start.store(start, std::memory_order_release);
+  volatile std::int32_t r = -1;
+  bool preempted = false;
+  h.in_handler = 1;
+  if (sigsetjmp(h.jb, 0) == 0) {
+    r = static_cast<std::int32_t>(fn(&i.c));
+    h.in_handler = 0;
+  } else {
+    h.in_handler = 0;
+    h.in_api = 0;
+    preempted = true;
+  }
+  const std::uint64_t end = ticks();
+  h.run_start.store(0, std::memory_order_release);
+  // Locks a handler still holds when it returns or is stopped are released, so a stopped
+  // handler cannot wedge its EC; returning with a lock held counts as an API error.
+  for (std::uint32_t k = 0; k < i.nlocks; ++k) {
+    std::uint64_t* w = i.c.handler_mem.at<std::uint64_t>(i.locks[k]);
+    if (w != nullptr) std::atomic_ref<std::uint64_t>(*w).store(0, std::memory_order_release);
+    if (!preempted) ++i.t.api_errors;
+  }
+  i.nlocks = 0;
+  for (auto& d : i.dma) d.live = false;
+  ns = ticks_to_ns(end - start);
+  over = preempted || end - start > i.e->budget_ticks || abort_requested(&h);
+  if (preempted) h.preempted.add(1);
+  if (over) {
+    host_event ev;
+    ev.type = host_event::kind::error;
+    ev.code = errc::aborted;
+    ev.source_rank = i.c.msg.source_rank;
+    ev.message_id = i.c.msg.message_id;
+    ev.value = i.c.kind;
+    if (!i.e->events->try_push(ev)) ++i.t.events_lost;
+  }
+  return over ? -1 : r;
+}
+
+namespace {
+// Default action for a packet of an EC without payload handler (Portals put semantics): the
+// payload lands in the host window at its message offset.
+bool deposit(ec& e, const task& t, tally& ta) noexcept {
+  if (t.desc.offset_bytes > e.host_len || t.payload_len > e.host_len - t.desc.offset_bytes) return false;
+  std::memcpy(e.host + t.desc.offset_bytes, t.pkt.frame + t.payload_off, t.payload_len);
+  ta.deposit += t.payload_len;
+  return true;
+}
+} // namespace
+
+void runtime_core::run(hpu& h, const task& t) noexcept {
+  invocation& i = h.inv;
+  ec& e = *ecs[t.ec_slot];
+  i.e = &e;
+  i.t = tally{};
+  i.nlocks = 0;
+  spin::ctx& c = i.c;
+  c.size_bytes = sizeof(spin::ctx);
+  c.abi_version = spin::abi_version;
+  c.api = &api;
+  c.rt = &i;
+  c.packet = t.has_packet ? byte_view{reinterpret_cast<u8*>(t.pkt.frame + t.payload_off), t.payload_len} : byte_view{nullptr, 0};
+  c.msg = t.desc;
+  c.handler_mem = byte_view{reinterpret_cast<u8*>(e.mem), e.cfg.handler_mem_bytes};
+  c.scratch = byte_view{reinterpret_cast<u8*>(t.scratch), t.scratch != nullptr ? e.cfg.scratchpad_bytes : 0};
+  c.host_window_len_bytes = e.host_len;
+  c.hpu = h.index;
+
+  done d{};
+  d.ec_slot = t.ec_slot;
+  d.msg_idx = t.msg_idx;
+  d.kind = t.kind;
+  d.payload_len = t.payload_len;
+  const std::uint64_t t0 = ticks();
+  bool over = false;
+  switch (t.kind) {
+  case task_kind::header:
+    c.kind = static_cast<u32>(handler_kind::header);
+    d.ret_first = invoke(h, e.cfg.handlers.header, over, d.ns_first);
+    d.over_budget = over;
+    if (!over && t.then_payload && (d.ret_first == static_cast<std::int32_t>(ret::success) ||
+                                    d.ret_first == static_cast<std::int32_t>(ret::success_pending))) {
+      c.kind = static_cast<u32>(handler_kind::payload);
+      d.ret_payload = invoke(h, e.cfg.handlers.payload, over, d.ns_payload);
+      d.ran_payload = true;
+      d.over_budget = over;
+    } else if (!over && t.then_deposit && (d.ret_first == static_cast<std::int32_t>(ret::success) ||
+                                           d.ret_first == static_cast<std::int32_t>(ret::success_pending))) {
+      d.deposit_failed = !deposit(e, t, i.t);
+    }
+    break;
+  case task_kind::payload:
+    c.kind = static_cast<u32>(handler_kind::payload);
+    d.ret_first = invoke(h, e.cfg.handlers.payload, over, d.ns_first);
+    d.over_budget = over;
+    break;
+  case task_kind::completion:
+    c.kind = static_cast<u32>(handler_kind::completion);
+    d.ret_first = invoke(h, e.cfg.handlers.completion, over, d.ns_first);
+    d.over_budget = over;
+    break;
+  case task_kind::deposit:
+    d.deposit_failed = !deposit(e, t, i.t);
+    break;
+  }
+  if (t.has_packet) release(t.pkt);
+  d.t = i.t;
+  h.tasks.add(1);
+  h.busy_ns.add(ticks_to_ns(ticks() - t0));
+  // Never full: the scheduler keeps at most queue-depth tasks outstanding per HPU.
+  while (!h.out.try_push(d)) cpu_relax();
+}
+
+void runtime_core::hpu_loop(hpu& h) noexcept {
+  tls_hpu = &h;
+  task t;
+  std::uint32_t idle = 0;
+  while (true) {
+    if (h.in.try_pop(t)) {
+      run(h, t);
+      idle = 0;
+      continue;
+    }
+    if (!running.load(std::memory_order_acquire)) break;
+    if (++idle < 2000) {
+      cpu_relax();
+      continue;
+    }
+    if (idle < 2200) {
+      std::this_thread::yield();
+      continue;
+    }
+    // Sleep until the scheduler rings the doorbell (Dekker-style handshake with dispatch()).
+    const std::uint32_t bell = h.doorbell.load(std::memory_order_acquire);
+    h.sleeping.store(true, std::memory_order_seq_cst);
+    if (h.in.empty() && running.load(std::memory_order_acquire)) h.doorbell.wait(bell, std::memory_order_acquire);
+    h.sleeping.store(false, std::memory_order_relaxed);
+    idle = 0;
+  }
+  tls_hpu = nullptr;
+}
+
+// ---- watchdog ------------------------------------------------------------------------------
+
+void runtime_core::watchdog_loop() {
+  std::unique_lock lk(wd_mu);
+  while (running.load(std::memory_order_acquire)) {
+    wd_cv.wait_for(lk, std::chrono::nanoseconds(wd_tick_ns.load(std::memory_order_relaxed)));
+    const std::uint64_t now = ticks();
+    for (auto& hp : hpus) {
+      hpu& h = *hp;
+      const std::uint64_t start = h.run_start.load(std::memory_order_acquire);
+      const std::uint64_t id = h.run_id.load(std::memory_order_relaxed);
+      if (start == 0 || now <= start || now - start <= h.run_budget.load(std::memory_order_relaxed)) continue;
+      if (h.abort_run.load(std::memory_order_relaxed) == id) continue;
+      h.abort_run.store(id, std::memory_order_relaxed);
+      if (preempt && h.run_id.load(std::memory_order_relaxed) == id) pthread_kill(h.native, preempt_sig);
+    }
+  }
+}
+
+// ---- scheduler -----------------------------------------------------------------------------
+
+bool runtime_core::dispatch(const task& t) noexcept {
+  const std::uint32_t n = static_cast<std::uint32_t>(hpus.size());
+  for (std::uint32_t k = 0; k < n; ++k) {
+    const std::uint32_t i = (rr + k) % n;
+    hpu& h = *hpus[i];
+    if (h.outstanding >= h.in.capacity()) continue;
+    if (!h.in.try_push(t)) continue;
+    ++h.outstanding;
+    --room;
+    ++total_inflight;
+    rr = i + 1;
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (h.sleeping.load(std::memory_order_relaxed)) {
+      h.doorbell.fetch_add(1, std::memory_order_release);
+      h.doorbell.notify_one();
+    }
+    ec& e = *ecs[t.ec_slot];
+    ++e.inflight;
+    ++e.msgs[t.msg_idx].inflight;
+    return true;
+  }
+  return false;
+}
+
+namespace {
+std::uint64_t key_hash(std::uint32_t source, std::uint64_t id) {
+  std::uint64_t x = id ^ (std::uint64_t{source} * 0x9e3779b97f4a7c15ull);
+  x ^= x >> 31;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 29;
+  return x;
+}
+} // namespace
+
+std::uint32_t runtime_core::find_msg(ec& e, std::uint32_t source, std::uint64_t id) const noexcept {
+  for (std::uint32_t p = static_cast<std::uint32_t>(key_hash(source, id)) & e.index_mask;; p = (p + 1) & e.index_mask) {
+    const std::uint32_t v = e.index[p];
+    if (v == 0) return none;
+    const message& m = e.msgs[v - 1];
+    if (m.source == source && m.id == id) return v - 1;
+  }
+}
+
+void runtime_core::index_erase(ec& e, std::uint32_t idx) noexcept {
+  const message& m = e.msgs[idx];
+  std::uint32_t p = static_cast<std::uint32_t>(key_hash(m.source, m.id)) & e.index_mask;
+  while (e.index[p] != idx + 1) p = (p + 1) & e.index_mask;
+  // Backward-shift deletion keeps linear probing free of tombstones.
+  std::uint32_t hole = p;
+  for (std::uint32_t q = (p + 1) & e.index_mask; e.index[q] != 0; q = (q + 1) & e.index_mask) {
+    const message& o = e.msgs[e.index[q] - 1];
+    const std::uint32_t home = static_cast<std::uint32_t>(key_hash(o.source, o.id)) & e.index_mask;
+    // Move q into the hole when its home does not lie cyclically in (hole, q].
+    const bool stays = hole <= q ? (home > hole && home <= q) : (home > hole || home <= q);
+    if (!stays) {
+      e.index[hole] = e.index[q];
+      hole = q;
+    }
+  }
+  e.index[hole] = 0;
+}
+
+void runtime_core::free_msg(ec& e, std::uint32_t idx) noexcept {
+  index_erase(e, idx);
+  message& m = e.msgs[idx];
+  if (m.scratch_slot != none) e.free_scratch.push_back(m.scratch_slot);
+  m = message{};
+  e.free_msgs.push_back(idx);
+}
+
+std::uint32_t runtime_core::open_msg(ec& e, const wire::header& h) noexcept {
+  if (e.free_scratch.empty()) return none;
+  if (e.free_msgs.empty()) {
+    if (e.retired_count == 0) return none;
+    const std::uint32_t old = e.retired[e.retired_head];
+    e.retired_head = (e.retired_head + 1) % static_cast<std::uint32_t>(e.retired.size());
+    --e.retired_count;
+    free_msg(e, old);
+  }
+  const std::uint32_t idx = e.free_msgs.back();
+  e.free_msgs.pop_back();
+  message& m = e.msgs[idx];
+  m = message{};
+  m.source = h.source_rank;
+  m.id = h.message_id;
+  m.match_bits = h.match_bits;
+  m.len_bytes = h.message_len;
+  m.state = msg_state::open;
+  m.scratch_slot = e.free_scratch.back();
+  e.free_scratch.pop_back();
+  if (e.cfg.scratchpad_bytes > 0)
+    std::memset(e.scratch_base + std::uint64_t{m.scratch_slot} * e.scratch_stride, 0, e.cfg.scratchpad_bytes);
+  std::fill_n(e.bitmaps.begin() + static_cast<std::ptrdiff_t>(std::uint64_t{idx} * e.window_words), e.window_words, 0);
+  std::uint32_t p = static_cast<std::uint32_t>(key_hash(m.source, m.id)) & e.index_mask;
+  while (e.index[p] != 0) p = (p + 1) & e.index_mask;
+  e.index[p] = idx + 1;
+  e.ctr.messages_started.add(1);
+  return idx;
+}
+
+void runtime_core::retire(ec& e, std::uint32_t idx) noexcept {
+  message& m = e.msgs[idx];
+  switch (m.result) {
+  case outcome::ok: e.ctr.messages_completed.add(1); break;
+  case outcome::dropped: e.ctr.messages_dropped.add(1); break;
+  case outcome::aborted: e.ctr.messages_aborted.add(1); break;
+  }
+  if (m.pending) {
+    m.state = msg_state::held;  // keeps its scratchpad until release_message
+    return;
+  }
+  settle(e, idx);
+}
+
+void runtime_core::settle(ec& e, std::uint32_t idx) noexcept {
+  message& m = e.msgs[idx];
+  m.state = msg_state::retired;
+  if (m.scratch_slot != none) {
+    e.free_scratch.push_back(m.scratch_slot);
+    m.scratch_slot = none;
+  }
+  if (e.retired.empty()) {
+    free_msg(e, idx);
+    return;
+  }
+  if (e.retired_count == e.retired.size()) {
+    const std::uint32_t old = e.retired[e.retired_head];
+    e.retired_head = (e.retired_head + 1) % static_cast<std::uint32_t>(e.retired.size());
+    --e.retired_count;
+    free_msg(e, old);
+  }
+  e.retired[(e.retired_head + e.retired_count) % e.retired.size()] = idx;
+  ++e.retired_count;
+}
+
+message_desc runtime_core::make_desc(const ec& e, const message& m, const wire::header& h) const noexcept {
+  message_desc d{};
+  d.ec_id = e.id;
+  d.source_rank = h.source_rank;
+  d.message_id = h.message_id;
+  d.match_bits = h.match_bits;
+  d.offset_bytes = h.offset;
+  d.message_len_bytes = h.message_len;
+  d.packet_index = h.seq;
+  d.flags = ((h.flags & wire::flag_start) || h.seq == 0 ? msg_start : 0u) | ((h.flags & wire::flag_end) ? msg_end : 0u) |
+            ((h.flags & wire::flag_retransmit) ? msg_retransmit : 0u);
+  d.packet_count = m.packet_count;
+  return d;
+}
+
+void runtime_core::want_retry(ec& e, std::uint32_t idx) noexcept {
+  message& m = e.msgs[idx];
+  if (m.in_retry) return;
+  m.in_retry = true;
+  e.retry.push_back(idx);  // capacity reserved at install: one entry per message
+}
+
+void runtime_core::dispatch_payload(ec& e, std::uint32_t slot, std::uint32_t idx, const packet& p, std::uint32_t off,
+                                    std::uint32_t len, const message_desc& d) noexcept {
+  message& m = e.msgs[idx];
+  task t{};
+  t.ec_slot = slot;
+  t.msg_idx = idx;
+  t.has_packet = true;
+  t.pkt = p;
+  t.payload_off = off;
+  t.payload_len = len;
+  t.desc = d;
+  t.scratch = m.scratch_slot != none ? e.scratch_base + std::uint64_t{m.scratch_slot} * e.scratch_stride : nullptr;
+  if (m.proceed) {
+    e.skipped.add(1);
+    release(p);
+    return;
+  }
+  if (e.cfg.handlers.payload != nullptr && len > 0) {
+    t.kind = task_kind::payload;
+  } else if (e.cfg.handlers.payload == nullptr && e.host != nullptr && len > 0) {
+    t.kind = task_kind::deposit;
+  } else {
+    release(p);
+    return;
+  }
+  // The caller guaranteed room (rx_burst checks before each packet, parked release stops when
+  // dispatch fails), so this cannot fail here.
+  if (!dispatch(t)) drop(e, p, drop_reason::parking_full);
+}
+
+bool runtime_core::release_parked(ec& e, std::uint32_t slot, std::uint32_t idx) noexcept {
+  message& m = e.msgs[idx];
+  while (m.park_head != none) {
+    if (room == 0) return false;
+    const std::uint32_t n = m.park_head;
+    parked& pk = e.parking[n];
+    m.park_head = pk.next;
+    if (m.park_head == none) m.park_tail = none;
+    pk.desc.packet_count = m.packet_count;
+    dispatch_payload(e, slot, idx, pk.pkt, pk.payload_off, pk.payload_len, pk.desc);
+    pk.next = e.park_free;
+    e.park_free = n;
+  }
+  return true;
+}
+
+void runtime_core::drop_parked(ec& e, std::uint32_t idx, drop_reason r) noexcept {
+  message& m = e.msgs[idx];
+  while (m.park_head != none) {
+    const std::uint32_t n = m.park_head;
+    parked& pk = e.parking[n];
+    m.park_head = pk.next;
+    drop(e, pk.pkt, r);
+    pk.next = e.park_free;
+    e.park_free = n;
+  }
+  m.park_tail = none;
+}
+
+void runtime_core::check_done(ec& e, std::uint32_t idx) noexcept {
+  message& m = e.msgs[idx];
+  if (m.state != msg_state::open || !m.eom_seen || m.base < m.packet_count || m.inflight > 0 || m.park_head != none)
+    return;
+  if (e.cfg.handlers.header != nullptr && !m.header_done && m.result == outcome::ok) return;
+  if (m.result == outcome::ok && e.cfg.handlers.completion != nullptr) {
+    if (m.completion_started) return;
+    task t{};
+    t.ec_slot = e.slot;
+    t.msg_idx = idx;
+    t.kind = task_kind::completion;
+    t.scratch = m.scratch_slot != none ? e.scratch_base + std::uint64_t{m.scratch_slot} * e.scratch_stride : nullptr;
+    wire::header h;
+    h.source_rank = m.source;
+    h.message_id = m.id;
+    h.match_bits = m.match_bits;
+    h.message_len = m.len_bytes;
+    h.offset = m.len_bytes;
+    h.seq = m.packet_count;
+    h.flags = wire::flag_end;
+    t.desc = make_desc(e, m, h);
+    if (dispatch(t)) {
+      m.completion_started = true;
+    } else {
+      want_retry(e, idx);
+    }
+    return;
+  }
+  retire(e, idx);
+}
+
+void runtime_core::handle(const packet& p) noexcept {
+  wire::parsed ps;
+  wire::reject why;
+  if (!wire::parse(std::span<const std::byte>(p.frame, p.frame_len), cfg.udp_port, ps, why)) {
+    parser.rejected[static_cast<std::size_t>(why)].fetch_add(1, std::memory_order_relaxed);
+    release(p);
+    return;
+  }
+  parser.accepted.fetch_add(1, std::memory_order_relaxed);
+  const wire::header& h = ps.hdr;
+  std::uint32_t slot = none;
+  for (std::uint32_t s : active)
+    if (ecs[s]->cfg.match.matches(h.match_bits)) {
+      slot = s;
+      break;
+    }
+  if (slot == none) {
+    unknown_ec.add(1);
+    release(p);
+    return;
+  }
+  ec& e = *ecs[slot];
+  if (e.draining) return drop(e, p, drop_reason::ec_removed);
+  if (h.type != wire::packet_type::data && h.type != wire::packet_type::result) return drop(e, p, drop_reason::not_data);
+
+  std::uint32_t idx = find_msg(e, h.source_rank, h.message_id);
+  if (idx != none && e.msgs[idx].state != msg_state::open)
+    return drop(e, p, e.msgs[idx].result == outcome::aborted ? drop_reason::message_aborted : drop_reason::duplicate);
+  const std::uint32_t window = e.window_words * 64;
+  if (idx == none) {
+    if (h.seq >= window) return drop(e, p, drop_reason::out_of_window);
+    idx = open_msg(e, h);
+    if (idx == none) return drop(e, p, drop_reason::no_message_slot);
+  }
+  message& m = e.msgs[idx];
+  if (h.message_len != m.len_bytes) return drop(e, p, drop_reason::inconsistent);
+  if (m.packet_count != 0 && h.seq >= m.packet_count) return drop(e, p, drop_reason::bad_sequence);
+  if ((h.flags & wire::flag_end) != 0 && m.highest > h.seq + 1) return drop(e, p, drop_reason::bad_sequence);
+  if (h.seq < m.base) return drop(e, p, drop_reason::duplicate);
+  if (h.seq - m.base >= window) return drop(e, p, drop_reason::out_of_window);
+  std::uint64_t* bits = e.bitmaps.data() + std::uint64_t{idx} * e.window_words;
+  const std::uint32_t bit = h.seq % window;
+  if (bits[bit / 64] & (std::uint64_t{1} << (bit % 64))) return drop(e, p, drop_reason::duplicate);
+
+  const bool needs_header = e.cfg.handlers.header != nullptr && !m.header_done && m.result == outcome::ok;
+  const bool park = needs_header && (h.seq != 0 || m.header_started);
+  if (park && e.park_free == none) return drop(e, p, drop_reason::parking_full);
+
+  // Accept: mark the packet received and slide the window over the received prefix.
+  bits[bit / 64] |= std::uint64_t{1} << (bit % 64);
+  while (true) {
+    const std::uint32_t b = m.base % window;
+    if (!(bits[b / 64] & (std::uint64_t{1} << (b % 64)))) break;
+    bits[b / 64] &= ~(std::uint64_t{1} << (b % 64));
+    ++m.base;
+  }
+  m.highest = std::max(m.highest, h.seq + 1);
+  if (h.flags & wire::flag_end) {
+    m.eom_seen = true;
+    m.packet_count = h.seq + 1;
+  }
+  e.ctr.packets_in.add(1);
+  e.ctr.bytes_in.add(h.payload_len);
+  const message_desc d = make_desc(e, m, h);
+
+  if (m.result == outcome::aborted) {
+    drop(e, p, drop_reason::message_aborted);
+  } else if (m.result == outcome::dropped) {
+    drop(e, p, drop_reason::handler_drop);
+  } else if (park) {
+    const std::uint32_t n = e.park_free;
+    parked& pk = e.parking[n];
+    e.park_free = pk.next;
+    pk = parked{p, ps.payload_offset, h.payload_len, d, none};
+    if (m.park_tail == none)
+      m.park_head = n;
+    else
+      e.parking[m.park_tail].next = n;
+    m.park_tail = n;
+  } else if (needs_header) {
+    task t{};
+    t.ec_slot = slot;
+    t.msg_idx = idx;
+    t.kind = task_kind::header;
+    t.has_packet = true;
+    t.pkt = p;
+    t.payload_off = ps.payload_offset;
+    t.payload_len = h.payload_len;
+    t.desc = d;
+    t.scratch = e.scratch_base + std::uint64_t{m.scratch_slot} * e.scratch_stride;
+    t.then_payload = e.cfg.handlers.payload != nullptr && h.payload_len > 0;
+    t.then_deposit = e.cfg.handlers.payload == nullptr && e.host != nullptr && h.payload_len > 0;
+    m.header_started = true;
+    if (!dispatch(t)) drop(e, p, drop_reason::parking_full);  // unreachable: rx_burst checked room
+  } else {
+    dispatch_payload(e, slot, idx, p, ps.payload_offset, h.payload_len, d);
+  }
+  check_done(e, idx);
+}
+
+void runtime_core::apply(const done& d) noexcept {
+  ec& e = *ecs[d.ec_slot];
+  message& m = e.msgs[d.msg_idx];
+  --e.inflight;
+  --m.inflight;
+  --total_inflight;
+  e.ctr.dma_to_host_bytes.add(d.t.dma_to);
+  e.ctr.dma_from_host_bytes.add(d.t.dma_from);
+  e.ctr.dma_ops.add(d.t.dma_ops);
+  e.ctr.deposit_bytes.add(d.t.deposit);
+  e.ctr.sends.add(d.t.sends);
+  e.ctr.send_bytes.add(d.t.send_bytes);
+  e.ctr.send_failed.add(d.t.send_failed);
+  e.ctr.events_posted.add(d.t.events);
+  e.ctr.events_lost.add(d.t.events_lost);
+  e.ctr.api_errors.add(d.t.api_errors);
+
+  auto account = [&](handler_kind k, std::uint64_t ns, std::uint64_t bytes) {
+    auto& kc = e.ctr.kinds[static_cast<std::size_t>(k)];
+    kc.invocations.add(1);
+    kc.bytes.add(bytes);
+    kc.time.record(ns);
+  };
+  // Reacts to a payload handler's return code.
+  auto payload_ret = [&](std::int32_t r) {
+    if (!is_valid(r)) {
+      e.ctr.drops[static_cast<std::size_t>(drop_reason::bad_return)].add(1);
+      return;
+    }
+    const ret v = static_cast<ret>(r);
+    if (is_drop(v)) e.ctr.drops[static_cast<std::size_t>(drop_reason::handler_drop)].add(1);
+    if (is_proceed(v)) m.proceed = true;
+    if (is_pending(v)) m.pending = true;
+  };
+  auto abort_msg = [&](handler_kind k) {
+    e.ctr.kinds[static_cast<std::size_t>(k)].over_budget.add(1);
+    if (m.result == outcome::ok) m.result = outcome::aborted;
+  };
+
+  switch (d.kind) {
+  case task_kind::header: {
+    m.header_done = true;
+    account(handler_kind::header, d.ns_first, d.payload_len);
+    if (d.ran_payload) account(handler_kind::payload, d.ns_payload, d.payload_len);
+    if (d.over_budget) {
+      abort_msg(d.ran_payload ? handler_kind::payload : handler_kind::header);
+      drop_parked(e, d.msg_idx, drop_reason::message_aborted);
+      if (!d.ran_payload) e.ctr.drops[static_cast<std::size_t>(drop_reason::message_aborted)].add(1);
+      break;
+    }
+    const std::int32_t r = d.ret_first;
+    const ret v = static_cast<ret>(r);
+    if (!is_valid(r) || is_drop(v)) {
+      m.result = outcome::dropped;
+      e.ctr.drops[static_cast<std::size_t>(is_valid(r) ? drop_reason::handler_drop : drop_reason::bad_return)].add(1);
+      if (is_valid(r) && is_pending(v)) m.pending = true;
+      drop_parked(e, d.msg_idx, drop_reason::handler_drop);
+      break;
+    }
+    if (is_pending(v)) m.pending = true;
+    if (is_proceed(v)) {
+      m.proceed = true;
+      if (d.payload_len > 0 && e.cfg.handlers.payload != nullptr) e.skipped.add(1);
+    }
+    if (d.ran_payload) payload_ret(d.ret_payload);
+    if (d.deposit_failed) e.ctr.drops[static_cast<std::size_t>(drop_reason::host_window)].add(1);
+    if (!release_parked(e, d.ec_slot, d.msg_idx)) want_retry(e, d.msg_idx);
+    break;
+  }
+  case task_kind::payload:
+    account(handler_kind::payload, d.ns_first, d.payload_len);
+    if (d.over_budget) {
+      abort_msg(handler_kind::payload);
+      break;
+    }
+    payload_ret(d.ret_first);
+    break;
+  case task_kind::completion: {
+    account(handler_kind::completion, d.ns_first, 0);
+    if (d.over_budget) {
+      abort_msg(handler_kind::completion);
+    } else if (!is_valid(d.ret_first)) {
+      e.ctr.drops[static_cast<std::size_t>(drop_reason::bad_return)].add(1);
+      m.result = outcome::dropped;
+    } else {
+      const ret v = static_cast<ret>(d.ret_first);
+      if (is_pending(v)) m.pending = true;
+      if (is_drop(v)) m.result = outcome::dropped;
+    }
+    retire(e, d.msg_idx);
+    return;
+  }
+  case task_kind::deposit:
+    if (d.deposit_failed) e.ctr.drops[static_cast<std::size_t>(drop_reason::host_window)].add(1);
+    break;
+  }
+  check_done(e, d.msg_idx);
+}
+
+std::uint32_t runtime_core::poll_done() noexcept {
+  std::uint32_t n = 0;
+  for (auto& hp : hpus) {
+    hpu& h = *hp;
+    done d;
+    while (h.out.try_pop(d)) {
+      --h.outstanding;
+      ++room;
+      apply(d);
+      ++n;
+    }
+  }
+  return n;
+}
+
+void runtime_core::retry_all() noexcept {
+  for (std::uint32_t s : active) {
+    ec& e = *ecs[s];
+    // Entries that still cannot proceed are appended again by want_retry (the list has room
+    // for two entries per message), then the processed prefix is removed.
+    const std::size_t n = e.retry.size();
+    if (n == 0) continue;
+    for (std::size_t k = 0; k < n; ++k) {
+      const std::uint32_t idx = e.retry[k];
+      message& m = e.msgs[idx];
+      m.in_retry = false;
+      if (m.state != msg_state::open) continue;
+      if (!release_parked(e, s, idx)) {
+        want_retry(e, idx);
+        continue;
+      }
+      check_done(e, idx);
+    }
+    e.retry.erase(e.retry.begin(), e.retry.begin() + static_cast<std::ptrdiff_t>(n));
+  }
+}
+
+runtime_core::~runtime_core() {
+  running.store(false, std::memory_order_release);
+  {
+    std::lock_guard lk(wd_mu);
+  }
+  wd_cv.notify_all();
+  if (watchdog.joinable()) watchdog.join();
+  for (auto& h : hpus) {
+    h->doorbell.fetch_add(1, std::memory_order_release);
+    h->doorbell.notify_one();
+    if (h->th.joinable()) h->th.join();
+  }
+  // Tasks still queued were run by the HPUs before they stopped; their records are applied so
+  // that no packet is lost, then whatever is parked goes back to its owner.
+  poll_done();
+  for (std::uint32_t s = 0; s < ecs.size(); ++s)
+    if (ecs[s]) free_ec(s);
+}
+
+void runtime_core::free_ec(std::uint32_t slot) {
+  ec& e = *ecs[slot];
+  for (std::uint32_t i = 0; i < e.msgs.size(); ++i)
+    if (e.msgs[i].park_head != none) drop_parked(e, i, drop_reason::ec_removed);
+  arena.free(e.mem_block);
+  arena.free(e.scratch_block);
+  std::lock_guard lk(control_mu);
+  active.erase(std::remove(active.begin(), active.end(), slot), active.end());
+  ecs[slot].reset();
+}
+
+// ---- control path --------------------------------------------------------------------------
+
+runtime::runtime(std::unique_ptr<runtime_impl> impl) : _impl(std::move(impl)) {}
+
+class runtime_impl : public runtime_core {
+public:
+  using runtime_core::runtime_core;
+};
+
+result<std::unique_ptr<runtime>> runtime::create(const runtime_config& cfg) {
+  if (cfg.hpus < 1 || cfg.hpus > 256) return fail(errc::invalid_argument, "runtime: hpus must be 1..256, got " + std::to_string(cfg.hpus));
+  if (cfg.hpu_queue_depth == 0) return fail(errc::invalid_argument, "runtime: hpu_queue_depth must be > 0");
+  if (cfg.nic_memory_bytes == 0) return fail(errc::invalid_argument, "runtime: nic_memory_bytes must be > 0");
+  if (cfg.max_ecs == 0) return fail(errc::invalid_argument, "runtime: max_ecs must be > 0");
+  auto impl = std::make_unique<runtime_impl>(cfg);
+  runtime_core& c = *impl;
+  if (c.arena.capacity_bytes() == 0) return fail(errc::no_memory, "runtime: cannot reserve the NIC memory arena");
+  ticks_per_ns();
+  c.api.size_bytes = sizeof(api_table);
+  c.api.abi_version = spin::abi_version;
+  c.api.dma_to_host = api_dma_to_host;
+  c.api.dma_from_host = api_dma_from_host;
+  c.api.dma_test = api_dma_test;
+  c.api.dma_wait = api_dma_wait;
+  c.api.send = api_send;
+  c.api.post_event = api_post_event;
+  c.api.lock = api_lock;
+  c.api.unlock = api_unlock;
+  c.ecs.resize(cfg.max_ecs);
+#if defined(SPIN_TSAN)
+  c.preempt = false;
+#else
+  c.preempt = cfg.preempt;
+#endif
+  c.preempt_sig = cfg.preempt_signal != 0 ? cfg.preempt_signal : SIGRTMIN + 4;
+  if (c.preempt) {
+    struct sigaction sa {};
+    sa.sa_handler = on_preempt;
+    sa.sa_flags = SA_NODEFER | SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(c.preempt_sig, &sa, nullptr) != 0)
+      return fail(errc::invalid_argument, "runtime: cannot install the preemption signal handler");
+  }
+  for (std::uint32_t i = 0; i < cfg.hpus; ++i) {
+    auto h = std::make_unique<hpu>(cfg.hpu_queue_depth);
+    h->index = i;
+    h->inv.rt = &c;
+    h->inv.h = h.get();
+    h->inv.dma.resize(cfg.max_dma_in_flight);
+    c.room += static_cast<std::uint32_t>(h->in.capacity());
+    c.hpus.push_back(std::move(h));
+  }
+  for (auto& hp : c.hpus) {
+    hpu* h = hp.get();
+    h->th = std::thread([&c, h] { c.hpu_loop(*h); });
+    h->native = h->th.native_handle();
+    if (!cfg.hpu_cpus.empty()) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      CPU_SET(cfg.hpu_cpus[h->index % cfg.hpu_cpus.size()], &set);
+      if (pthread_setaffinity_np(h->native, sizeof set, &set) != 0)
+        return fail(errc::invalid_argument, "runtime: cannot pin HPU " + std::to_string(h->index) + " to CPU " +
+                                                std::to_string(cfg.hpu_cpus[h->index % cfg.hpu_cpus.size()]));
+    }
+  }
+  c.watchdog = std::thread([&c] { c.watchdog_loop(); });
+  return std::unique_ptr<runtime>(new runtime(std::move(impl)));
+}
+
+runtime::~runtime() {
+  if (_impl) drain();
+}
+
+result<region_id> runtime::register_host_memory(std::span<std::byte> mem) {
+  if (mem.data() == nullptr || mem.empty()) return fail(errc::invalid_argument, "register_host_memory: empty region");
+  _impl->regions.push_back(mem);
+  return static_cast<region_id>(_impl->regions.size() - 1);
+}
+
+result<ec_id> runtime::install(const ec_config& cfg) {
+  runtime_core& c = *_impl;
+  const ec_limits& l = cfg.limits;
+  if (l.max_messages == 0 || l.window_packets == 0 || l.max_parked_packets == 0 || l.event_queue_depth == 0 ||
+      l.handler_budget.count() <= 0)
+    return fail(errc::invalid_argument, "install \"" + cfg.name + "\": limits must be > 0");
+  std::span<std::byte> host;
+  if (cfg.window) {
+    if (cfg.window->region >= c.regions.size())
+      return fail(errc::not_found, "install \"" + cfg.name + "\": host region " + std::to_string(cfg.window->region) + " is not registered");
+    const auto r = c.regions[cfg.window->region];
+    if (cfg.window->offset_bytes > r.size() || cfg.window->len_bytes > r.size() - cfg.window->offset_bytes)
+      return fail(errc::invalid_argument, "install \"" + cfg.name + "\": window [" + std::to_string(cfg.window->offset_bytes) +
+                                              ", +" + std::to_string(cfg.window->len_bytes) + ") exceeds region of " +
+                                              std::to_string(r.size()) + " bytes");
+    host = r.subspan(cfg.window->offset_bytes, cfg.window->len_bytes);
+  }
+  std::uint32_t slot = none;
+  for (std::uint32_t s = 0; s < c.ecs.size(); ++s)
+    if (!c.ecs[s]) {
+      slot = s;
+      break;
+    }
+  if (slot == none) return fail(errc::no_space, "install \"" + cfg.name + "\": all " + std::to_string(c.ecs.size()) + " EC slots are in use");
+
+  auto e = std::make_unique<ec>();
+  e->cfg = cfg;
+  const std::uint64_t stride = (cfg.scratchpad_bytes + 63) & ~std::uint64_t{63};
+  if (cfg.scratchpad_bytes != 0 && stride > UINT64_MAX / l.max_messages)
+    return fail(errc::no_memory, "install \"" + cfg.name + "\": scratchpads overflow");
+  auto mem = c.arena.allocate(cfg.handler_mem_bytes);
+  if (!mem) return fail(errc::no_memory, "install \"" + cfg.name + "\": handler memory: " + mem.err().message);
+  auto scr = c.arena.allocate(stride * l.max_messages);
+  if (!scr) {
+    c.arena.free(*mem);
+    return fail(errc::no_memory, "install \"" + cfg.name + "\": scratchpads (" + std::to_string(l.max_messages) + " x " +
+                                     std::to_string(stride) + " bytes): " + scr.err().message);
+  }
+  e->mem_block = *mem;
+  e->scratch_block = *scr;
+  e->mem = cfg.handler_mem_bytes ? c.arena.data(*mem) : nullptr;
+  e->scratch_base = stride ? c.arena.data(*scr) : nullptr;
+  e->scratch_stride = stride;
+  e->host = host.data();
+  e->host_len = host.size();
+  e->budget_ticks = ns_to_ticks(static_cast<std::uint64_t>(l.handler_budget.count()));
+  e->window_words = (l.window_packets + 63) / 64;
+  const std::uint32_t entries = l.max_messages + l.retired_history;
+  e->msgs.resize(entries);
+  e->bitmaps.assign(std::uint64_t{entries} * e->window_words, 0);
+  for (std::uint32_t i = entries; i-- > 0;) e->free_msgs.push_back(i);
+  for (std::uint32_t i = l.max_messages; i-- > 0;) e->free_scratch.push_back(i);
+  e->index.assign(std::bit_ceil(std::uint64_t{entries} * 2), 0);
+  e->index_mask = static_cast<std::uint32_t>(e->index.size() - 1);
+  e->retired.assign(l.retired_history, 0);
+  e->parking.resize(l.max_parked_packets);
+  for (std::uint32_t i = 0; i < l.max_parked_packets; ++i) e->parking[i].next = i + 1 < l.max_parked_packets ? i + 1 : none;
+  e->park_free = 0;
+  e->retry.reserve(std::size_t{entries} * 2);
+  e->events = std::make_unique<detail::mpmc_queue<host_event>>(l.event_queue_depth);
+  e->id = c.next_ec_id++;
+  e->slot = slot;
+
+  const std::uint64_t tick = std::clamp<std::uint64_t>(static_cast<std::uint64_t>(l.handler_budget.count()) / 4, 20'000, 1'000'000);
+  if (tick < c.wd_tick_ns.load()) c.wd_tick_ns.store(tick);
+  const ec_id id = e->id;
+  std::lock_guard lk(c.control_mu);
+  c.ecs[slot] = std::move(e);
+  c.active.push_back(slot);
+  return id;
+}
+
+namespace {
+std::uint32_t slot_of(const runtime_core& c, ec_id id) {
+  for (std::uint32_t s = 0; s < c.ecs.size(); ++s)
+    if (c.ecs[s] && c.ecs[s]->id == id) return s;
+  return none;
+}
+} // namespace
+
+result<void> runtime::uninstall(ec_id id, std::chrono::milliseconds timeout) {
+  runtime_core& c = *_impl;
+  const std::uint32_t slot = slot_of(c, id);
+  if (slot == none) return fail(errc::not_found, "uninstall: EC " + std::to_string(id) + " is not installed");
+  ec& e = *c.ecs[slot];
+  e.draining = true;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (e.inflight > 0) {
+    if (c.poll_done() == 0) {
+      if (std::chrono::steady_clock::now() > deadline)
+        return fail(errc::timeout, "uninstall: EC " + std::to_string(id) + " still has " + std::to_string(e.inflight) +
+                                       " handler invocations running");
+      std::this_thread::yield();
+    }
+  }
+  c.free_ec(slot);
+  return {};
+}
+
+result<void> runtime::release_message(ec_id id, std::uint32_t source_rank, std::uint64_t message_id) {
+  runtime_core& c = *_impl;
+  const std::uint32_t slot = slot_of(c, id);
+  if (slot == none) return fail(errc::not_found, "release_message: EC " + std::to_string(id) + " is not installed");
+  ec& e = *c.ecs[slot];
+  const std::uint32_t idx = c.find_msg(e, source_rank, message_id);
+  if (idx == none || e.msgs[idx].state != msg_state::held)
+    return fail(errc::not_found, "release_message: no held message " + std::to_string(message_id) + " from rank " +
+                                     std::to_string(source_rank) + " in EC " + std::to_string(id));
+  e.msgs[idx].pending = false;
+  c.settle(e, idx);
+  return {};
+}
+
+std::uint32_t runtime::rx_burst(const packet* pkts, std::uint32_t n) noexcept {
+  runtime_core& c = *_impl;
+  c.poll_done();
+  c.retry_all();
+  std::uint32_t i = 0;
+  for (; i < n; ++i) {
+    if (c.room == 0) {
+      c.poll_done();
+      if (c.room == 0) break;
+    }
+    c.handle(pkts[i]);
+  }
+  return i;
+}
+
+std::uint32_t runtime::poll() noexcept {
+  runtime_core& c = *_impl;
+  const std::uint32_t n = c.poll_done();
+  c.retry_all();
+  return n;
+}
+
+bool runtime::drain(std::chrono::milliseconds timeout) noexcept {
+  runtime_core& c = *_impl;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    poll();
+    bool retry = false;
+    for (std::uint32_t s : c.active) retry |= !c.ecs[s]->retry.empty();
+    if (c.total_inflight == 0 && !retry) return true;
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::yield();
+  }
+}
+
+std::size_t runtime::poll_events(ec_id id, std::span<host_event> out) noexcept {
+  runtime_core& c = *_impl;
+  std::lock_guard lk(c.control_mu);
+  const std::uint32_t slot = slot_of(c, id);
+  if (slot == none) return 0;
+  std::size_t n = 0;
+  while (n < out.size() && c.ecs[slot]->events->try_pop(out[n])) ++n;
+  return n;
+}
+
+std::span<std::byte> runtime::handler_memory(ec_id id) {
+  runtime_core& c = *_impl;
+  const std::uint32_t slot = slot_of(c, id);
+  if (slot == none || c.ecs[slot]->mem == nullptr) return {};
+  return {c.ecs[slot]->mem, c.ecs[slot]->cfg.handler_mem_bytes};
+}
+
+runtime_stats runtime::stats() const {
+  const runtime_core& c = *_impl;
+  runtime_stats s;
+  s.frames_accepted = c.parser.accepted.load(std::memory_order_relaxed);
+  for (std::size_t i = 0; i < wire::reject_count; ++i) s.frames_rejected[i] = c.parser.rejected[i].load(std::memory_order_relaxed);
+  s.unknown_ec = c.unknown_ec.get();
+  for (const auto& h : c.hpus) s.hpus.push_back({h->index, h->tasks.get(), h->busy_ns.get(), h->preempted.get()});
+  std::lock_guard lk(c.control_mu);
+  s.nic_mem_capacity_bytes = c.arena.capacity_bytes();
+  s.nic_mem_used_bytes = c.arena.used_bytes();
+  s.nic_mem_peak_bytes = c.arena.peak_bytes();
+  for (std::uint32_t slot : c.active) {
+    const ec& e = *c.ecs[slot];
+    ec_stats es;
+    es.ec_id = e.id;
+    es.name = e.cfg.name;
+    e.ctr.snapshot(es);
+    es.packets_skipped = e.skipped.get();
+    es.handler_mem_bytes = e.cfg.handler_mem_bytes;
+    es.nic_mem_bytes = e.mem_block.len_bytes + e.scratch_block.len_bytes;
+    s.ecs.push_back(std::move(es));
+  }
+  return s;
+}
+
+std::uint32_t runtime::hpus() const { return static_cast<std::uint32_t>(_impl->hpus.size()); }
+
+} // namespace spin::rt

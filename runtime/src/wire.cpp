@@ -1,0 +1,226 @@
+#include <spin/rt/wire.hpp>
+
+#include <cstring>
+
+namespace spin::rt::wire {
+
+const char* reject_name(reject r) {
+  switch (r) {
+  case reject::eth_truncated: return "eth_truncated";
+  case reject::not_ipv4: return "not_ipv4";
+  case reject::ip_truncated: return "ip_truncated";
+  case reject::ip_version: return "ip_version";
+  case reject::ip_length: return "ip_length";
+  case reject::ip_checksum: return "ip_checksum";
+  case reject::ip_fragment: return "ip_fragment";
+  case reject::not_udp: return "not_udp";
+  case reject::udp_truncated: return "udp_truncated";
+  case reject::udp_length: return "udp_length";
+  case reject::wrong_port: return "wrong_port";
+  case reject::spin_truncated: return "spin_truncated";
+  case reject::bad_version: return "bad_version";
+  case reject::bad_type: return "bad_type";
+  case reject::bad_flags: return "bad_flags";
+  case reject::length_mismatch: return "length_mismatch";
+  case reject::bad_offset: return "bad_offset";
+  case reject::count_: break;
+  }
+  return "unknown";
+}
+
+std::uint64_t parser_stats::total_rejected() const {
+  std::uint64_t n = 0;
+  for (const auto& r : rejected) n += r.load(std::memory_order_relaxed);
+  return n;
+}
+
+namespace {
+
+// Largest header prefix the parser ever needs: Ethernet + IPv4 with options + UDP + spin with
+// extension.
+constexpr std::size_t max_header_bytes = eth_len + 60 + udp_len + spin_base_len + spin_coll_len;
+
+std::uint16_t be16(const std::uint8_t* p) { return static_cast<std::uint16_t>(p[0] << 8 | p[1]); }
+std::uint32_t be32(const std::uint8_t* p) {
+  return std::uint32_t{p[0]} << 24 | std::uint32_t{p[1]} << 16 | std::uint32_t{p[2]} << 8 | p[3];
+}
+std::uint64_t be64(const std::uint8_t* p) { return std::uint64_t{be32(p)} << 32 | be32(p + 4); }
+void put16(std::uint8_t* p, std::uint16_t v) {
+  p[0] = static_cast<std::uint8_t>(v >> 8);
+  p[1] = static_cast<std::uint8_t>(v);
+}
+void put32(std::uint8_t* p, std::uint32_t v) {
+  put16(p, static_cast<std::uint16_t>(v >> 16));
+  put16(p + 2, static_cast<std::uint16_t>(v));
+}
+void put64(std::uint8_t* p, std::uint64_t v) {
+  put32(p, static_cast<std::uint32_t>(v >> 32));
+  put32(p + 4, static_cast<std::uint32_t>(v));
+}
+
+std::uint16_t ipv4_checksum(const std::uint8_t* h, std::size_t len) {
+  std::uint32_t sum = 0;
+  for (std::size_t i = 0; i + 1 < len; i += 2) sum += be16(h + i);
+  while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
+  return static_cast<std::uint16_t>(~sum);
+}
+
+// Copies up to `n` bytes of the frame's prefix into `dst`, walking the segments; returns the
+// number of bytes copied (less than n when the frame is shorter).
+std::size_t gather(std::span<const segment> segs, std::uint8_t* dst, std::size_t n) {
+  std::size_t got = 0;
+  for (const segment& s : segs) {
+    if (got == n) break;
+    if (s.data == nullptr) continue;
+    const std::size_t take = std::min<std::size_t>(s.len, n - got);
+    std::memcpy(dst + got, s.data, take);
+    got += take;
+  }
+  return got;
+}
+
+} // namespace
+
+bool parse(std::span<const segment> segs, std::uint16_t udp_port, parsed& out, reject& why) noexcept {
+  std::uint64_t frame_len = 0;
+  for (const segment& s : segs) frame_len += s.data != nullptr ? s.len : 0;
+  if (frame_len > UINT32_MAX) frame_len = UINT32_MAX;
+
+  // Contiguous fast path reads in place; otherwise the header prefix is gathered once.
+  std::uint8_t buf[max_header_bytes];
+  const std::uint8_t* f;
+  std::size_t have;
+  if (segs.size() == 1 || (!segs.empty() && segs[0].len >= max_header_bytes)) {
+    f = reinterpret_cast<const std::uint8_t*>(segs[0].data);
+    have = segs[0].data != nullptr ? segs[0].len : 0;
+  } else {
+    have = gather(segs, buf, max_header_bytes);
+    f = buf;
+  }
+
+  auto fail = [&](reject r) {
+    why = r;
+    return false;
+  };
+  if (have < eth_len) return fail(reject::eth_truncated);
+  if (be16(f + 12) != 0x0800) return fail(reject::not_ipv4);
+  const std::uint8_t* ip = f + eth_len;
+  if (have < eth_len + ipv4_min_len) return fail(reject::ip_truncated);
+  if ((ip[0] >> 4) != 4) return fail(reject::ip_version);
+  const std::size_t ihl = std::size_t{ip[0] & 0x0fu} * 4;
+  if (ihl < ipv4_min_len || have < eth_len + ihl) return fail(reject::ip_truncated);
+  const std::size_t ip_total = be16(ip + 2);
+  if (ip_total < ihl || ip_total > frame_len - eth_len) return fail(reject::ip_length);
+  if (ipv4_checksum(ip, ihl) != 0) return fail(reject::ip_checksum);
+  if ((be16(ip + 6) & 0x3fff) != 0) return fail(reject::ip_fragment);
+  if (ip[9] != 17) return fail(reject::not_udp);
+  if (ip_total < ihl + udp_len || have < eth_len + ihl + udp_len) return fail(reject::udp_truncated);
+  const std::uint8_t* udp = ip + ihl;
+  const std::size_t ulen = be16(udp + 4);
+  if (ulen < udp_len || ulen > ip_total - ihl) return fail(reject::udp_length);
+  if (be16(udp + 2) != udp_port) return fail(reject::wrong_port);
+
+  const std::size_t spin_off = eth_len + ihl + udp_len;
+  if (ulen < udp_len + spin_base_len || have < spin_off + spin_base_len) return fail(reject::spin_truncated);
+  const std::uint8_t* s = f + spin_off;
+  header& h = out.hdr;
+  h.version = s[0];
+  if (h.version != version) return fail(reject::bad_version);
+  if (s[1] < static_cast<std::uint8_t>(packet_type::data) || s[1] > static_cast<std::uint8_t>(packet_type::control))
+    return fail(reject::bad_type);
+  h.type = static_cast<packet_type>(s[1]);
+  h.flags = be16(s + 2);
+  h.source_rank = be32(s + 4);
+  h.match_bits = be64(s + 8);
+  h.message_id = be64(s + 16);
+  h.seq = be32(s + 24);
+  h.payload_len = be32(s + 28);
+  h.message_len = be64(s + 32);
+  h.offset = be64(s + 40);
+  if ((h.flags & ~known_flags) != 0 || ((h.flags & flag_start) != 0 && h.seq != 0)) return fail(reject::bad_flags);
+  std::size_t hdr_len = spin_base_len;
+  if (h.flags & flag_coll) {
+    hdr_len += spin_coll_len;
+    if (ulen < udp_len + hdr_len || have < spin_off + hdr_len) return fail(reject::spin_truncated);
+    const std::uint8_t* c = s + spin_base_len;
+    h.coll.op = c[0];
+    h.coll.dtype = c[1];
+    h.coll.slot = be16(c + 2);
+    h.coll.elem_count = be32(c + 4);
+    h.coll.epoch = be32(c + 8);
+    h.coll.reserved = be32(c + 12);
+  } else {
+    h.coll = coll_ext{};
+  }
+  if (h.payload_len != ulen - udp_len - hdr_len) return fail(reject::length_mismatch);
+  if (h.offset > h.message_len || h.payload_len > h.message_len - h.offset) return fail(reject::bad_offset);
+  if ((h.flags & flag_end) != 0 && h.offset + h.payload_len != h.message_len) return fail(reject::bad_offset);
+
+  out.payload_offset = static_cast<std::uint32_t>(spin_off + hdr_len);
+  out.frame_len = static_cast<std::uint32_t>(frame_len);
+  return true;
+}
+
+endpoint rank_endpoint(std::uint32_t rank, std::uint16_t udp_port) {
+  endpoint e;
+  e.mac = {0x02, 0x53, 0x50, 0x00, static_cast<std::uint8_t>(rank >> 8), static_cast<std::uint8_t>(rank)};
+  e.ipv4 = (10u << 24) | (83u << 16) | (rank & 0xffffu);
+  e.udp_port = udp_port;
+  return e;
+}
+
+std::size_t encoded_len(const header& h, std::size_t payload_len) {
+  return eth_len + ipv4_min_len + udp_len + spin_base_len + ((h.flags & flag_coll) ? spin_coll_len : 0) + payload_len;
+}
+
+std::size_t encode(const endpoint& src, const endpoint& dst, header h, std::span<const std::byte> payload,
+                   std::span<std::byte> out) noexcept {
+  const std::size_t len = encoded_len(h, payload.size());
+  if (len > out.size() || len - eth_len > 65535) return 0;
+  auto* f = reinterpret_cast<std::uint8_t*>(out.data());
+  std::memcpy(f, dst.mac.data(), 6);
+  std::memcpy(f + 6, src.mac.data(), 6);
+  put16(f + 12, 0x0800);
+  std::uint8_t* ip = f + eth_len;
+  std::memset(ip, 0, ipv4_min_len);
+  ip[0] = 0x45;
+  put16(ip + 2, static_cast<std::uint16_t>(len - eth_len));
+  put16(ip + 6, 0x4000);  // don't fragment
+  ip[8] = 64;
+  ip[9] = 17;
+  put32(ip + 12, src.ipv4);
+  put32(ip + 16, dst.ipv4);
+  put16(ip + 10, ipv4_checksum(ip, ipv4_min_len));
+  std::uint8_t* udp = ip + ipv4_min_len;
+  put16(udp, src.udp_port);
+  put16(udp + 2, dst.udp_port);
+  put16(udp + 4, static_cast<std::uint16_t>(len - eth_len - ipv4_min_len));
+  put16(udp + 6, 0);
+  std::uint8_t* s = udp + udp_len;
+  h.payload_len = static_cast<std::uint32_t>(payload.size());
+  s[0] = h.version;
+  s[1] = static_cast<std::uint8_t>(h.type);
+  put16(s + 2, h.flags);
+  put32(s + 4, h.source_rank);
+  put64(s + 8, h.match_bits);
+  put64(s + 16, h.message_id);
+  put32(s + 24, h.seq);
+  put32(s + 28, h.payload_len);
+  put64(s + 32, h.message_len);
+  put64(s + 40, h.offset);
+  std::size_t hl = spin_base_len;
+  if (h.flags & flag_coll) {
+    std::uint8_t* c = s + spin_base_len;
+    c[0] = h.coll.op;
+    c[1] = h.coll.dtype;
+    put16(c + 2, h.coll.slot);
+    put32(c + 4, h.coll.elem_count);
+    put32(c + 8, h.coll.epoch);
+    put32(c + 12, h.coll.reserved);
+    hl += spin_coll_len;
+  }
+  if (!payload.empty()) std::memcpy(s + hl, payload.data(), payload.size());
+  return len;
+}
+
+} // namespace spin::rt::wire

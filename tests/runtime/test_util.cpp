@@ -1,0 +1,91 @@
+#include "test_util.hpp"
+
+#include <chrono>
+#include <thread>
+
+namespace spin::test {
+
+rt::packet packet_pool::add(const rt::wire::header& h, std::span<const std::byte> payload, std::uint32_t dest_rank) {
+  std::vector<std::byte> bytes(rt::wire::encoded_len(h, payload.size()));
+  const std::size_t n = rt::wire::encode(rt::wire::rank_endpoint(h.source_rank), rt::wire::rank_endpoint(dest_rank), h,
+                                         payload, bytes);
+  bytes.resize(n);
+  return add_raw(std::move(bytes));
+}
+
+rt::packet packet_pool::add_raw(std::vector<std::byte> bytes) {
+  auto s = std::make_unique<slot>();
+  s->bytes = std::move(bytes);
+  rt::packet p{s->bytes.data(), static_cast<std::uint32_t>(s->bytes.size()), _slots.size()};
+  _slots.push_back(std::move(s));
+  return p;
+}
+
+void packet_pool::release(void* user, std::uint64_t cookie) noexcept {
+  auto* pool = static_cast<packet_pool*>(user);
+  pool->_slots[cookie]->releases.fetch_add(1, std::memory_order_relaxed);
+}
+
+std::size_t packet_pool::released_once() const {
+  std::size_t n = 0;
+  for (const auto& s : _slots) n += s->releases.load() == 1;
+  return n;
+}
+std::size_t packet_pool::released_twice() const {
+  std::size_t n = 0;
+  for (const auto& s : _slots) n += s->releases.load() > 1;
+  return n;
+}
+std::size_t packet_pool::unreleased() const {
+  std::size_t n = 0;
+  for (const auto& s : _slots) n += s->releases.load() == 0;
+  return n;
+}
+
+rt::wire::header data_header(std::uint64_t match_bits, std::uint32_t source, std::uint64_t msg, std::uint32_t seq,
+                             std::uint32_t count, std::uint64_t len, std::uint32_t pkt_bytes) {
+  rt::wire::header h;
+  h.source_rank = source;
+  h.match_bits = match_bits;
+  h.message_id = msg;
+  h.seq = seq;
+  h.message_len = len;
+  h.offset = std::uint64_t{seq} * pkt_bytes;
+  h.flags = static_cast<std::uint16_t>((seq == 0 ? rt::wire::flag_start : 0) | (seq + 1 == count ? rt::wire::flag_end : 0));
+  return h;
+}
+
+std::byte pattern(std::uint32_t s, std::uint64_t m, std::uint64_t i) {
+  return static_cast<std::byte>((s * 131 + m * 31 + i * 7 + (i >> 8)) & 0xff);
+}
+
+std::vector<rt::packet> message_packets(packet_pool& pool, std::uint64_t match_bits, std::uint32_t source,
+                                        std::uint64_t msg, std::uint64_t len, std::uint32_t pkt_bytes) {
+  const std::uint32_t count = len == 0 ? 1 : static_cast<std::uint32_t>((len + pkt_bytes - 1) / pkt_bytes);
+  std::vector<rt::packet> out;
+  for (std::uint32_t k = 0; k < count; ++k) {
+    const rt::wire::header h = data_header(match_bits, source, msg, k, count, len, pkt_bytes);
+    const std::uint64_t n = std::min<std::uint64_t>(pkt_bytes, len - h.offset);
+    std::vector<std::byte> payload(n);
+    for (std::uint64_t i = 0; i < n; ++i) payload[i] = pattern(source, msg, h.offset + i);
+    out.push_back(pool.add(h, payload));
+  }
+  return out;
+}
+
+bool feed(rt::runtime& r, std::span<const rt::packet> pkts, std::uint32_t burst) {
+  std::size_t i = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (i < pkts.size()) {
+    const auto n = static_cast<std::uint32_t>(std::min<std::size_t>(burst, pkts.size() - i));
+    const std::uint32_t got = r.rx_burst(pkts.data() + i, n);
+    i += got;
+    if (got < n) {
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::yield();
+    }
+  }
+  return r.drain(std::chrono::seconds(60));
+}
+
+} // namespace spin::test
