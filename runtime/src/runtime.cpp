@@ -204,6 +204,7 @@ struct hpu {
   detail::spsc_ring<done> out;
   std::thread th;
   pthread_t native{};
+  clockid_t cpu_clock{};
   std::atomic<std::uint32_t> doorbell{0};
   std::atomic<bool> sleeping{false};
   std::uint32_t outstanding = 0;  // scheduler-owned: tasks pushed minus records popped
@@ -561,7 +562,7 @@ std::int32_t runtime_core::invoke(hpu& h, handler_fn fn, bool& over, std::uint64
   i.nlocks = 0;
   for (auto& d : i.dma) d.live = false;
   ns = ticks_to_ns(end - start);
-  over = preempted || end - start > i.e->budget_ticks || abort_requested(&h);
+  over = preempted || abort_requested(&h);
   if (preempted) h.preempted.add(1);
   if (over) {
     host_event ev;
@@ -680,16 +681,39 @@ void runtime_core::hpu_loop(hpu& h) noexcept {
 
 // ---- watchdog ------------------------------------------------------------------------------
 
+// The budget is CPU time of the HPU thread, not wall time: on a machine with more HPU threads
+// than cores the OS may deschedule an HPU in the middle of a handler, which is not the handler's
+// fault. Wall time is the cheap first filter; the thread's CPU clock decides. CPU time is
+// counted from the tick that first saw the invocation, so detection lags by at most one tick.
 void runtime_core::watchdog_loop() {
+  struct seen {
+    std::uint64_t id = 0;
+    std::uint64_t cpu_base_ns = 0;
+  };
+  std::vector<seen> last(hpus.size());
+  auto cpu_ns = [](clockid_t clk) -> std::uint64_t {
+    timespec ts{};
+    if (clock_gettime(clk, &ts) != 0) return 0;
+    return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+  };
   std::unique_lock lk(wd_mu);
   while (running.load(std::memory_order_acquire)) {
-    wd_cv.wait_for(lk, std::chrono::nanoseconds(wd_tick_ns.load(std::memory_order_relaxed)));
+    const std::uint64_t tick_ns = wd_tick_ns.load(std::memory_order_relaxed);
+    wd_cv.wait_for(lk, std::chrono::nanoseconds(tick_ns));
     const std::uint64_t now = ticks();
-    for (auto& hp : hpus) {
-      hpu& h = *hp;
+    for (std::size_t k = 0; k < hpus.size(); ++k) {
+      hpu& h = *hpus[k];
       const std::uint64_t start = h.run_start.load(std::memory_order_acquire);
       const std::uint64_t id = h.run_id.load(std::memory_order_relaxed);
-      if (start == 0 || now <= start || now - start <= h.run_budget.load(std::memory_order_relaxed)) continue;
+      if (start == 0) continue;
+      if (last[k].id != id) {
+        last[k] = seen{id, cpu_ns(h.cpu_clock)};
+        continue;
+      }
+      const std::uint64_t budget = h.run_budget.load(std::memory_order_relaxed);
+      if (now <= start || now - start <= budget) continue;
+      const std::uint64_t used = cpu_ns(h.cpu_clock) - last[k].cpu_base_ns + tick_ns;
+      if (ns_to_ticks(used) <= budget) continue;
       if (h.abort_run.load(std::memory_order_relaxed) == id) continue;
       h.abort_run.store(id, std::memory_order_relaxed);
       if (preempt && h.run_id.load(std::memory_order_relaxed) == id) pthread_kill(h.native, preempt_sig);
@@ -1268,6 +1292,8 @@ result<std::unique_ptr<runtime>> runtime::create(const runtime_config& cfg) {
     hpu* h = hp.get();
     h->th = std::thread([&c, h] { c.hpu_loop(*h); });
     h->native = h->th.native_handle();
+    if (pthread_getcpuclockid(h->native, &h->cpu_clock) != 0)
+      return fail(errc::not_supported, "runtime: no CPU-time clock for HPU threads");
     if (!cfg.hpu_cpus.empty()) {
       cpu_set_t set;
       CPU_ZERO(&set);
