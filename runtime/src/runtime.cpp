@@ -431,12 +431,13 @@ std::int32_t api_send(spin::ctx* c, const send_desc* d) {
   invocation& i = inv_of(c);
   api_guard g(i);
   if (d == nullptr || d->size_bytes < sizeof(send_desc)) return err(i, errc::invalid_argument);
+  if (!local_ok(i, d->data, d->len_bytes)) return err(i, errc::out_of_bounds);
   tx_port* tx = i.rt->cfg.tx;
   if (tx == nullptr) {
     ++i.t.send_failed;
     return err(i, errc::not_supported);
   }
-  if (!local_ok(i, d->data, d->len_bytes) || d->len_bytes > tx->max_payload_bytes()) return err(i, errc::out_of_bounds);
+  if (d->len_bytes > tx->max_payload_bytes()) return err(i, errc::out_of_bounds);
   if (d->offset_bytes > d->message_len_bytes || d->len_bytes > d->message_len_bytes - d->offset_bytes ||
       ((d->flags & msg_start) != 0 && d->packet_index != 0) ||
       ((d->flags & msg_end) != 0 && d->offset_bytes + d->len_bytes != d->message_len_bytes) ||

@@ -49,31 +49,6 @@ SPIN_COMPLETION_HANDLER(order_ch) {
   return ret::success;
 }
 
-u64 word(rt::runtime& r, rt::ec_id ec, std::uint64_t off) {
-  u64 v;
-  std::memcpy(&v, r.handler_memory(ec).data() + off, 8);
-  return v;
-}
-
-struct fixture {
-  packet_pool pool;
-  std::unique_ptr<rt::runtime> rt;
-  explicit fixture(std::uint32_t hpus = 2, rt::tx_port* tx = nullptr) {
-    rt::runtime_config cfg;
-    cfg.hpus = hpus;
-    cfg.tx = tx;
-    pool.attach(cfg);
-    auto r = rt::runtime::create(cfg);
-    REQUIRE_MESSAGE(r.ok(), r.err().message);
-    rt = std::move(r.value());
-  }
-  ~fixture() {
-    rt.reset();
-    CHECK(pool.unreleased() == 0);
-    CHECK(pool.released_twice() == 0);
-  }
-};
-
 rt::ec_config order_ec(std::uint64_t mb = 7) {
   rt::ec_config c;
   c.name = "order";
@@ -85,9 +60,132 @@ rt::ec_config order_ec(std::uint64_t mb = 7) {
   return c;
 }
 
+// Handlers whose return codes the test sets in handler memory (u64 words): [0] header code,
+// [1] payload code, [2] completion code; they count calls in [3] header, [4] payload,
+// [5] completion.
+SPIN_HEADER_HANDLER(code_hh) {
+  ctx->fetch_add<u64>(24, 1);
+  return static_cast<ret>(*ctx->mem<u64>(0));
+}
+SPIN_PAYLOAD_HANDLER(code_ph) {
+  ctx->fetch_add<u64>(32, 1);
+  return static_cast<ret>(*ctx->mem<u64>(8));
+}
+SPIN_COMPLETION_HANDLER(code_ch) {
+  ctx->fetch_add<u64>(40, 1);
+  return static_cast<ret>(*ctx->mem<u64>(16));
+}
+
+struct code_test {
+  fixture f{1};
+  rt::ec_id ec;
+  explicit code_test(std::int64_t h, std::int64_t p, std::int64_t c, bool with_header = true,
+                     std::uint32_t retired_history = 1024) {
+    rt::ec_config cfg;
+    cfg.limits.retired_history = retired_history;
+    cfg.name = "codes";
+    cfg.handlers = {with_header ? code_hh : nullptr, code_ph, code_ch};
+    cfg.handler_mem_bytes = 64;
+    cfg.scratchpad_bytes = 8;
+    ec = f.install(cfg);
+    auto m = f.rt->handler_memory(ec);
+    const std::int64_t codes[3] = {h, p, c};
+    std::memcpy(m.data(), codes, sizeof codes);
+  }
+  std::uint64_t header_calls() { return f.word(ec, 24); }
+  std::uint64_t payload_calls() { return f.word(ec, 32); }
+  std::uint64_t completion_calls() { return f.word(ec, 40); }
+};
+
 } // namespace
 
 TEST_SUITE("runtime") {
+
+TEST_CASE("a header handler returning drop discards the whole message: no payload or completion handler runs") {
+  code_test t(static_cast<int>(ret::drop), 0, 0);
+  auto p = message_packets(t.f.pool, 0, 1, 1, 4000, 500);
+  std::reverse(p.begin() + 1, p.end());
+  REQUIRE(feed(*t.f.rt, p));
+  CHECK(t.header_calls() == 1);
+  CHECK(t.payload_calls() == 0);
+  CHECK(t.completion_calls() == 0);
+  const auto s = t.f.ec_stats(t.ec);
+  CHECK(s.drops[static_cast<std::size_t>(rt::drop_reason::handler_drop)] == p.size());
+  CHECK(s.messages_dropped == 1);
+  CHECK(s.messages_completed == 0);
+}
+
+TEST_CASE("a header handler returning proceed skips every payload handler and the completion handler still runs once") {
+  code_test t(static_cast<int>(ret::proceed), 0, 0);
+  auto p = message_packets(t.f.pool, 0, 1, 1, 4000, 500);
+  std::reverse(p.begin(), p.end());
+  REQUIRE(feed(*t.f.rt, p));
+  CHECK(t.payload_calls() == 0);
+  CHECK(t.completion_calls() == 1);
+  const auto s = t.f.ec_stats(t.ec);
+  CHECK(s.packets_skipped == p.size());
+  CHECK(s.messages_completed == 1);
+  CHECK(s.total_drops() == 0);
+}
+
+TEST_CASE("a payload handler returning proceed skips the payload handlers of packets not yet started") {
+  code_test t(0, static_cast<int>(ret::proceed), 0);
+  auto p = message_packets(t.f.pool, 0, 1, 1, 4000, 500);
+  REQUIRE(feed(*t.f.rt, std::span(p).first(1)));  // packet 0: header, then payload returns proceed
+  REQUIRE(feed(*t.f.rt, std::span(p).subspan(1)));
+  CHECK(t.payload_calls() == 1);
+  CHECK(t.completion_calls() == 1);
+  CHECK(t.f.ec_stats(t.ec).packets_skipped == p.size() - 1);
+}
+
+TEST_CASE("a payload handler returning drop drops only its packet and the message still completes") {
+  code_test t(0, static_cast<int>(ret::drop), 0);
+  auto p = message_packets(t.f.pool, 0, 1, 1, 4000, 500);
+  REQUIRE(feed(*t.f.rt, p));
+  CHECK(t.payload_calls() == p.size());
+  CHECK(t.completion_calls() == 1);
+  const auto s = t.f.ec_stats(t.ec);
+  CHECK(s.drops[static_cast<std::size_t>(rt::drop_reason::handler_drop)] == p.size());
+  CHECK(s.messages_completed == 1);
+}
+
+TEST_CASE("a completion handler returning drop counts the message as dropped, not completed") {
+  code_test t(0, 0, static_cast<int>(ret::drop));
+  auto p = message_packets(t.f.pool, 0, 1, 1, 1000, 500);
+  REQUIRE(feed(*t.f.rt, p));
+  const auto s = t.f.ec_stats(t.ec);
+  CHECK(t.completion_calls() == 1);
+  CHECK(s.messages_dropped == 1);
+  CHECK(s.messages_completed == 0);
+}
+
+TEST_CASE("a pending return keeps the message entry until the host releases it, so late duplicates never rerun it") {
+  code_test t(0, 0, static_cast<int>(ret::success_pending), true, /*retired_history=*/2);
+  REQUIRE(feed(*t.f.rt, message_packets(t.f.pool, 0, 1, 1, 1000, 500)));  // held
+  std::memset(t.f.rt->handler_memory(t.ec).data() + 16, 0, 8);           // later completions: success
+  for (std::uint64_t m = 2; m <= 6; ++m) REQUIRE(feed(*t.f.rt, message_packets(t.f.pool, 0, 1, m, 1000, 500)));
+  CHECK(t.completion_calls() == 6);
+  // Message 1 is held: a full retransmission is recognised as duplicate.
+  REQUIRE(feed(*t.f.rt, message_packets(t.f.pool, 0, 1, 1, 1000, 500)));
+  CHECK(t.completion_calls() == 6);
+  CHECK(t.f.drops(t.ec, rt::drop_reason::duplicate) == 2);
+  // Message 2 was not pending and has left the 2-entry history: it runs as a new message.
+  REQUIRE(feed(*t.f.rt, message_packets(t.f.pool, 0, 1, 2, 1000, 500)));
+  CHECK(t.completion_calls() == 7);
+  CHECK(t.f.rt->release_message(t.ec, 1, 1).ok());
+  const auto again = t.f.rt->release_message(t.ec, 1, 1);
+  CHECK(again.err().code == errc::not_found);
+  CHECK(t.f.rt->release_message(t.ec, 1, 99).err().code == errc::not_found);
+}
+
+TEST_CASE("a handler returning a value that is not a spin::ret is counted as bad_return and treated as drop") {
+  code_test t(0, 42, 0);
+  auto p = message_packets(t.f.pool, 0, 1, 1, 1000, 500);
+  REQUIRE(feed(*t.f.rt, p));
+  CHECK(t.f.drops(t.ec, rt::drop_reason::bad_return) == p.size());
+  CHECK(t.completion_calls() == 1);
+}
+
 
 TEST_CASE("payload handlers never start before the header handler returns, under random packet orders") {
   for (std::uint32_t hpus : {1u, 2u, 4u}) {
@@ -108,11 +206,11 @@ TEST_CASE("payload handlers never start before the header handler returns, under
     for (std::size_t i = 0; i + 1 < all.size(); ++i) std::swap(all[i], all[i + rng() % std::min<std::size_t>(64, all.size() - i)]);
     REQUIRE(feed(*f.rt, all));
     INFO(rt::to_text(f.rt->stats()));
-    CHECK(word(*f.rt, *ec, violations) == 0);
-    CHECK(word(*f.rt, *ec, completions) == messages);
-    CHECK(word(*f.rt, *ec, header_calls) == messages);
-    CHECK(word(*f.rt, *ec, payload_calls) == payload_packets);
-    for (int m = 0; m < messages; ++m) CHECK(word(*f.rt, *ec, per_msg + 8 * m) == 1);
+    CHECK(f.word(*ec, violations) == 0);
+    CHECK(f.word(*ec, completions) == messages);
+    CHECK(f.word(*ec, header_calls) == messages);
+    CHECK(f.word(*ec, payload_calls) == payload_packets);
+    for (int m = 0; m < messages; ++m) CHECK(f.word(*ec, per_msg + 8 * m) == 1);
     const auto s = f.rt->stats();
     CHECK(s.ecs.at(0).messages_completed == messages);
     CHECK(s.ecs.at(0).total_drops() == 0);
@@ -127,13 +225,13 @@ TEST_CASE("a header packet arriving after all payload packets still runs first")
   std::reverse(p.begin(), p.end());  // end first, header last
   REQUIRE(f.rt->rx_burst(p.data(), static_cast<std::uint32_t>(p.size() - 1)) == p.size() - 1);
   REQUIRE(f.rt->drain());
-  CHECK(word(*f.rt, *ec, payload_calls) == 0);  // all parked
-  CHECK(word(*f.rt, *ec, completions) == 0);
+  CHECK(f.word(*ec, payload_calls) == 0);  // all parked
+  CHECK(f.word(*ec, completions) == 0);
   REQUIRE(f.rt->rx_burst(&p.back(), 1) == 1);
   REQUIRE(f.rt->drain());
-  CHECK(word(*f.rt, *ec, violations) == 0);
-  CHECK(word(*f.rt, *ec, payload_calls) == 8);
-  CHECK(word(*f.rt, *ec, completions) == 1);
+  CHECK(f.word(*ec, violations) == 0);
+  CHECK(f.word(*ec, payload_calls) == 8);
+  CHECK(f.word(*ec, completions) == 1);
 }
 
 TEST_CASE("the completion handler runs exactly once even when every packet is duplicated") {
@@ -150,9 +248,9 @@ TEST_CASE("the completion handler runs exactly once even when every packet is du
   std::mt19937 rng(5);
   std::shuffle(all.begin(), all.end(), rng);
   REQUIRE(feed(*f.rt, all));
-  CHECK(word(*f.rt, *ec, violations) == 0);
-  CHECK(word(*f.rt, *ec, completions) == 20);
-  for (int m = 0; m < 20; ++m) CHECK(word(*f.rt, *ec, per_msg + 8 * m) == 1);
+  CHECK(f.word(*ec, violations) == 0);
+  CHECK(f.word(*ec, completions) == 20);
+  for (int m = 0; m < 20; ++m) CHECK(f.word(*ec, per_msg + 8 * m) == 1);
   const auto s = f.rt->stats().ecs.at(0);
   CHECK(s.drops[static_cast<std::size_t>(rt::drop_reason::duplicate)] == all.size() / 2);
   CHECK(s.packets_in == all.size() / 2);

@@ -1,6 +1,9 @@
 #include "test_util.hpp"
 
+#include <doctest/doctest.h>
+
 #include <chrono>
+#include <cstring>
 #include <thread>
 
 namespace spin::test {
@@ -59,17 +62,21 @@ std::byte pattern(std::uint32_t s, std::uint64_t m, std::uint64_t i) {
   return static_cast<std::byte>((s * 131 + m * 31 + i * 7 + (i >> 8)) & 0xff);
 }
 
+rt::packet message_packet(packet_pool& pool, std::uint64_t match_bits, std::uint32_t source, std::uint64_t msg,
+                          std::uint64_t len, std::uint32_t pkt_bytes, std::uint32_t seq) {
+  const std::uint32_t count = len == 0 ? 1 : static_cast<std::uint32_t>((len + pkt_bytes - 1) / pkt_bytes);
+  const rt::wire::header h = data_header(match_bits, source, msg, seq, count, len, pkt_bytes);
+  const std::uint64_t n = std::min<std::uint64_t>(pkt_bytes, len - h.offset);
+  std::vector<std::byte> payload(n);
+  for (std::uint64_t i = 0; i < n; ++i) payload[i] = pattern(source, msg, h.offset + i);
+  return pool.add(h, payload);
+}
+
 std::vector<rt::packet> message_packets(packet_pool& pool, std::uint64_t match_bits, std::uint32_t source,
                                         std::uint64_t msg, std::uint64_t len, std::uint32_t pkt_bytes) {
   const std::uint32_t count = len == 0 ? 1 : static_cast<std::uint32_t>((len + pkt_bytes - 1) / pkt_bytes);
   std::vector<rt::packet> out;
-  for (std::uint32_t k = 0; k < count; ++k) {
-    const rt::wire::header h = data_header(match_bits, source, msg, k, count, len, pkt_bytes);
-    const std::uint64_t n = std::min<std::uint64_t>(pkt_bytes, len - h.offset);
-    std::vector<std::byte> payload(n);
-    for (std::uint64_t i = 0; i < n; ++i) payload[i] = pattern(source, msg, h.offset + i);
-    out.push_back(pool.add(h, payload));
-  }
+  for (std::uint32_t k = 0; k < count; ++k) out.push_back(message_packet(pool, match_bits, source, msg, len, pkt_bytes, k));
   return out;
 }
 
@@ -86,6 +93,56 @@ bool feed(rt::runtime& r, std::span<const rt::packet> pkts, std::uint32_t burst)
     }
   }
   return r.drain(std::chrono::seconds(60));
+}
+
+void raise_flag(rt::runtime& r, rt::ec_id ec, std::uint64_t off) {
+  auto m = r.handler_memory(ec);
+  REQUIRE(off + 8 <= m.size());
+  std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(m.data() + off)).store(1, std::memory_order_release);
+}
+
+fixture::fixture(std::uint32_t hpus, rt::tx_port* tx) {
+  rt::runtime_config cfg;
+  cfg.hpus = hpus;
+  cfg.tx = tx;
+  pool.attach(cfg);
+  auto r = rt::runtime::create(cfg);
+  REQUIRE_MESSAGE(r.ok(), r.err().message);
+  rt = std::move(r.value());
+}
+
+fixture::fixture(rt::runtime_config cfg) {
+  pool.attach(cfg);
+  auto r = rt::runtime::create(cfg);
+  REQUIRE_MESSAGE(r.ok(), r.err().message);
+  rt = std::move(r.value());
+}
+
+fixture::~fixture() {
+  rt.reset();
+  CHECK(pool.unreleased() == 0);
+  CHECK(pool.released_twice() == 0);
+}
+
+rt::ec_id fixture::install(const rt::ec_config& c) {
+  auto r = rt->install(c);
+  REQUIRE_MESSAGE(r.ok(), r.err().message);
+  return *r;
+}
+
+std::uint64_t fixture::word(rt::ec_id ec, std::uint64_t off) {
+  std::uint64_t v = 0;
+  auto m = rt->handler_memory(ec);
+  REQUIRE(off + 8 <= m.size());
+  std::memcpy(&v, m.data() + off, 8);
+  return v;
+}
+
+rt::ec_stats fixture::ec_stats(rt::ec_id ec) {
+  for (auto& e : rt->stats().ecs)
+    if (e.ec_id == ec) return e;
+  FAIL("no such EC");
+  return {};
 }
 
 } // namespace spin::test

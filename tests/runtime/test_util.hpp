@@ -53,8 +53,34 @@ std::byte pattern(std::uint32_t s, std::uint64_t m, std::uint64_t i);
 std::vector<rt::packet> message_packets(packet_pool& pool, std::uint64_t match_bits, std::uint32_t source,
                                         std::uint64_t msg, std::uint64_t len, std::uint32_t pkt_bytes);
 
+/// Builds packet `seq` of a message like `message_packets` does, and only that one.
+rt::packet message_packet(packet_pool& pool, std::uint64_t match_bits, std::uint32_t source, std::uint64_t msg,
+                          std::uint64_t len, std::uint32_t pkt_bytes, std::uint32_t seq);
+
 /// Feeds packets to the runtime, retrying on back-pressure, then drains. Returns false when
 /// the runtime did not go idle within the timeout.
 bool feed(rt::runtime& r, std::span<const rt::packet> pkts, std::uint32_t burst = 32);
+
+/// Atomically sets the u64 at byte `off` of EC `ec`'s handler memory to 1 while handlers may
+/// be reading it.
+void raise_flag(rt::runtime& r, rt::ec_id ec, std::uint64_t off);
+
+/// A runtime whose packets come from `pool`; on destruction checks that every packet handed to
+/// the runtime was released exactly once.
+struct fixture {
+  packet_pool pool;
+  std::unique_ptr<rt::runtime> rt;
+  explicit fixture(std::uint32_t hpus = 2, rt::tx_port* tx = nullptr);
+  explicit fixture(rt::runtime_config cfg);
+  ~fixture();
+  /// Installs `c`; fails the test when install fails.
+  rt::ec_id install(const rt::ec_config& c);
+  /// Reads the u64 at byte `off` of EC `ec`'s handler memory.
+  std::uint64_t word(rt::ec_id ec, std::uint64_t off);
+  /// The statistics of EC `ec`.
+  rt::ec_stats ec_stats(rt::ec_id ec);
+  /// Counter of drop reason `r` of EC `ec`.
+  std::uint64_t drops(rt::ec_id ec, rt::drop_reason r) { return ec_stats(ec).drops[static_cast<std::size_t>(r)]; }
+};
 
 } // namespace spin::test

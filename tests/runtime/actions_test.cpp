@@ -1,0 +1,350 @@
+// Handler actions: DMA, atomics, locks, sends, events, and the bounds every action enforces.
+#include "test_util.hpp"
+
+#include <spin/rt/runtime.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <vector>
+
+using namespace spin;
+using namespace spin::test;
+
+namespace {
+
+template <class T> T load_at(std::span<std::byte> m, std::size_t off) {
+  T v;
+  std::memcpy(&v, m.data() + off, sizeof v);
+  return v;
+}
+template <class T> void store_at(std::span<std::byte> m, std::size_t off, T v) { std::memcpy(m.data() + off, &v, sizeof v); }
+
+// ---- isolation ---------------------------------------------------------------------------------
+// EC A's handler memory: [0] pointer to EC B's handler memory (written by the test), [8..] one
+// i32 result per attempted action, in the order below.
+SPIN_PAYLOAD_HANDLER(intruder_ph) {
+  u8* other = reinterpret_cast<u8*>(*ctx->mem<u64>(0));
+  i32* out = ctx->mem<i32>(8, 16);
+  const u64 n = ctx->handler_mem.size();
+  u64 ignored = 0;
+  out[0] = static_cast<i32>(ctx->dma_to_host(0, other, 8));               // source in another EC
+  out[1] = static_cast<i32>(ctx->dma_from_host(other, 0, 8));             // destination in another EC
+  out[2] = static_cast<i32>(ctx->fetch_add<u64>(n, 1, &ignored));         // just past the end
+  out[3] = static_cast<i32>(ctx->fetch_add<u64>(~u64{0} - 3, 1));         // wrapping offset
+  out[4] = static_cast<i32>(ctx->lock(n));                                // lock word outside
+  out[5] = static_cast<i32>(ctx->put(0, 0, 1, 0, other, 8));              // send from another EC
+  out[6] = static_cast<i32>(ctx->dma_to_host(0, ctx->handler_mem.data + n - 4, 8));  // straddles the end
+  out[7] = static_cast<i32>(ctx->store<u32>(2, 1));                       // misaligned
+  out[8] = ctx->mem<u64>(n - 4) == nullptr ? 0 : 1;                       // typed access straddling the end
+  out[9] = ctx->scratchpad<u8>(0) == nullptr ? 0 : 1;                     // no scratchpad configured
+  return ret::success;
+}
+
+SPIN_PAYLOAD_HANDLER(dma_ph) {
+  // Copies the packet to the host at its message offset, reads it back into the scratchpad and
+  // tries one DMA just past the window.
+  // Payload handlers of one message run concurrently: each uses its own part of the scratchpad.
+  const u64 len = ctx->packet.size();
+  u8* mine = ctx->scratchpad<u8>(ctx->msg.offset_bytes, len);
+  errc a = ctx->dma_to_host(ctx->msg.offset_bytes, ctx->packet.data, len);
+  errc b = ctx->dma_from_host(mine, ctx->msg.offset_bytes, len);
+  errc c = ctx->dma_to_host(ctx->host_window_len_bytes - 1, ctx->packet.data, 2);
+  ctx->store<i32>(0, static_cast<i32>(a));
+  ctx->store<i32>(4, static_cast<i32>(b));
+  ctx->store<i32>(8, static_cast<i32>(c));
+  for (u64 i = 0; i < len; ++i)
+    if (mine == nullptr || mine[i] != ctx->packet.data[i]) ctx->fetch_add<u64>(16, 1);
+  return ret::success;
+}
+
+SPIN_PAYLOAD_HANDLER(nb_dma_ph) {
+  dma_handle h{};
+  i32* out = ctx->mem<i32>(0, 4);
+  out[0] = static_cast<i32>(ctx->dma_to_host_nb(0, ctx->packet.data, ctx->packet.size(), h));
+  out[1] = ctx->dma_test(h);  // 0: the modelled DMA takes 2 ms
+  out[2] = static_cast<i32>(ctx->dma_wait(h));
+  out[3] = ctx->dma_test(h);  // handle consumed by wait: not_found
+  return ret::success;
+}
+
+// Every payload handler adds to shared counters: integer and float atomics, min/max, and a
+// non-atomic counter under a spin lock.
+SPIN_PAYLOAD_HANDLER(atomics_ph) {
+  const u32 idx = ctx->msg.packet_index + 1;
+  ctx->fetch_add<u64>(0, idx);
+  ctx->fetch_add<u32>(8, 1);
+  ctx->float_add<double>(16, 0.5);
+  ctx->fetch_min<i64>(24, -static_cast<i64>(idx));
+  ctx->fetch_max<i64>(32, static_cast<i64>(idx));
+  if (ctx->lock(40) == errc::ok) {
+    u64* plain = ctx->mem<u64>(48);
+    *plain = *plain + 1;  // protected by the lock, not atomic
+    ctx->unlock(40);
+  }
+  ctx->float_max<float>(56, static_cast<float>(idx));
+  u64 expected = 0;
+  if (ctx->compare_exchange<u64>(64, &expected, idx) == errc::ok) ctx->fetch_add<u64>(72, 1);  // exactly one winner
+  return ret::success;
+}
+
+SPIN_PAYLOAD_HANDLER(lock_misuse_ph) {
+  i32* out = ctx->mem<i32>(0, 3);
+  out[0] = static_cast<i32>(ctx->unlock(16));  // not held
+  out[1] = static_cast<i32>(ctx->lock(16));
+  out[2] = static_cast<i32>(ctx->lock(16));    // already held by this invocation
+  return ret::success;                         // returns with the lock held: released by the runtime
+}
+
+SPIN_PAYLOAD_HANDLER(echo_ph) {
+  // Ping-pong: returns each packet to its sender as message id + 1000.
+  send_desc d{};
+  d.size_bytes = sizeof d;
+  d.dest_rank = ctx->msg.source_rank;
+  d.match_bits = ctx->msg.match_bits;
+  d.message_id = ctx->msg.message_id + 1000;
+  d.offset_bytes = ctx->msg.offset_bytes;
+  d.message_len_bytes = ctx->msg.message_len_bytes;
+  d.data = ctx->packet.data;
+  d.len_bytes = static_cast<u32>(ctx->packet.size());
+  d.flags = ctx->msg.flags & (msg_start | msg_end);
+  d.packet_index = ctx->msg.packet_index;
+  return ctx->send(d) == errc::ok ? ret::success : ret::drop;
+}
+
+SPIN_COMPLETION_HANDLER(event_ch) {
+  ctx->post_event(ctx->msg.message_id * 10);
+  return ret::success;
+}
+
+} // namespace
+
+TEST_SUITE("runtime") {
+
+TEST_CASE("a handler cannot touch another EC's memory or anything outside its own through the API") {
+  fixture f(1);
+  std::vector<std::byte> host(4096);
+  auto region = f.rt->register_host_memory(host);
+  REQUIRE(region.ok());
+  rt::ec_config b;
+  b.name = "victim";
+  b.match.bits = 2;
+  b.handler_mem_bytes = 256;
+  const rt::ec_id ec_b = f.install(b);
+  auto mem_b = f.rt->handler_memory(ec_b);
+  for (auto& x : mem_b) x = std::byte{0x5a};
+
+  rt::ec_config a;
+  a.name = "intruder";
+  a.match.bits = 1;
+  a.handlers.payload = intruder_ph;
+  a.handler_mem_bytes = 128;
+  a.window = rt::host_window{*region, 0, 4096};
+  const rt::ec_id ec_a = f.install(a);
+  auto mem_a = f.rt->handler_memory(ec_a);
+  store_at<std::uint64_t>(mem_a, 0, reinterpret_cast<std::uint64_t>(mem_b.data()));
+
+  REQUIRE(feed(*f.rt, message_packets(f.pool, 1, 0, 1, 64, 64)));
+  const auto oob = static_cast<std::int32_t>(errc::out_of_bounds);
+  CHECK(load_at<std::int32_t>(mem_a, 8 + 0) == oob);
+  CHECK(load_at<std::int32_t>(mem_a, 8 + 4) == oob);
+  CHECK(load_at<std::int32_t>(mem_a, 8 + 8) == oob);
+  CHECK(load_at<std::int32_t>(mem_a, 8 + 12) == oob);
+  CHECK(load_at<std::int32_t>(mem_a, 8 + 16) == oob);
+  CHECK(load_at<std::int32_t>(mem_a, 8 + 20) == oob);
+  CHECK(load_at<std::int32_t>(mem_a, 8 + 24) == oob);
+  CHECK(load_at<std::int32_t>(mem_a, 8 + 28) == static_cast<std::int32_t>(errc::misaligned));
+  CHECK(load_at<std::int32_t>(mem_a, 8 + 32) == 0);
+  CHECK(load_at<std::int32_t>(mem_a, 8 + 36) == 0);
+  for (auto x : mem_b) REQUIRE(x == std::byte{0x5a});
+  for (auto x : host) REQUIRE(x == std::byte{0});
+  CHECK(f.ec_stats(ec_a).api_errors == 5);  // DMAs, lock and send go through the table; atomics are inline
+}
+
+TEST_CASE("DMA moves bytes between the packet, the scratchpad and the host window and rejects ranges outside the window") {
+  fixture f(2);
+  std::vector<std::byte> host(1 << 16);
+  auto region = f.rt->register_host_memory(host);
+  REQUIRE(region.ok());
+  rt::ec_config c;
+  c.name = "dma";
+  c.handlers.payload = dma_ph;
+  c.handler_mem_bytes = 64;
+  c.scratchpad_bytes = 8000;
+  c.window = rt::host_window{*region, 4096, 8192};
+  const rt::ec_id ec = f.install(c);
+  REQUIRE(feed(*f.rt, message_packets(f.pool, 0, 3, 9, 8000, 1000)));
+  for (std::size_t i = 0; i < 8000; ++i) REQUIRE(host[4096 + i] == pattern(3, 9, i));
+  for (std::size_t i = 0; i < 4096; ++i) REQUIRE(host[i] == std::byte{0});
+  for (std::size_t i = 4096 + 8192; i < host.size(); ++i) REQUIRE(host[i] == std::byte{0});
+  auto m = f.rt->handler_memory(ec);
+  CHECK(load_at<std::int32_t>(m, 0) == 0);
+  CHECK(load_at<std::int32_t>(m, 4) == 0);
+  CHECK(load_at<std::int32_t>(m, 8) == static_cast<std::int32_t>(errc::out_of_bounds));
+  CHECK(load_at<std::uint64_t>(m, 16) == 0);
+  const auto s = f.ec_stats(ec);
+  CHECK(s.dma_to_host_bytes == 8000);
+  CHECK(s.dma_from_host_bytes == 8000);
+  CHECK(s.dma_ops == 16);
+  CHECK(s.api_errors == 8);
+}
+
+TEST_CASE("a non-blocking DMA is in flight until the modelled DMA time has passed") {
+  rt::runtime_config cfg;
+  cfg.hpus = 1;
+  cfg.dma.latency = std::chrono::milliseconds(2);
+  fixture f(cfg);
+  std::vector<std::byte> host(4096);
+  auto region = f.rt->register_host_memory(host);
+  REQUIRE(region.ok());
+  rt::ec_config c;
+  c.handlers.payload = nb_dma_ph;
+  c.handler_mem_bytes = 64;
+  c.window = rt::host_window{*region, 0, 4096};
+  const rt::ec_id ec = f.install(c);
+  REQUIRE(feed(*f.rt, message_packets(f.pool, 0, 0, 1, 100, 100)));
+  auto m = f.rt->handler_memory(ec);
+  CHECK(load_at<std::int32_t>(m, 0) == 0);
+  CHECK(load_at<std::int32_t>(m, 4) == 0);
+  CHECK(load_at<std::int32_t>(m, 8) == 0);
+  CHECK(load_at<std::int32_t>(m, 12) == static_cast<std::int32_t>(errc::not_found));
+  CHECK(host[0] == pattern(0, 1, 0));
+}
+
+TEST_CASE("atomics and locks on handler memory give exact results under concurrent payload handlers") {
+  fixture f(4);
+  rt::ec_config c;
+  c.handlers.payload = atomics_ph;
+  c.handler_mem_bytes = 128;
+  c.limits.max_messages = 64;
+  const rt::ec_id ec = f.install(c);
+  auto m = f.rt->handler_memory(ec);
+  store_at<std::int64_t>(m, 24, 0);
+  store_at<std::int64_t>(m, 32, 0);
+  store_at<float>(m, 56, -1.0f);
+  constexpr std::uint32_t packets = 64;
+  std::vector<rt::packet> all;
+  for (std::uint64_t msg = 0; msg < 50; ++msg) {
+    auto p = message_packets(f.pool, 0, 0, msg, packets * 16, 16);
+    all.insert(all.end(), p.begin(), p.end());
+  }
+  REQUIRE(feed(*f.rt, all));
+  const std::uint64_t n = all.size();
+  CHECK(load_at<std::uint64_t>(m, 0) == 50 * (packets * (packets + 1) / 2));
+  CHECK(load_at<std::uint32_t>(m, 8) == n);
+  CHECK(load_at<double>(m, 16) == 0.5 * static_cast<double>(n));
+  CHECK(load_at<std::int64_t>(m, 24) == -static_cast<std::int64_t>(packets));
+  CHECK(load_at<std::int64_t>(m, 32) == packets);
+  CHECK(load_at<std::uint64_t>(m, 48) == n);
+  CHECK(load_at<float>(m, 56) == static_cast<float>(packets));
+  CHECK(load_at<std::uint64_t>(m, 72) == 1);
+  CHECK(f.ec_stats(ec).api_errors == 0);
+}
+
+TEST_CASE("unlocking a lock not held, locking one twice and returning with a lock held are errors, and the lock is freed") {
+  fixture f(1);
+  rt::ec_config c;
+  c.handlers.payload = lock_misuse_ph;
+  c.handler_mem_bytes = 64;
+  const rt::ec_id ec = f.install(c);
+  REQUIRE(feed(*f.rt, message_packets(f.pool, 0, 0, 1, 10, 10)));
+  auto m = f.rt->handler_memory(ec);
+  CHECK(load_at<std::int32_t>(m, 0) == static_cast<std::int32_t>(errc::bad_state));
+  CHECK(load_at<std::int32_t>(m, 4) == 0);
+  CHECK(load_at<std::int32_t>(m, 8) == static_cast<std::int32_t>(errc::bad_state));
+  CHECK(load_at<std::uint64_t>(m, 16) == 0);  // released when the handler returned
+  CHECK(f.ec_stats(ec).api_errors == 3);
+  // The next invocation can take the lock again.
+  REQUIRE(feed(*f.rt, message_packets(f.pool, 0, 0, 2, 10, 10)));
+  CHECK(load_at<std::int32_t>(m, 4) == 0);
+}
+
+TEST_CASE("packets a handler sends leave through the TX port as valid frames that the runtime accepts again") {
+  rt::memory_tx_port tx(2, 1 << 20, /*source_rank=*/5);
+  rt::runtime_config cfg;
+  cfg.hpus = 2;
+  cfg.tx = &tx;
+  cfg.rank = 5;
+  fixture f(cfg);
+  rt::ec_config c;
+  c.handlers.payload = echo_ph;
+  c.handler_mem_bytes = 8;
+  const rt::ec_id ec = f.install(c);
+  REQUIRE(feed(*f.rt, message_packets(f.pool, 0, 2, 7, 3000, 1000)));
+  auto frames = tx.take_frames();
+  REQUIRE(frames.size() == 3);
+  std::vector<bool> seen(3);
+  for (auto& fr : frames) {
+    rt::wire::parsed p;
+    rt::wire::reject why;
+    REQUIRE(rt::wire::parse(std::span<const std::byte>(fr.bytes), rt::wire::default_udp_port, p, why));
+    CHECK(fr.dest_rank == 2);
+    CHECK(p.hdr.source_rank == 5);
+    CHECK(p.hdr.message_id == 1007);
+    REQUIRE(p.hdr.seq < 3);
+    seen[p.hdr.seq] = true;
+    for (std::uint32_t i = 0; i < p.hdr.payload_len; ++i)
+      REQUIRE(fr.bytes[p.payload_offset + i] == pattern(2, 7, p.hdr.offset + i));
+  }
+  CHECK((seen[0] && seen[1] && seen[2]));
+  const auto s = f.ec_stats(ec);
+  CHECK(s.sends == 3);
+  CHECK(s.send_bytes == 3000);
+}
+
+TEST_CASE("a send with no TX port or a full TX queue fails with an error code and is counted") {
+  rt::memory_tx_port tx(1, 1500, 0);  // room for one frame
+  rt::runtime_config cfg;
+  cfg.hpus = 1;
+  cfg.tx = &tx;
+  fixture f(cfg);
+  rt::ec_config c;
+  c.handlers.payload = echo_ph;
+  const rt::ec_id ec = f.install(c);
+  REQUIRE(feed(*f.rt, message_packets(f.pool, 0, 2, 7, 3000, 1000)));
+  const auto s = f.ec_stats(ec);
+  CHECK(s.sends == 1);
+  CHECK(s.send_failed == 2);
+  CHECK(s.drops[static_cast<std::size_t>(rt::drop_reason::handler_drop)] == 2);
+  CHECK(tx.take_frames().size() == 1);
+}
+
+TEST_CASE("events posted by handlers reach the host in the EC's queue and a full queue counts lost events") {
+  fixture f(2);
+  rt::ec_config c;
+  c.handlers.completion = event_ch;
+  c.limits.event_queue_depth = 4;
+  const rt::ec_id ec = f.install(c);
+  for (std::uint64_t m = 1; m <= 6; ++m) REQUIRE(feed(*f.rt, message_packets(f.pool, 0, 0, m, 0, 64)));
+  std::vector<rt::host_event> ev(16);
+  const std::size_t n = f.rt->poll_events(ec, ev);
+  REQUIRE(n == 4);
+  for (std::size_t i = 0; i < n; ++i) {
+    CHECK(ev[i].type == rt::host_event::kind::handler);
+    CHECK(ev[i].value == ev[i].message_id * 10);
+  }
+  const auto s = f.ec_stats(ec);
+  CHECK(s.events_posted == 4);
+  CHECK(s.events_lost == 2);
+  CHECK(f.rt->poll_events(ec, ev) == 0);
+  CHECK(f.rt->poll_events(999, ev) == 0);
+}
+
+TEST_CASE("an EC without payload handler deposits each payload into its host window at the message offset") {
+  fixture f(2);
+  std::vector<std::byte> host(10000);
+  auto region = f.rt->register_host_memory(host);
+  REQUIRE(region.ok());
+  rt::ec_config c;
+  c.window = rt::host_window{*region, 0, 5000};
+  const rt::ec_id ec = f.install(c);
+  REQUIRE(feed(*f.rt, message_packets(f.pool, 0, 1, 1, 5000, 1000)));
+  for (std::size_t i = 0; i < 5000; ++i) REQUIRE(host[i] == pattern(1, 1, i));
+  REQUIRE(feed(*f.rt, message_packets(f.pool, 0, 1, 2, 6000, 1000)));  // last 1000 bytes fall outside
+  const auto s = f.ec_stats(ec);
+  CHECK(s.deposit_bytes == 10000);
+  CHECK(s.drops[static_cast<std::size_t>(rt::drop_reason::host_window)] == 1);
+  for (std::size_t i = 5000; i < host.size(); ++i) REQUIRE(host[i] == std::byte{0});
+}
+
+} // TEST_SUITE

@@ -1,0 +1,134 @@
+// The handler budget: over-budget handlers are stopped or reported, never hang the NIC.
+#include "test_util.hpp"
+
+#include <spin/rt/runtime.hpp>
+
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+using namespace spin;
+using namespace spin::test;
+
+namespace {
+
+// Message 1, packet 1 never finishes on its own; it keeps calling the API (lock/unlock), so it
+// can be stopped at an API call even where signals are deferred (ThreadSanitizer).
+SPIN_PAYLOAD_HANDLER(stuck_in_api_ph) {
+  if (ctx->msg.message_id == 1 && ctx->msg.packet_index == 1)
+    for (;;) {
+      ctx->lock(8);
+      ctx->unlock(8);
+    }
+  ctx->fetch_add<u64>(0, 1);
+  return ret::success;
+}
+
+// Spins without any API call until the test raises the flag at handler memory offset 8.
+SPIN_PAYLOAD_HANDLER(spin_until_flag_ph) {
+  while (__atomic_load_n(ctx->mem<u64>(8), __ATOMIC_ACQUIRE) == 0) {
+  }
+  ctx->fetch_add<u64>(0, 1);
+  return ret::success;
+}
+
+// Spins forever without any API call: only the preemption signal can stop it.
+SPIN_PAYLOAD_HANDLER(pure_loop_ph) {
+  if (ctx->msg.message_id == 1)
+    for (;;) __atomic_fetch_add(ctx->mem<u64>(16), 1, __ATOMIC_RELAXED);
+  ctx->fetch_add<u64>(0, 1);
+  return ret::success;
+}
+
+SPIN_COMPLETION_HANDLER(count_ch) {
+  ctx->fetch_add<u64>(24, 1);
+  return ret::success;
+}
+
+rt::ec_config budget_ec(handler_fn payload) {
+  rt::ec_config c;
+  c.name = "budget";
+  c.handlers.payload = payload;
+  c.handlers.completion = count_ch;
+  c.handler_mem_bytes = 64;
+  c.limits.handler_budget = std::chrono::milliseconds(5);
+  return c;
+}
+
+std::vector<rt::host_event> errors(rt::runtime& r, rt::ec_id ec) {
+  std::vector<rt::host_event> ev(64), out;
+  const std::size_t n = r.poll_events(ec, ev);
+  for (std::size_t i = 0; i < n; ++i)
+    if (ev[i].type == rt::host_event::kind::error) out.push_back(ev[i]);
+  return out;
+}
+
+} // namespace
+
+TEST_SUITE("runtime") {
+
+TEST_CASE("a handler stuck past its budget is stopped, reported, and its message aborted while other messages complete") {
+  fixture f(2);
+  const rt::ec_id ec = f.install(budget_ec(stuck_in_api_ph));
+  std::vector<rt::packet> all;
+  for (std::uint64_t m = 0; m < 4; ++m) {
+    auto p = message_packets(f.pool, 0, 1, m, 4 * 100, 100);
+    all.insert(all.end(), p.begin(), p.end());
+  }
+  REQUIRE(feed(*f.rt, all));
+  const auto ev = errors(*f.rt, ec);
+  REQUIRE(ev.size() == 1);
+  CHECK(ev[0].code == errc::aborted);
+  CHECK(ev[0].message_id == 1);
+  CHECK(ev[0].value == static_cast<std::uint64_t>(handler_kind::payload));
+  const auto s = f.ec_stats(ec);
+  CHECK(s.kinds[static_cast<std::size_t>(handler_kind::payload)].over_budget == 1);
+  CHECK(s.messages_aborted == 1);
+  CHECK(s.messages_completed == 3);
+  CHECK(f.word(ec, 24) == 3);  // no completion handler for the aborted message
+  CHECK(f.word(ec, 0) == 15);  // every other payload handler ran
+  // A retransmission of the aborted message is refused as such.
+  REQUIRE(feed(*f.rt, message_packets(f.pool, 0, 1, 1, 4 * 100, 100)));
+  CHECK(f.drops(ec, rt::drop_reason::message_aborted) == 4);
+}
+
+TEST_CASE("an over-budget handler that returns on its own is still reported when preemption is off") {
+  rt::runtime_config cfg;
+  cfg.hpus = 1;
+  cfg.preempt = false;
+  fixture f(cfg);
+  const rt::ec_id ec = f.install(budget_ec(spin_until_flag_ph));
+  auto p = message_packets(f.pool, 0, 0, 3, 100, 100);
+  REQUIRE(f.rt->rx_burst(p.data(), 1) == 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(60));
+  raise_flag(*f.rt, ec, 8);
+  REQUIRE(f.rt->drain());
+  const auto ev = errors(*f.rt, ec);
+  REQUIRE(ev.size() == 1);
+  CHECK(ev[0].message_id == 3);
+  CHECK(f.ec_stats(ec).messages_aborted == 1);
+  CHECK(f.word(ec, 24) == 0);
+}
+
+TEST_CASE("a handler spinning without any API call is preempted by the watchdog") {
+#if defined(SPIN_TSAN)
+  MESSAGE("skipped: ThreadSanitizer defers asynchronous signals, so preemption is off in this build");
+#else
+  fixture f(1);
+  const rt::ec_id ec = f.install(budget_ec(pure_loop_ph));
+  std::vector<rt::packet> all = message_packets(f.pool, 0, 0, 1, 100, 100);
+  auto more = message_packets(f.pool, 0, 0, 2, 300, 100);
+  all.insert(all.end(), more.begin(), more.end());
+  REQUIRE(feed(*f.rt, all));
+  CHECK(errors(*f.rt, ec).size() == 1);
+  CHECK(f.rt->stats().hpus.at(0).preempted == 1);
+  CHECK(f.word(ec, 0) == 3);  // the single HPU went on with message 2
+  CHECK(f.word(ec, 16) > 0);
+  CHECK(f.ec_stats(ec).messages_aborted == 1);
+#endif
+}
+
+} // TEST_SUITE

@@ -1,0 +1,219 @@
+// Ingress: matching, message table limits, every drop reason, back-pressure, EC life cycle.
+#include "test_util.hpp"
+
+#include <spin/rt/runtime.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <vector>
+
+using namespace spin;
+using namespace spin::test;
+
+namespace {
+
+SPIN_HEADER_HANDLER(count_hh) {
+  ctx->fetch_add<u64>(0, 1);
+  return ret::success;
+}
+SPIN_PAYLOAD_HANDLER(count_ph) {
+  ctx->fetch_add<u64>(8, 1);
+  return ret::success;
+}
+// Blocks until the test raises the flag at offset 16 (for back-pressure).
+SPIN_PAYLOAD_HANDLER(gate_ph) {
+  while (__atomic_load_n(ctx->mem<u64>(16), __ATOMIC_ACQUIRE) == 0) {
+  }
+  ctx->fetch_add<u64>(8, 1);
+  return ret::success;
+}
+
+rt::ec_config counting_ec(std::uint64_t bits = 0, bool header = true) {
+  rt::ec_config c;
+  c.name = "count";
+  c.match.bits = bits;
+  c.handlers.header = header ? count_hh : nullptr;
+  c.handlers.payload = count_ph;
+  c.handler_mem_bytes = 64;
+  return c;
+}
+
+} // namespace
+
+TEST_SUITE("runtime") {
+
+TEST_CASE("packets go to the first installed EC whose match rule accepts their match bits") {
+  fixture f(1);
+  rt::ec_config wide = counting_ec(0x100, false);
+  wide.match.ignore_mask = 0xff;  // matches 0x100..0x1ff
+  const rt::ec_id a = f.install(counting_ec(0x105, false));
+  const rt::ec_id b = f.install(wide);
+  REQUIRE(feed(*f.rt, message_packets(f.pool, 0x105, 0, 1, 10, 10)));
+  REQUIRE(feed(*f.rt, message_packets(f.pool, 0x1ab, 0, 1, 10, 10)));
+  REQUIRE(feed(*f.rt, message_packets(f.pool, 0x200, 0, 1, 10, 10)));
+  CHECK(f.word(a, 8) == 1);
+  CHECK(f.word(b, 8) == 1);
+  CHECK(f.rt->stats().unknown_ec == 1);
+}
+
+TEST_CASE("packets that break the message's sequence rules are dropped, each under its reason") {
+  fixture f(1);
+  rt::ec_config c = counting_ec(0, false);
+  c.limits.window_packets = 64;
+  const rt::ec_id ec = f.install(c);
+  auto hdr = [](std::uint32_t seq, std::uint32_t count, std::uint64_t len) { return data_header(0, 1, 5, seq, count, len, 10); };
+  std::vector<std::byte> ten(10);
+  std::vector<rt::packet> p;
+  p.push_back(f.pool.add(hdr(0, 100, 1000), ten));   // accepted
+  p.push_back(f.pool.add(hdr(65, 100, 1000), ten));  // window is [1, 65): out_of_window
+  p.push_back(f.pool.add(hdr(1, 100, 2000), ten));   // message length changed: inconsistent
+  p.push_back(f.pool.add(hdr(0, 100, 1000), ten));   // duplicate
+  auto end = hdr(9, 10, 100);                         // end packet claims 10 packets of a 1000-byte message
+  end.message_len = 1000;
+  end.offset = 990;
+  p.push_back(f.pool.add(end, ten));                  // accepted, fixes packet_count = 10
+  p.push_back(f.pool.add(hdr(12, 100, 1000), ten));  // past the end: bad_sequence
+  auto other = data_header(0, 1, 6, 0, 1, 10, 10);
+  other.type = rt::wire::packet_type::ack;
+  p.push_back(f.pool.add(other, ten));               // not_data
+  REQUIRE(feed(*f.rt, p));
+  const auto s = f.ec_stats(ec);
+  CHECK(s.packets_in == 2);
+  CHECK(s.drops[static_cast<std::size_t>(rt::drop_reason::out_of_window)] == 1);
+  CHECK(s.drops[static_cast<std::size_t>(rt::drop_reason::inconsistent)] == 1);
+  CHECK(s.drops[static_cast<std::size_t>(rt::drop_reason::duplicate)] == 1);
+  CHECK(s.drops[static_cast<std::size_t>(rt::drop_reason::bad_sequence)] == 1);
+  CHECK(s.drops[static_cast<std::size_t>(rt::drop_reason::not_data)] == 1);
+  CHECK(s.total_drops() == 5);
+}
+
+TEST_CASE("an EC with all message slots open drops packets of new messages as no_message_slot") {
+  fixture f(1);
+  rt::ec_config c = counting_ec(0, false);
+  c.limits.max_messages = 2;
+  const rt::ec_id ec = f.install(c);
+  std::vector<rt::packet> p;
+  for (std::uint64_t m = 0; m < 3; ++m) p.push_back(message_packet(f.pool, 0, 0, m, 100, 10, 0));  // incomplete
+  REQUIRE(feed(*f.rt, p));
+  CHECK(f.drops(ec, rt::drop_reason::no_message_slot) == 1);
+  // Completing message 0 frees its slot for message 3.
+  std::vector<rt::packet> m0;
+  for (std::uint32_t k = 1; k < 10; ++k) m0.push_back(message_packet(f.pool, 0, 0, 0, 100, 10, k));
+  REQUIRE(feed(*f.rt, m0));
+  REQUIRE(feed(*f.rt, message_packets(f.pool, 0, 0, 3, 10, 10)));
+  CHECK(f.ec_stats(ec).messages_completed == 2);
+  CHECK(f.drops(ec, rt::drop_reason::no_message_slot) == 1);
+}
+
+TEST_CASE("payload packets waiting for their header are dropped as parking_full once the EC's parking is used up") {
+  fixture f(1);
+  rt::ec_config c = counting_ec();
+  c.limits.max_parked_packets = 3;
+  const rt::ec_id ec = f.install(c);
+  auto p = message_packets(f.pool, 0, 0, 1, 60, 10);  // 6 packets
+  REQUIRE(feed(*f.rt, std::span(p).subspan(1)));      // 5 payload packets, no header yet
+  CHECK(f.drops(ec, rt::drop_reason::parking_full) == 2);
+  CHECK(f.word(ec, 8) == 0);
+  REQUIRE(feed(*f.rt, std::span(p).first(1)));
+  CHECK(f.word(ec, 0) == 1);
+  CHECK(f.word(ec, 8) == 4);  // header packet + 3 parked
+  // The dropped packets were not marked received: their retransmission completes the message.
+  REQUIRE(feed(*f.rt, message_packets(f.pool, 0, 0, 1, 60, 10)));
+  CHECK(f.word(ec, 8) == 6);
+  CHECK(f.ec_stats(ec).messages_completed == 1);
+}
+
+TEST_CASE("rx_burst accepts fewer frames than offered only when every HPU queue is full, and the caller keeps the rest") {
+  rt::runtime_config cfg;
+  cfg.hpus = 1;
+  cfg.hpu_queue_depth = 4;
+  fixture f(cfg);
+  rt::ec_config c = counting_ec(0, false);
+  c.handlers.payload = gate_ph;
+  c.limits.handler_budget = std::chrono::seconds(60);
+  const rt::ec_id ec = f.install(c);
+  auto p = message_packets(f.pool, 0, 0, 1, 100, 10);
+  const std::uint32_t got = f.rt->rx_burst(p.data(), static_cast<std::uint32_t>(p.size()));
+  CHECK(got == 4);
+  raise_flag(*f.rt, ec, 16);
+  REQUIRE(feed(*f.rt, std::span(p).subspan(got)));
+  CHECK(f.word(ec, 8) == 10);
+}
+
+TEST_CASE("uninstalling an EC returns its parked packets, frees its NIC memory and stops matching it") {
+  fixture f(2);
+  const std::uint64_t before = f.rt->stats().nic_mem_used_bytes;
+  rt::ec_config c = counting_ec();
+  c.handler_mem_bytes = 4096;
+  c.scratchpad_bytes = 256;
+  const rt::ec_id ec = f.install(c);
+  CHECK(f.rt->stats().nic_mem_used_bytes > before);
+  auto p = message_packets(f.pool, 0, 0, 1, 100, 10);
+  REQUIRE(feed(*f.rt, std::span(p).subspan(1)));  // parked behind the missing header
+  REQUIRE(f.rt->uninstall(ec).ok());
+  CHECK(f.pool.unreleased() == 1);  // only the header packet, not handed over yet
+  CHECK(f.rt->stats().nic_mem_used_bytes == before);
+  CHECK(f.rt->handler_memory(ec).empty());
+  REQUIRE(feed(*f.rt, std::span(p).first(1)));
+  CHECK(f.rt->stats().unknown_ec == 1);
+  CHECK(f.rt->uninstall(ec).err().code == errc::not_found);
+}
+
+TEST_CASE("install rejects bad windows, exhausted NIC memory and zero limits with a message, changing nothing") {
+  rt::runtime_config cfg;
+  cfg.nic_memory_bytes = 1 << 16;
+  cfg.max_ecs = 2;
+  fixture f(cfg);
+  std::vector<std::byte> host(100);
+  auto region = f.rt->register_host_memory(host);
+  REQUIRE(region.ok());
+  CHECK(f.rt->register_host_memory({}).err().code == errc::invalid_argument);
+
+  rt::ec_config c = counting_ec();
+  c.window = rt::host_window{*region, 50, 51};
+  auto r = f.rt->install(c);
+  CHECK(r.err().code == errc::invalid_argument);
+  CHECK(r.err().message.find("exceeds region") != std::string::npos);
+  c.window = rt::host_window{7, 0, 1};
+  CHECK(f.rt->install(c).err().code == errc::not_found);
+  c.window.reset();
+  c.handler_mem_bytes = 1 << 20;
+  r = f.rt->install(c);
+  CHECK(r.err().code == errc::no_memory);
+  CHECK(r.err().message.find("handler memory") != std::string::npos);
+  c.handler_mem_bytes = 64;
+  c.limits.max_messages = 0;
+  CHECK(f.rt->install(c).err().code == errc::invalid_argument);
+  c.limits.max_messages = 4;
+  CHECK(f.rt->stats().nic_mem_used_bytes == 0);
+  CHECK(f.rt->install(c).ok());
+  CHECK(f.rt->install(c).ok());
+  CHECK(f.rt->install(c).err().code == errc::no_space);
+}
+
+TEST_CASE("runtime creation rejects impossible configurations") {
+  rt::runtime_config cfg;
+  cfg.hpus = 0;
+  CHECK(rt::runtime::create(cfg).err().code == errc::invalid_argument);
+  cfg.hpus = 1;
+  cfg.nic_memory_bytes = 0;
+  CHECK(rt::runtime::create(cfg).err().code == errc::invalid_argument);
+}
+
+TEST_CASE("statistics print as text and as JSON with every drop reason and handler time percentiles") {
+  fixture f(1);
+  const rt::ec_id ec = f.install(counting_ec());
+  REQUIRE(feed(*f.rt, message_packets(f.pool, 0, 0, 1, 100, 10)));
+  (void)ec;
+  const auto s = f.rt->stats();
+  const std::string text = rt::to_text(s);
+  CHECK(text.find("EC 1 \"count\": 10 packets") != std::string::npos);
+  CHECK(text.find("payload    10 calls") != std::string::npos);
+  const std::string json = rt::to_json(s);
+  CHECK(json.find("\"no_message_slot\": 0") != std::string::npos);
+  CHECK(json.find("\"p99_ns\"") != std::string::npos);
+  CHECK(json.find("\"ip_checksum\": 0") != std::string::npos);
+}
+
+} // TEST_SUITE
