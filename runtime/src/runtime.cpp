@@ -85,40 +85,50 @@ namespace {
 
 enum class task_kind : std::uint8_t { header, payload, completion, deposit };
 
+// A task crosses from the scheduler's core to an HPU's: kept to 48 bytes. The HPU rebuilds the
+// message descriptor from the frame's spin header (already validated) or, for a completion, from
+// the message entry, whose fields are stable while the completion runs.
+enum task_flag : std::uint8_t { then_payload = 1, then_deposit = 2 };
 struct task {
-  std::uint32_t ec_slot;
-  std::uint32_t msg_idx;
-  task_kind kind;
-  bool then_payload;    // header task: run the payload handler on the same packet afterwards
-  bool then_deposit;    // header task: deposit the packet afterwards (EC without payload handler)
-  bool has_packet;
-  packet pkt;
-  std::uint32_t payload_off;
-  std::uint32_t payload_len;
+  std::byte* frame;            // null for a completion task
+  std::uint64_t cookie;
   std::byte* scratch;
-  message_desc desc;
-};
-
-// What the HPU's API calls did, added to the EC's counters by the scheduler.
-struct tally {
-  std::uint64_t dma_to = 0, dma_from = 0, dma_ops = 0, sends = 0, send_bytes = 0, send_failed = 0, events = 0,
-                events_lost = 0, api_errors = 0, deposit = 0;
-};
-
-struct done {
-  std::uint32_t ec_slot;
+  std::uint32_t frame_len;
   std::uint32_t msg_idx;
+  std::uint32_t payload_len;
+  std::uint32_t packet_count;  // of the message, 0 while its end packet is unseen
+  std::uint16_t spin_off;
+  std::uint16_t payload_off;
+  std::uint16_t ec_slot;
   task_kind kind;
-  bool ran_payload;
-  bool over_budget;
-  bool deposit_failed;
+  std::uint8_t flags;          // task_flag
+};
+static_assert(sizeof(task) == 48);
+
+// What the HPUs' API calls did, per HPU and EC slot; written only by that HPU, summed by stats().
+struct tally {
+  detail::counter dma_to, dma_from, dma_ops, sends, send_bytes, send_failed, events, events_lost, api_errors, deposit;
+  void reset() {
+    for (detail::counter* c : {&dma_to, &dma_from, &dma_ops, &sends, &send_bytes, &send_failed, &events, &events_lost,
+                               &api_errors, &deposit})
+      c->reset();
+  }
+};
+
+// The record an HPU sends back per task: 32 bytes.
+enum done_flag : std::uint8_t { ran_payload = 1, over_budget = 2, deposit_failed = 4 };
+struct done {
+  std::uint32_t msg_idx;
+  std::uint32_t payload_len;
   std::int32_t ret_first;
   std::int32_t ret_payload;
-  std::uint64_t ns_first;
-  std::uint64_t ns_payload;
-  std::uint32_t payload_len;
-  tally t;
+  std::uint32_t ns_first;     // saturates at ~4.3 s
+  std::uint32_t ns_payload;
+  std::uint16_t ec_slot;
+  task_kind kind;
+  std::uint8_t flags;         // done_flag
 };
+static_assert(sizeof(done) == 28 || sizeof(done) == 32);
 
 enum class msg_state : std::uint8_t { free, open, held, retired };
 enum class outcome : std::uint8_t { ok, dropped, aborted };
@@ -142,8 +152,8 @@ struct message {
 
 struct parked {
   packet pkt;
-  std::uint32_t payload_off, payload_len;
-  message_desc desc;
+  std::uint16_t spin_off, payload_off;
+  std::uint32_t payload_len;
   std::uint32_t next;
 };
 
@@ -192,9 +202,10 @@ struct invocation {
   runtime_core* rt = nullptr;
   hpu* h = nullptr;
   ec* e = nullptr;
-  tally t;
+  tally* t = nullptr;
   std::uint64_t locks[8] = {};
   std::uint32_t nlocks = 0;
+  std::uint32_t dma_live = 0;  // slots possibly live (high-water mark of this invocation)
   std::vector<dma_slot> dma;
 };
 
@@ -221,6 +232,7 @@ struct hpu {
 
   detail::counter tasks, busy_ns, preempted;
   invocation inv;
+  std::unique_ptr<tally[]> tallies;  // one per EC slot
 
   hpu(std::size_t depth) : in(depth), out(depth) {}
 };
@@ -287,18 +299,17 @@ public:
   void retire(ec& e, std::uint32_t idx) noexcept;
   void settle(ec& e, std::uint32_t idx) noexcept;  // moves a finished message to the retired history
   void check_done(ec& e, std::uint32_t idx) noexcept;
-  void dispatch_payload(ec& e, std::uint32_t slot, std::uint32_t idx, const packet& p, std::uint32_t off,
-                        std::uint32_t len, const message_desc& d) noexcept;
-  bool release_parked(ec& e, std::uint32_t slot, std::uint32_t idx) noexcept;
+  void dispatch_payload(ec& e, std::uint32_t idx, const packet& p, std::uint16_t spin_off, std::uint16_t payload_off,
+                        std::uint32_t len) noexcept;
+  bool release_parked(ec& e, std::uint32_t idx) noexcept;
   void drop_parked(ec& e, std::uint32_t idx, drop_reason r) noexcept;
   void want_retry(ec& e, std::uint32_t idx) noexcept;
   void apply(const done& d) noexcept;
-  message_desc make_desc(const ec& e, const message& m, const wire::header& h) const noexcept;
 
   // HPU side
   void hpu_loop(hpu& h) noexcept;
   void run(hpu& h, const task& t) noexcept;
-  std::int32_t invoke(hpu& h, handler_fn fn, bool& over, std::uint64_t& ns) noexcept;
+  std::int32_t invoke(hpu& h, handler_fn fn, bool& over, std::uint32_t& ns) noexcept;
 
   void watchdog_loop();
   void free_ec(std::uint32_t slot);
@@ -341,7 +352,7 @@ bool local_ok(const invocation& i, const void* p, std::uint64_t len) {
 }
 
 std::int32_t err(invocation& i, errc e) {
-  ++i.t.api_errors;
+  i.t->api_errors.add(1);
   return static_cast<std::int32_t>(e);
 }
 
@@ -372,8 +383,8 @@ std::int32_t dma_common(spin::ctx* c, bool to_host, void* local, std::uint64_t h
     else
       std::memmove(local, i.e->host + host_off, len);
   }
-  (to_host ? i.t.dma_to : i.t.dma_from) += len;
-  ++i.t.dma_ops;
+  (to_host ? i.t->dma_to : i.t->dma_from).add(len);
+  i.t->dma_ops.add(1);
   const std::uint64_t done_at = dma_done_tick(i.rt->cfg, len);
   if (h == nullptr) {
     while (done_at != 0 && ticks() < done_at) cpu_relax();
@@ -381,6 +392,7 @@ std::int32_t dma_common(spin::ctx* c, bool to_host, void* local, std::uint64_t h
   }
   dma_slot& d = i.dma[slot];
   d.live = true;
+  if (slot >= i.dma_live) i.dma_live = slot + 1;
   d.gen += 1;
   d.done_tick = done_at;
   h->id = (std::uint64_t{d.gen} << 16) | slot;
@@ -434,7 +446,7 @@ std::int32_t api_send(spin::ctx* c, const send_desc* d) {
   if (!local_ok(i, d->data, d->len_bytes)) return err(i, errc::out_of_bounds);
   tx_port* tx = i.rt->cfg.tx;
   if (tx == nullptr) {
-    ++i.t.send_failed;
+    i.t->send_failed.add(1);
     return err(i, errc::not_supported);
   }
   if (d->len_bytes > tx->max_payload_bytes()) return err(i, errc::out_of_bounds);
@@ -458,11 +470,11 @@ std::int32_t api_send(spin::ctx* c, const send_desc* d) {
   const errc r = tx->send(i.h->index, d->dest_rank, h,
                           std::span<const std::byte>(static_cast<const std::byte*>(d->data), d->len_bytes));
   if (r != errc::ok) {
-    ++i.t.send_failed;
+    i.t->send_failed.add(1);
     return err(i, r);
   }
-  ++i.t.sends;
-  i.t.send_bytes += d->len_bytes;
+  i.t->sends.add(1);
+  i.t->send_bytes.add(d->len_bytes);
   return 0;
 }
 
@@ -475,10 +487,10 @@ std::int32_t api_post_event(spin::ctx* c, std::uint64_t value) {
   ev.message_id = c->msg.message_id;
   ev.value = value;
   if (!i.e->events->try_push(ev)) {
-    ++i.t.events_lost;
+    i.t->events_lost.add(1);
     return err(i, errc::no_space);
   }
-  ++i.t.events;
+  i.t->events.add(1);
   return 0;
 }
 
@@ -533,7 +545,7 @@ std::int32_t api_unlock(spin::ctx* c, std::uint64_t off) {
 
 // ---- HPU loop ------------------------------------------------------------------------------
 
-std::int32_t runtime_core::invoke(hpu& h, handler_fn fn, bool& over, std::uint64_t& ns) noexcept {
+std::int32_t runtime_core::invoke(hpu& h, handler_fn fn, bool& over, std::uint32_t& ns) noexcept {
   invocation& i = h.inv;
   const std::uint64_t id = h.run_id.load(std::memory_order_relaxed) + 1;
   h.run_budget.store(i.e->budget_ticks, std::memory_order_relaxed);
@@ -558,11 +570,12 @@ std::int32_t runtime_core::invoke(hpu& h, handler_fn fn, bool& over, std::uint64
   for (std::uint32_t k = 0; k < i.nlocks; ++k) {
     std::uint64_t* w = i.c.handler_mem.at<std::uint64_t>(i.locks[k]);
     if (w != nullptr) std::atomic_ref<std::uint64_t>(*w).store(0, std::memory_order_release);
-    if (!preempted) ++i.t.api_errors;
+    if (!preempted) i.t->api_errors.add(1);
   }
   i.nlocks = 0;
-  for (auto& d : i.dma) d.live = false;
-  ns = ticks_to_ns(end - start);
+  for (std::uint32_t k = 0; k < i.dma_live; ++k) i.dma[k].live = false;
+  i.dma_live = 0;
+  ns = static_cast<std::uint32_t>(std::min<std::uint64_t>(ticks_to_ns(end - start), UINT32_MAX));
   over = preempted || abort_requested(&h);
   if (preempted) h.preempted.add(1);
   if (over) {
@@ -572,7 +585,7 @@ std::int32_t runtime_core::invoke(hpu& h, handler_fn fn, bool& over, std::uint64
     ev.source_rank = i.c.msg.source_rank;
     ev.message_id = i.c.msg.message_id;
     ev.value = i.c.kind;
-    if (!i.e->events->try_push(ev)) ++i.t.events_lost;
+    if (!i.e->events->try_push(ev)) i.t->events_lost.add(1);
   }
   return over ? -1 : r;
 }
@@ -580,11 +593,30 @@ std::int32_t runtime_core::invoke(hpu& h, handler_fn fn, bool& over, std::uint64
 namespace {
 // Default action for a packet of an EC without payload handler (Portals put semantics): the
 // payload lands in the host window at its message offset.
-bool deposit(ec& e, const task& t, tally& ta) noexcept {
-  if (t.desc.offset_bytes > e.host_len || t.payload_len > e.host_len - t.desc.offset_bytes) return false;
-  std::memcpy(e.host + t.desc.offset_bytes, t.pkt.frame + t.payload_off, t.payload_len);
-  ta.deposit += t.payload_len;
+bool deposit(ec& e, const task& t, std::uint64_t offset, tally& ta) noexcept {
+  if (offset > e.host_len || t.payload_len > e.host_len - offset) return false;
+  std::memcpy(e.host + offset, t.frame + t.payload_off, t.payload_len);
+  ta.deposit.add(t.payload_len);
   return true;
+}
+
+message_desc desc_of(ec_id id, const wire::header& h, std::uint32_t packet_count) noexcept {
+  message_desc d{};
+  d.ec_id = id;
+  d.source_rank = h.source_rank;
+  d.message_id = h.message_id;
+  d.match_bits = h.match_bits;
+  d.offset_bytes = h.offset;
+  d.message_len_bytes = h.message_len;
+  d.packet_index = h.seq;
+  d.flags = ((h.flags & wire::flag_start) || h.seq == 0 ? msg_start : 0u) | ((h.flags & wire::flag_end) ? msg_end : 0u) |
+            ((h.flags & wire::flag_retransmit) ? msg_retransmit : 0u);
+  d.packet_count = packet_count;
+  return d;
+}
+
+bool continues(std::int32_t r) {
+  return r == static_cast<std::int32_t>(ret::success) || r == static_cast<std::int32_t>(ret::success_pending);
 }
 } // namespace
 
@@ -592,15 +624,29 @@ void runtime_core::run(hpu& h, const task& t) noexcept {
   invocation& i = h.inv;
   ec& e = *ecs[t.ec_slot];
   i.e = &e;
-  i.t = tally{};
+  i.t = &h.tallies[t.ec_slot];
   i.nlocks = 0;
   spin::ctx& c = i.c;
   c.size_bytes = sizeof(spin::ctx);
   c.abi_version = spin::abi_version;
   c.api = &api;
   c.rt = &i;
-  c.packet = t.has_packet ? byte_view{reinterpret_cast<u8*>(t.pkt.frame + t.payload_off), t.payload_len} : byte_view{nullptr, 0};
-  c.msg = t.desc;
+  wire::header hdr;
+  if (t.frame != nullptr) {
+    wire::decode_spin(t.frame + t.spin_off, hdr);
+    c.packet = byte_view{reinterpret_cast<u8*>(t.frame + t.payload_off), t.payload_len};
+  } else {
+    const message& m = e.msgs[t.msg_idx];
+    hdr.source_rank = m.source;
+    hdr.message_id = m.id;
+    hdr.match_bits = m.match_bits;
+    hdr.message_len = m.len_bytes;
+    hdr.offset = m.len_bytes;
+    hdr.seq = m.packet_count;
+    hdr.flags = wire::flag_end;
+    c.packet = byte_view{nullptr, 0};
+  }
+  c.msg = desc_of(e.id, hdr, t.packet_count);
   c.handler_mem = byte_view{reinterpret_cast<u8*>(e.mem), e.cfg.handler_mem_bytes};
   c.scratch = byte_view{reinterpret_cast<u8*>(t.scratch), t.scratch != nullptr ? e.cfg.scratchpad_bytes : 0};
   c.host_window_len_bytes = e.host_len;
@@ -617,34 +663,31 @@ void runtime_core::run(hpu& h, const task& t) noexcept {
   case task_kind::header:
     c.kind = static_cast<u32>(handler_kind::header);
     d.ret_first = invoke(h, e.cfg.handlers.header, over, d.ns_first);
-    d.over_budget = over;
-    if (!over && t.then_payload && (d.ret_first == static_cast<std::int32_t>(ret::success) ||
-                                    d.ret_first == static_cast<std::int32_t>(ret::success_pending))) {
+    if (over) {
+      d.flags |= over_budget;
+    } else if ((t.flags & then_payload) && continues(d.ret_first)) {
       c.kind = static_cast<u32>(handler_kind::payload);
       d.ret_payload = invoke(h, e.cfg.handlers.payload, over, d.ns_payload);
-      d.ran_payload = true;
-      d.over_budget = over;
-    } else if (!over && t.then_deposit && (d.ret_first == static_cast<std::int32_t>(ret::success) ||
-                                           d.ret_first == static_cast<std::int32_t>(ret::success_pending))) {
-      d.deposit_failed = !deposit(e, t, i.t);
+      d.flags |= ran_payload | (over ? over_budget : 0);
+    } else if ((t.flags & then_deposit) && continues(d.ret_first)) {
+      if (!deposit(e, t, c.msg.offset_bytes, *i.t)) d.flags |= deposit_failed;
     }
     break;
   case task_kind::payload:
     c.kind = static_cast<u32>(handler_kind::payload);
     d.ret_first = invoke(h, e.cfg.handlers.payload, over, d.ns_first);
-    d.over_budget = over;
+    if (over) d.flags |= over_budget;
     break;
   case task_kind::completion:
     c.kind = static_cast<u32>(handler_kind::completion);
     d.ret_first = invoke(h, e.cfg.handlers.completion, over, d.ns_first);
-    d.over_budget = over;
+    if (over) d.flags |= over_budget;
     break;
   case task_kind::deposit:
-    d.deposit_failed = !deposit(e, t, i.t);
+    if (!deposit(e, t, c.msg.offset_bytes, *i.t)) d.flags |= deposit_failed;
     break;
   }
-  if (t.has_packet) release(t.pkt);
-  d.t = i.t;
+  if (t.frame != nullptr && cfg.release != nullptr) cfg.release(cfg.release_user, t.cookie);
   h.tasks.add(1);
   h.busy_ns.add(ticks_to_ns(ticks() - t0));
   // Never full: the scheduler keeps at most queue-depth tasks outstanding per HPU.
@@ -859,21 +902,6 @@ void runtime_core::settle(ec& e, std::uint32_t idx) noexcept {
   ++e.retired_count;
 }
 
-message_desc runtime_core::make_desc(const ec& e, const message& m, const wire::header& h) const noexcept {
-  message_desc d{};
-  d.ec_id = e.id;
-  d.source_rank = h.source_rank;
-  d.message_id = h.message_id;
-  d.match_bits = h.match_bits;
-  d.offset_bytes = h.offset;
-  d.message_len_bytes = h.message_len;
-  d.packet_index = h.seq;
-  d.flags = ((h.flags & wire::flag_start) || h.seq == 0 ? msg_start : 0u) | ((h.flags & wire::flag_end) ? msg_end : 0u) |
-            ((h.flags & wire::flag_retransmit) ? msg_retransmit : 0u);
-  d.packet_count = m.packet_count;
-  return d;
-}
-
 void runtime_core::want_retry(ec& e, std::uint32_t idx) noexcept {
   message& m = e.msgs[idx];
   if (m.in_retry) return;
@@ -881,23 +909,15 @@ void runtime_core::want_retry(ec& e, std::uint32_t idx) noexcept {
   e.retry.push_back(idx);  // capacity reserved at install: one entry per message
 }
 
-void runtime_core::dispatch_payload(ec& e, std::uint32_t slot, std::uint32_t idx, const packet& p, std::uint32_t off,
-                                    std::uint32_t len, const message_desc& d) noexcept {
+void runtime_core::dispatch_payload(ec& e, std::uint32_t idx, const packet& p, std::uint16_t spin_off,
+                                    std::uint16_t payload_off, std::uint32_t len) noexcept {
   message& m = e.msgs[idx];
-  task t{};
-  t.ec_slot = slot;
-  t.msg_idx = idx;
-  t.has_packet = true;
-  t.pkt = p;
-  t.payload_off = off;
-  t.payload_len = len;
-  t.desc = d;
-  t.scratch = m.scratch_slot != none ? e.scratch_base + std::uint64_t{m.scratch_slot} * e.scratch_stride : nullptr;
   if (m.proceed) {
     e.skipped.add(1);
     release(p);
     return;
   }
+  task t{};
   if (e.cfg.handlers.payload != nullptr && len > 0) {
     t.kind = task_kind::payload;
   } else if (e.cfg.handlers.payload == nullptr && e.host != nullptr && len > 0) {
@@ -906,12 +926,22 @@ void runtime_core::dispatch_payload(ec& e, std::uint32_t slot, std::uint32_t idx
     release(p);
     return;
   }
+  t.frame = p.frame;
+  t.cookie = p.cookie;
+  t.frame_len = p.frame_len;
+  t.scratch = m.scratch_slot != none ? e.scratch_base + std::uint64_t{m.scratch_slot} * e.scratch_stride : nullptr;
+  t.msg_idx = idx;
+  t.payload_len = len;
+  t.packet_count = m.packet_count;
+  t.spin_off = spin_off;
+  t.payload_off = payload_off;
+  t.ec_slot = static_cast<std::uint16_t>(e.slot);
   // The caller guaranteed room (rx_burst checks before each packet, parked release stops when
-  // dispatch fails), so this cannot fail here.
+  // room runs out), so this cannot fail here.
   if (!dispatch(t)) drop(e, p, drop_reason::parking_full);
 }
 
-bool runtime_core::release_parked(ec& e, std::uint32_t slot, std::uint32_t idx) noexcept {
+bool runtime_core::release_parked(ec& e, std::uint32_t idx) noexcept {
   message& m = e.msgs[idx];
   while (m.park_head != none) {
     if (room == 0) return false;
@@ -919,8 +949,7 @@ bool runtime_core::release_parked(ec& e, std::uint32_t slot, std::uint32_t idx) 
     parked& pk = e.parking[n];
     m.park_head = pk.next;
     if (m.park_head == none) m.park_tail = none;
-    pk.desc.packet_count = m.packet_count;
-    dispatch_payload(e, slot, idx, pk.pkt, pk.payload_off, pk.payload_len, pk.desc);
+    dispatch_payload(e, idx, pk.pkt, pk.spin_off, pk.payload_off, pk.payload_len);
     pk.next = e.park_free;
     e.park_free = n;
   }
@@ -948,19 +977,11 @@ void runtime_core::check_done(ec& e, std::uint32_t idx) noexcept {
   if (m.result == outcome::ok && e.cfg.handlers.completion != nullptr) {
     if (m.completion_started) return;
     task t{};
-    t.ec_slot = e.slot;
+    t.ec_slot = static_cast<std::uint16_t>(e.slot);
     t.msg_idx = idx;
     t.kind = task_kind::completion;
+    t.packet_count = m.packet_count;
     t.scratch = m.scratch_slot != none ? e.scratch_base + std::uint64_t{m.scratch_slot} * e.scratch_stride : nullptr;
-    wire::header h;
-    h.source_rank = m.source;
-    h.message_id = m.id;
-    h.match_bits = m.match_bits;
-    h.message_len = m.len_bytes;
-    h.offset = m.len_bytes;
-    h.seq = m.packet_count;
-    h.flags = wire::flag_end;
-    t.desc = make_desc(e, m, h);
     if (dispatch(t)) {
       m.completion_started = true;
     } else {
@@ -1034,7 +1055,8 @@ void runtime_core::handle(const packet& p) noexcept {
   }
   e.ctr.packets_in.add(1);
   e.ctr.bytes_in.add(h.payload_len);
-  const message_desc d = make_desc(e, m, h);
+  const auto spin_off = static_cast<std::uint16_t>(ps.spin_offset);
+  const auto payload_off = static_cast<std::uint16_t>(ps.payload_offset);
 
   if (m.result == outcome::aborted) {
     drop(e, p, drop_reason::message_aborted);
@@ -1044,7 +1066,7 @@ void runtime_core::handle(const packet& p) noexcept {
     const std::uint32_t n = e.park_free;
     parked& pk = e.parking[n];
     e.park_free = pk.next;
-    pk = parked{p, ps.payload_offset, h.payload_len, d, none};
+    pk = parked{p, spin_off, payload_off, h.payload_len, none};
     if (m.park_tail == none)
       m.park_head = n;
     else
@@ -1052,21 +1074,23 @@ void runtime_core::handle(const packet& p) noexcept {
     m.park_tail = n;
   } else if (needs_header) {
     task t{};
-    t.ec_slot = slot;
+    t.frame = p.frame;
+    t.cookie = p.cookie;
+    t.frame_len = p.frame_len;
+    t.scratch = e.scratch_base != nullptr ? e.scratch_base + std::uint64_t{m.scratch_slot} * e.scratch_stride : nullptr;
     t.msg_idx = idx;
-    t.kind = task_kind::header;
-    t.has_packet = true;
-    t.pkt = p;
-    t.payload_off = ps.payload_offset;
     t.payload_len = h.payload_len;
-    t.desc = d;
-    t.scratch = e.scratch_base + std::uint64_t{m.scratch_slot} * e.scratch_stride;
-    t.then_payload = e.cfg.handlers.payload != nullptr && h.payload_len > 0;
-    t.then_deposit = e.cfg.handlers.payload == nullptr && e.host != nullptr && h.payload_len > 0;
+    t.packet_count = m.packet_count;
+    t.spin_off = spin_off;
+    t.payload_off = payload_off;
+    t.ec_slot = static_cast<std::uint16_t>(slot);
+    t.kind = task_kind::header;
+    if (h.payload_len > 0 && e.cfg.handlers.payload != nullptr) t.flags |= then_payload;
+    if (h.payload_len > 0 && e.cfg.handlers.payload == nullptr && e.host != nullptr) t.flags |= then_deposit;
     m.header_started = true;
     if (!dispatch(t)) drop(e, p, drop_reason::parking_full);  // unreachable: rx_burst checked room
   } else {
-    dispatch_payload(e, slot, idx, p, ps.payload_offset, h.payload_len, d);
+    dispatch_payload(e, idx, p, spin_off, payload_off, h.payload_len);
   }
   check_done(e, idx);
 }
@@ -1077,16 +1101,8 @@ void runtime_core::apply(const done& d) noexcept {
   --e.inflight;
   --m.inflight;
   --total_inflight;
-  e.ctr.dma_to_host_bytes.add(d.t.dma_to);
-  e.ctr.dma_from_host_bytes.add(d.t.dma_from);
-  e.ctr.dma_ops.add(d.t.dma_ops);
-  e.ctr.deposit_bytes.add(d.t.deposit);
-  e.ctr.sends.add(d.t.sends);
-  e.ctr.send_bytes.add(d.t.send_bytes);
-  e.ctr.send_failed.add(d.t.send_failed);
-  e.ctr.events_posted.add(d.t.events);
-  e.ctr.events_lost.add(d.t.events_lost);
-  e.ctr.api_errors.add(d.t.api_errors);
+  const bool ran = (d.flags & ran_payload) != 0, over = (d.flags & over_budget) != 0,
+             deposit_bad = (d.flags & deposit_failed) != 0;
 
   auto account = [&](handler_kind k, std::uint64_t ns, std::uint64_t bytes) {
     auto& kc = e.ctr.kinds[static_cast<std::size_t>(k)];
@@ -1114,11 +1130,11 @@ void runtime_core::apply(const done& d) noexcept {
   case task_kind::header: {
     m.header_done = true;
     account(handler_kind::header, d.ns_first, d.payload_len);
-    if (d.ran_payload) account(handler_kind::payload, d.ns_payload, d.payload_len);
-    if (d.over_budget) {
-      abort_msg(d.ran_payload ? handler_kind::payload : handler_kind::header);
+    if (ran) account(handler_kind::payload, d.ns_payload, d.payload_len);
+    if (over) {
+      abort_msg(ran ? handler_kind::payload : handler_kind::header);
       drop_parked(e, d.msg_idx, drop_reason::message_aborted);
-      if (!d.ran_payload) e.ctr.drops[static_cast<std::size_t>(drop_reason::message_aborted)].add(1);
+      if (!ran) e.ctr.drops[static_cast<std::size_t>(drop_reason::message_aborted)].add(1);
       break;
     }
     const std::int32_t r = d.ret_first;
@@ -1135,14 +1151,14 @@ void runtime_core::apply(const done& d) noexcept {
       m.proceed = true;
       if (d.payload_len > 0 && e.cfg.handlers.payload != nullptr) e.skipped.add(1);
     }
-    if (d.ran_payload) payload_ret(d.ret_payload);
-    if (d.deposit_failed) e.ctr.drops[static_cast<std::size_t>(drop_reason::host_window)].add(1);
-    if (!release_parked(e, d.ec_slot, d.msg_idx)) want_retry(e, d.msg_idx);
+    if (ran) payload_ret(d.ret_payload);
+    if (deposit_bad) e.ctr.drops[static_cast<std::size_t>(drop_reason::host_window)].add(1);
+    if (!release_parked(e, d.msg_idx)) want_retry(e, d.msg_idx);
     break;
   }
   case task_kind::payload:
     account(handler_kind::payload, d.ns_first, d.payload_len);
-    if (d.over_budget) {
+    if (over) {
       abort_msg(handler_kind::payload);
       break;
     }
@@ -1150,7 +1166,7 @@ void runtime_core::apply(const done& d) noexcept {
     break;
   case task_kind::completion: {
     account(handler_kind::completion, d.ns_first, 0);
-    if (d.over_budget) {
+    if (over) {
       abort_msg(handler_kind::completion);
     } else if (!is_valid(d.ret_first)) {
       e.ctr.drops[static_cast<std::size_t>(drop_reason::bad_return)].add(1);
@@ -1164,7 +1180,7 @@ void runtime_core::apply(const done& d) noexcept {
     return;
   }
   case task_kind::deposit:
-    if (d.deposit_failed) e.ctr.drops[static_cast<std::size_t>(drop_reason::host_window)].add(1);
+    if (deposit_bad) e.ctr.drops[static_cast<std::size_t>(drop_reason::host_window)].add(1);
     break;
   }
   check_done(e, d.msg_idx);
@@ -1197,7 +1213,7 @@ void runtime_core::retry_all() noexcept {
       message& m = e.msgs[idx];
       m.in_retry = false;
       if (m.state != msg_state::open) continue;
-      if (!release_parked(e, s, idx)) {
+      if (!release_parked(e, idx)) {
         want_retry(e, idx);
         continue;
       }
@@ -1286,6 +1302,7 @@ result<std::unique_ptr<runtime>> runtime::create(const runtime_config& cfg) {
     h->inv.rt = &c;
     h->inv.h = h.get();
     h->inv.dma.resize(cfg.max_dma_in_flight);
+    h->tallies = std::make_unique<tally[]>(cfg.max_ecs);
     c.room += static_cast<std::uint32_t>(h->in.capacity());
     c.hpus.push_back(std::move(h));
   }
@@ -1384,6 +1401,9 @@ result<ec_id> runtime::install(const ec_config& cfg) {
   const std::uint64_t tick = std::clamp<std::uint64_t>(static_cast<std::uint64_t>(l.handler_budget.count()) / 4, 20'000, 1'000'000);
   if (tick < c.wd_tick_ns.load()) c.wd_tick_ns.store(tick);
   const ec_id id = e->id;
+  // No task of this slot is in flight (its last EC drained before it was freed), so the HPUs'
+  // counters of the slot can be reset from here.
+  for (auto& h : c.hpus) h->tallies[slot].reset();
   std::lock_guard lk(c.control_mu);
   c.ecs[slot] = std::move(e);
   c.active.push_back(slot);
@@ -1500,6 +1520,19 @@ runtime_stats runtime::stats() const {
     es.ec_id = e.id;
     es.name = e.cfg.name;
     e.ctr.snapshot(es);
+    for (const auto& h : c.hpus) {
+      const tally& t = h->tallies[slot];
+      es.dma_to_host_bytes += t.dma_to.get();
+      es.dma_from_host_bytes += t.dma_from.get();
+      es.dma_ops += t.dma_ops.get();
+      es.deposit_bytes += t.deposit.get();
+      es.sends += t.sends.get();
+      es.send_bytes += t.send_bytes.get();
+      es.send_failed += t.send_failed.get();
+      es.events_posted += t.events.get();
+      es.events_lost += t.events_lost.get();
+      es.api_errors += t.api_errors.get();
+    }
     es.packets_skipped = e.skipped.get();
     es.handler_mem_bytes = e.cfg.handler_mem_bytes;
     es.nic_mem_bytes = e.mem_block.len_bytes + e.scratch_block.len_bytes;

@@ -92,16 +92,6 @@ void ec_counters::snapshot(ec_stats& o) const {
   o.messages_dropped = messages_dropped.get();
   o.messages_aborted = messages_aborted.get();
   for (std::size_t i = 0; i < drop_reason_count; ++i) o.drops[i] = drops[i].get();
-  o.dma_to_host_bytes = dma_to_host_bytes.get();
-  o.dma_from_host_bytes = dma_from_host_bytes.get();
-  o.dma_ops = dma_ops.get();
-  o.deposit_bytes = deposit_bytes.get();
-  o.sends = sends.get();
-  o.send_bytes = send_bytes.get();
-  o.send_failed = send_failed.get();
-  o.events_posted = events_posted.get();
-  o.events_lost = events_lost.get();
-  o.api_errors = api_errors.get();
   for (std::size_t k = 0; k < 3; ++k) {
     o.kinds[k].invocations = kinds[k].invocations.get();
     o.kinds[k].bytes = kinds[k].bytes.get();

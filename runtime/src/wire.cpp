@@ -124,24 +124,38 @@ bool parse(std::span<const segment> segs, std::uint16_t udp_port, parsed& out, r
   if (ulen < udp_len + spin_base_len || have < spin_off + spin_base_len) return fail(reject::spin_truncated);
   const std::uint8_t* s = f + spin_off;
   header& h = out.hdr;
-  h.version = s[0];
-  if (h.version != version) return fail(reject::bad_version);
+  if (s[0] != version) return fail(reject::bad_version);
   if (s[1] < static_cast<std::uint8_t>(packet_type::data) || s[1] > static_cast<std::uint8_t>(packet_type::control))
     return fail(reject::bad_type);
+  const std::uint16_t flags = be16(s + 2);
+  if ((flags & ~known_flags) != 0) return fail(reject::bad_flags);
+  const std::size_t hdr_len = spin_base_len + ((flags & flag_coll) ? spin_coll_len : 0);
+  if (ulen < udp_len + hdr_len || have < spin_off + hdr_len) return fail(reject::spin_truncated);
+  decode_spin(reinterpret_cast<const std::byte*>(s), h);
+  if ((h.flags & flag_start) != 0 && h.seq != 0) return fail(reject::bad_flags);
+  if (h.payload_len != ulen - udp_len - hdr_len) return fail(reject::length_mismatch);
+  if (h.offset > h.message_len || h.payload_len > h.message_len - h.offset) return fail(reject::bad_offset);
+  if ((h.flags & flag_end) != 0 && h.offset + h.payload_len != h.message_len) return fail(reject::bad_offset);
+
+  out.spin_offset = static_cast<std::uint32_t>(spin_off);
+  out.payload_offset = static_cast<std::uint32_t>(spin_off + hdr_len);
+  out.frame_len = static_cast<std::uint32_t>(frame_len);
+  return true;
+}
+
+void decode_spin(const std::byte* spin, header& h) noexcept {
+  const auto* s = reinterpret_cast<const std::uint8_t*>(spin);
+  h.version = s[0];
   h.type = static_cast<packet_type>(s[1]);
   h.flags = be16(s + 2);
   h.source_rank = be32(s + 4);
   h.match_bits = be64(s + 8);
   h.message_id = be64(s + 16);
   h.seq = be32(s + 24);
-  h.payload_len = be32(s + 28);
-  h.message_len = be64(s + 32);
-  h.offset = be64(s + 40);
-  if ((h.flags & ~known_flags) != 0 || ((h.flags & flag_start) != 0 && h.seq != 0)) return fail(reject::bad_flags);
-  std::size_t hdr_len = spin_base_len;
+  h.payload_len = be16(s + 28);
+  h.message_len = be64(s + 30);
+  h.offset = be64(s + 38);
   if (h.flags & flag_coll) {
-    hdr_len += spin_coll_len;
-    if (ulen < udp_len + hdr_len || have < spin_off + hdr_len) return fail(reject::spin_truncated);
     const std::uint8_t* c = s + spin_base_len;
     h.coll.op = c[0];
     h.coll.dtype = c[1];
@@ -152,13 +166,6 @@ bool parse(std::span<const segment> segs, std::uint16_t udp_port, parsed& out, r
   } else {
     h.coll = coll_ext{};
   }
-  if (h.payload_len != ulen - udp_len - hdr_len) return fail(reject::length_mismatch);
-  if (h.offset > h.message_len || h.payload_len > h.message_len - h.offset) return fail(reject::bad_offset);
-  if ((h.flags & flag_end) != 0 && h.offset + h.payload_len != h.message_len) return fail(reject::bad_offset);
-
-  out.payload_offset = static_cast<std::uint32_t>(spin_off + hdr_len);
-  out.frame_len = static_cast<std::uint32_t>(frame_len);
-  return true;
 }
 
 endpoint rank_endpoint(std::uint32_t rank, std::uint16_t udp_port) {
@@ -205,9 +212,9 @@ std::size_t encode(const endpoint& src, const endpoint& dst, header h, std::span
   put64(s + 8, h.match_bits);
   put64(s + 16, h.message_id);
   put32(s + 24, h.seq);
-  put32(s + 28, h.payload_len);
-  put64(s + 32, h.message_len);
-  put64(s + 40, h.offset);
+  put16(s + 28, static_cast<std::uint16_t>(h.payload_len));
+  put64(s + 30, h.message_len);
+  put64(s + 38, h.offset);
   std::size_t hl = spin_base_len;
   if (h.flags & flag_coll) {
     std::uint8_t* c = s + spin_base_len;

@@ -112,6 +112,7 @@ class counter {
 public:
   void add(std::uint64_t n) noexcept { _v.store(_v.load(std::memory_order_relaxed) + n, std::memory_order_relaxed); }
   std::uint64_t get() const noexcept { return _v.load(std::memory_order_relaxed); }
+  void reset() noexcept { _v.store(0, std::memory_order_relaxed); }
 
 private:
   std::atomic<std::uint64_t> _v{0};
@@ -137,12 +138,10 @@ struct kind_counters {
   latency_histogram time;
 };
 
-/// Live counters of one EC; the runtime's scheduler thread is the only writer.
+/// Live counters of one EC written by the scheduler thread (the HPUs keep their own for actions).
 struct ec_counters {
   counter packets_in, bytes_in, messages_started, messages_completed, messages_dropped, messages_aborted;
   std::array<counter, drop_reason_count> drops;
-  counter dma_to_host_bytes, dma_from_host_bytes, dma_ops, deposit_bytes, sends, send_bytes, send_failed,
-      events_posted, events_lost, api_errors;
   std::array<kind_counters, 3> kinds;
   void snapshot(ec_stats& out) const;
 };

@@ -18,10 +18,14 @@ inline constexpr std::uint16_t default_udp_port = 17771;
 inline constexpr std::size_t eth_len = 14;
 inline constexpr std::size_t ipv4_min_len = 20;
 inline constexpr std::size_t udp_len = 8;
-inline constexpr std::size_t spin_base_len = 48;  ///< spin header without extension (bytes)
+/// Spin header without extension (bytes). Chosen so that the payload starts 8-byte aligned
+/// relative to the frame (14+20+8+46 = 88; the extension adds 16): handlers can read typed
+/// payload in place when the frame buffer is 8-byte aligned, as mbufs are.
+inline constexpr std::size_t spin_base_len = 46;
 inline constexpr std::size_t spin_coll_len = 16;  ///< collective extension (bytes)
-/// Bytes before the payload of a data packet without options or extension: 14+20+8+48 = 90.
+/// Bytes before the payload of a data packet without IP options or extension: 88.
 inline constexpr std::size_t min_overhead = eth_len + ipv4_min_len + udp_len + spin_base_len;
+static_assert(min_overhead % 8 == 0 && spin_coll_len % 8 == 0);
 
 /// Packet types (byte 1 of the spin header).
 enum class packet_type : std::uint8_t { data = 1, ack = 2, nack = 3, result = 4, control = 5 };
@@ -54,7 +58,7 @@ struct header {
   std::uint64_t match_bits = 0;
   std::uint64_t message_id = 0;
   std::uint32_t seq = 0;            ///< packet index in the message
-  std::uint32_t payload_len = 0;    ///< payload bytes in this packet
+  std::uint32_t payload_len = 0;    ///< payload bytes in this packet (16 bits on the wire)
   std::uint64_t message_len = 0;    ///< payload bytes of the whole message
   std::uint64_t offset = 0;         ///< byte offset of this payload in the message
   coll_ext coll{};                  ///< valid when flags & flag_coll
@@ -95,6 +99,7 @@ struct segment {
 /// What parsing a frame found.
 struct parsed {
   header hdr;
+  std::uint32_t spin_offset = 0;     ///< byte offset of the spin header in the whole frame
   std::uint32_t payload_offset = 0;  ///< byte offset of the payload in the whole frame
   std::uint32_t frame_len = 0;       ///< bytes of the frame (sum of segments)
 };
@@ -116,6 +121,10 @@ inline bool parse(std::span<const std::byte> frame, std::uint16_t udp_port, pars
   const segment s{frame.data(), static_cast<std::uint32_t>(frame.size())};
   return parse(std::span<const segment>(&s, 1), udp_port, out, why);
 }
+
+/// Decodes the spin header at `spin` (spin_base_len bytes, plus spin_coll_len when its flags say
+/// so) without validating it: for frames `parse` already accepted.
+void decode_spin(const std::byte* spin, header& h) noexcept;
 
 /// Addresses of one endpoint on the wire.
 struct endpoint {
