@@ -90,7 +90,7 @@ bool parse(std::span<const segment> segs, std::uint16_t udp_port, parsed& out, r
   std::uint8_t buf[max_header_bytes];
   const std::uint8_t* f;
   std::size_t have;
-  if (segs.size() == 1 || (!segs.empty() && segs[0].len >= max_header_bytes)) {
+  if (!segs.empty() && segs[0].data != nullptr && (segs.size() == 1 || segs[0].len >= max_header_bytes)) {
     f = reinterpret_cast<const std::uint8_t*>(segs[0].data);
     have = segs[0].data != nullptr ? segs[0].len : 0;
   } else {

@@ -435,6 +435,22 @@ TEST_CASE("a frame split into two segments at every point parses exactly as the 
   }
 }
 
+TEST_CASE("a segment without data is skipped wherever it stands, whatever length it claims") {
+  const bytes f = sample_frame(false, 80);
+  const outcome whole = parse_whole(f);
+  REQUIRE(whole.ok);
+  for (std::uint32_t claimed : {0u, 10u, 500u}) {
+    CAPTURE(claimed);
+    const wire::segment before[] = {{nullptr, claimed}, {f.data(), static_cast<std::uint32_t>(f.size())}};
+    const wire::segment after[] = {{f.data(), static_cast<std::uint32_t>(f.size())}, {nullptr, claimed}};
+    for (const auto* segs : {before, after}) {
+      outcome o;
+      o.ok = wire::parse(std::span<const wire::segment>(segs, 2), wire::default_udp_port, o.p, o.why);
+      CHECK(same_outcome(o, whole));
+    }
+  }
+}
+
 TEST_CASE("a frame split into three segments at every pair of points parses exactly as the contiguous frame") {
   for (bool coll : {false, true}) {
     const bytes f = sample_frame(coll, 80);
