@@ -219,6 +219,7 @@ struct hpu {
   std::atomic<std::uint32_t> doorbell{0};
   std::atomic<bool> sleeping{false};
   std::uint32_t outstanding = 0;  // scheduler-owned: tasks pushed minus records popped
+  bool staged = false;            // scheduler-owned: tasks staged but not yet published
 
   // Watchdog protocol: run id and start of the current invocation (0 = idle); the watchdog
   // stores the id of an over-budget run in abort_run.
@@ -284,7 +285,8 @@ public:
   void handle(const packet& p) noexcept;
   std::uint32_t poll_done() noexcept;
   void retry_all() noexcept;
-  bool dispatch(const task& t) noexcept;
+  bool dispatch(const task& t) noexcept;  // stages the task; publish() makes it visible
+  void publish() noexcept;
   void release(const packet& p) noexcept {
     if (cfg.release != nullptr) cfg.release(cfg.release_user, p.cookie);
   }
@@ -690,17 +692,20 @@ void runtime_core::run(hpu& h, const task& t) noexcept {
   if (t.frame != nullptr && cfg.release != nullptr) cfg.release(cfg.release_user, t.cookie);
   h.tasks.add(1);
   h.busy_ns.add(ticks_to_ns(ticks() - t0));
-  // Never full: the scheduler keeps at most queue-depth tasks outstanding per HPU.
-  while (!h.out.try_push(d)) cpu_relax();
+  // Never full: the scheduler keeps at most queue-depth tasks outstanding per HPU. Published by
+  // hpu_loop after its burst.
+  while (!h.out.try_stage(d)) cpu_relax();
 }
 
 void runtime_core::hpu_loop(hpu& h) noexcept {
   tls_hpu = &h;
-  task t;
+  constexpr std::size_t burst = 16;
+  task batch[burst];
   std::uint32_t idle = 0;
   while (true) {
-    if (h.in.try_pop(t)) {
-      run(h, t);
+    if (const std::size_t n = h.in.try_pop_burst(batch, burst); n > 0) {
+      for (std::size_t k = 0; k < n; ++k) run(h, batch[k]);
+      h.out.flush();
       idle = 0;
       continue;
     }
@@ -767,22 +772,34 @@ void runtime_core::watchdog_loop() {
 
 // ---- scheduler -----------------------------------------------------------------------------
 
+// Publishes the tasks staged by dispatch() and wakes HPUs that went to sleep (Dekker-style
+// handshake with hpu_loop: publish, full fence, then read `sleeping`).
+void runtime_core::publish() noexcept {
+  for (auto& hp : hpus) {
+    hpu& h = *hp;
+    if (!h.staged) continue;
+    h.staged = false;
+    h.in.flush();
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (h.sleeping.load(std::memory_order_relaxed)) {
+      h.doorbell.fetch_add(1, std::memory_order_release);
+      h.doorbell.notify_one();
+    }
+  }
+}
+
 bool runtime_core::dispatch(const task& t) noexcept {
   const std::uint32_t n = static_cast<std::uint32_t>(hpus.size());
   for (std::uint32_t k = 0; k < n; ++k) {
     const std::uint32_t i = (rr + k) % n;
     hpu& h = *hpus[i];
     if (h.outstanding >= h.in.capacity()) continue;
-    if (!h.in.try_push(t)) continue;
+    if (!h.in.try_stage(t)) continue;
     ++h.outstanding;
     --room;
     ++total_inflight;
     rr = i + 1;
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (h.sleeping.load(std::memory_order_relaxed)) {
-      h.doorbell.fetch_add(1, std::memory_order_release);
-      h.doorbell.notify_one();
-    }
+    h.staged = true;
     ec& e = *ecs[t.ec_slot];
     ++e.inflight;
     ++e.msgs[t.msg_idx].inflight;
@@ -1190,12 +1207,14 @@ std::uint32_t runtime_core::poll_done() noexcept {
   std::uint32_t n = 0;
   for (auto& hp : hpus) {
     hpu& h = *hp;
-    done d;
-    while (h.out.try_pop(d)) {
-      --h.outstanding;
-      ++room;
-      apply(d);
-      ++n;
+    done batch[32];
+    for (std::size_t k; (k = h.out.try_pop_burst(batch, std::size(batch))) > 0;) {
+      for (std::size_t j = 0; j < k; ++j) {
+        --h.outstanding;
+        ++room;
+        apply(batch[j]);
+      }
+      n += static_cast<std::uint32_t>(k);
     }
   }
   return n;
@@ -1235,9 +1254,16 @@ runtime_core::~runtime_core() {
     h->doorbell.notify_one();
     if (h->th.joinable()) h->th.join();
   }
-  // Tasks still queued were run by the HPUs before they stopped; their records are applied so
-  // that no packet is lost, then whatever is parked goes back to its owner.
+  // Tasks the HPUs had published ran before they stopped; their records are applied. Applying
+  // them may stage new tasks that no HPU will run: their packets go back to their owner, as
+  // does whatever is parked.
   poll_done();
+  for (auto& h : hpus) {
+    h->in.flush();
+    task t;
+    while (h->in.try_pop(t))
+      if (t.frame != nullptr) drop(*ecs[t.ec_slot], packet{t.frame, t.frame_len, t.cookie}, drop_reason::ec_removed);
+  }
   for (std::uint32_t s = 0; s < ecs.size(); ++s)
     if (ecs[s]) free_ec(s);
 }
@@ -1426,6 +1452,7 @@ result<void> runtime::uninstall(ec_id id, std::chrono::milliseconds timeout) {
   e.draining = true;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (e.inflight > 0) {
+    c.publish();
     if (c.poll_done() == 0) {
       if (std::chrono::steady_clock::now() > deadline)
         return fail(errc::timeout, "uninstall: EC " + std::to_string(id) + " still has " + std::to_string(e.inflight) +
@@ -1458,11 +1485,13 @@ std::uint32_t runtime::rx_burst(const packet* pkts, std::uint32_t n) noexcept {
   std::uint32_t i = 0;
   for (; i < n; ++i) {
     if (c.room == 0) {
+      c.publish();
       c.poll_done();
       if (c.room == 0) break;
     }
     c.handle(pkts[i]);
   }
+  c.publish();
   return i;
 }
 
@@ -1470,6 +1499,7 @@ std::uint32_t runtime::poll() noexcept {
   runtime_core& c = *_impl;
   const std::uint32_t n = c.poll_done();
   c.retry_all();
+  c.publish();
   return n;
 }
 

@@ -2,6 +2,7 @@
 // `try_*` never blocks).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
 #include <cstddef>
@@ -15,7 +16,8 @@ namespace spin::rt::detail {
 inline constexpr std::size_t cache_line = 64;
 
 /// Bounded single-producer single-consumer ring of trivially copyable T. Capacity is rounded up
-/// to a power of two. One thread may call try_push, one (other) thread try_pop/size.
+/// to a power of two. One thread may call try_push/try_stage/flush, one (other) thread
+/// try_pop/try_pop_burst; size/empty from any thread.
 template <class T> class spsc_ring {
   static_assert(std::is_trivially_copyable_v<T>);
 
@@ -27,14 +29,40 @@ public:
 
   /// Producer: appends `v`; false when the ring is full.
   bool try_push(const T& v) noexcept {
-    const std::size_t t = _tail.load(std::memory_order_relaxed);
+    if (!try_stage(v)) return false;
+    flush();
+    return true;
+  }
+
+  /// Producer: writes `v` into the next slot without publishing it; `flush` publishes every
+  /// staged element at once (one index update per burst instead of one per element, as
+  /// rte_ring's burst enqueue). False when the ring is full (counting staged elements).
+  bool try_stage(const T& v) noexcept {
+    const std::size_t t = _staged;
     if (t - _head_cache == capacity()) {
       _head_cache = _head.load(std::memory_order_acquire);
       if (t - _head_cache == capacity()) return false;
     }
     _slots[t & _mask] = v;
-    _tail.store(t + 1, std::memory_order_release);
+    _staged = t + 1;
     return true;
+  }
+  /// Producer: publishes the staged elements; returns true when there were any.
+  bool flush() noexcept {
+    if (_staged == _tail.load(std::memory_order_relaxed)) return false;
+    _tail.store(_staged, std::memory_order_release);
+    return true;
+  }
+
+  /// Consumer: removes up to `n` of the oldest elements into `out`, publishing the freed slots
+  /// once; returns how many.
+  std::size_t try_pop_burst(T* out, std::size_t n) noexcept {
+    const std::size_t h = _head.load(std::memory_order_relaxed);
+    if (h + n > _tail_cache) _tail_cache = _tail.load(std::memory_order_acquire);
+    const std::size_t k = std::min(n, _tail_cache - h);
+    for (std::size_t i = 0; i < k; ++i) out[i] = _slots[(h + i) & _mask];
+    if (k > 0) _head.store(h + k, std::memory_order_release);
+    return k;
   }
 
   /// Consumer: removes the oldest element into `out`; false when empty.
@@ -62,6 +90,7 @@ private:
   std::size_t _tail_cache = 0; // consumer's copy of _tail
   alignas(cache_line) std::atomic<std::size_t> _tail{0};
   std::size_t _head_cache = 0; // producer's copy of _head
+  std::size_t _staged = 0;     // producer's next slot (== _tail when nothing is staged)
 };
 
 /// Bounded multi-producer multi-consumer queue (D. Vyukov's bounded MPMC algorithm). Any thread
