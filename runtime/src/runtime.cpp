@@ -59,7 +59,7 @@ double ticks_per_ns() {
     const auto t1 = std::chrono::steady_clock::now();
     const std::uint64_t c1 = ticks();
     const double ns = static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count());
-    return ns > 0 ? static_cast<double>(c1 - c0) / ns : 1.0;
+    return ns > 0 && c1 > c0 ? static_cast<double>(c1 - c0) / ns : 1.0;
 #else
     return 1.0;
 #endif
@@ -67,10 +67,16 @@ double ticks_per_ns() {
   return v;
 }
 
+// 1 / ticks_per_ns(), set once by the first runtime::create before any HPU thread starts.
+double g_ns_per_tick = 1.0;
+
 std::uint64_t ns_to_ticks(std::uint64_t ns) { return static_cast<std::uint64_t>(static_cast<double>(ns) * ticks_per_ns()); }
-std::uint64_t ticks_to_ns(std::uint64_t t) { return static_cast<std::uint64_t>(static_cast<double>(t) / ticks_per_ns()); }
+std::uint64_t ticks_to_ns(std::uint64_t t) { return static_cast<std::uint64_t>(static_cast<double>(t) * g_ns_per_tick); }
 
 constexpr std::uint32_t none = UINT32_MAX;
+
+// Single-writer increment (the scheduler): no locked read-modify-write on the packet path.
+void bump(std::atomic<std::uint64_t>& c) noexcept { c.store(c.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }
 
 bool is_drop(ret r) { return r == ret::drop || r == ret::drop_pending; }
 bool is_proceed(ret r) { return r == ret::proceed || r == ret::proceed_pending; }
@@ -170,10 +176,14 @@ struct ec {
   std::uint64_t host_len = 0;
   std::uint64_t budget_ticks = 0;
   std::uint32_t window_words = 0;
+  std::unique_ptr<detail::mpmc_queue<host_event>> events;
 
+  // Read by HPUs only for completion tasks (message fields are stable while it runs).
   std::vector<message> msgs;
   std::vector<std::uint64_t> bitmaps;  // window_words per message
-  std::vector<std::uint32_t> free_msgs, free_scratch;
+
+  // Scheduler-owned from here on, apart from the HPUs' lines above.
+  alignas(detail::cache_line) std::vector<std::uint32_t> free_msgs, free_scratch;
   std::vector<std::uint32_t> index;    // open addressing: msg idx + 1, 0 = empty
   std::uint32_t index_mask = 0;
   std::vector<std::uint32_t> retired;  // FIFO of retired message indices
@@ -182,8 +192,6 @@ struct ec {
   std::uint32_t park_free = none;
   std::vector<std::uint32_t> retry;    // messages waiting for HPU room (parked release, completion)
   std::uint32_t inflight = 0;
-
-  std::unique_ptr<detail::mpmc_queue<host_event>> events;
   detail::ec_counters ctr;
   detail::counter skipped;
 };
@@ -209,21 +217,29 @@ struct invocation {
   std::vector<dma_slot> dma;
 };
 
+// Fields are grouped by the thread that writes them, each group on its own cache lines, so the
+// scheduler and the HPU never invalidate each other's lines except through the rings.
 struct hpu {
+  // Set at create, read-only afterwards.
   std::uint32_t index = 0;
-  detail::spsc_ring<task> in;
-  detail::spsc_ring<done> out;
   std::thread th;
   pthread_t native{};
   clockid_t cpu_clock{};
-  std::atomic<std::uint32_t> doorbell{0};
-  std::atomic<bool> sleeping{false};
-  std::uint32_t outstanding = 0;  // scheduler-owned: tasks pushed minus records popped
-  bool staged = false;            // scheduler-owned: tasks staged but not yet published
+  std::unique_ptr<tally[]> tallies;  // one per EC slot; written by this HPU only
+  detail::spsc_ring<task> in;
+  detail::spsc_ring<done> out;
 
-  // Watchdog protocol: run id and start of the current invocation (0 = idle); the watchdog
-  // stores the id of an over-budget run in abort_run.
-  std::atomic<std::uint64_t> run_id{0};
+  // Scheduler-owned.
+  alignas(detail::cache_line) std::uint32_t outstanding = 0;  // tasks staged minus records popped
+  bool staged = false;                                        // tasks staged but not yet published
+
+  // Sleep handshake between the HPU and the scheduler.
+  alignas(detail::cache_line) std::atomic<std::uint32_t> doorbell{0};
+  std::atomic<bool> sleeping{false};
+
+  // Written by the HPU per invocation. Watchdog protocol: run id and start of the current
+  // invocation (0 = idle); the watchdog stores the id of an over-budget run in abort_run.
+  alignas(detail::cache_line) std::atomic<std::uint64_t> run_id{0};
   std::atomic<std::uint64_t> run_start{0};
   std::atomic<std::uint64_t> run_budget{0};
   std::atomic<std::uint64_t> abort_run{0};
@@ -233,7 +249,6 @@ struct hpu {
 
   detail::counter tasks, busy_ns, preempted;
   invocation inv;
-  std::unique_ptr<tally[]> tallies;  // one per EC slot
 
   hpu(std::size_t depth) : in(depth), out(depth) {}
 };
@@ -261,17 +276,18 @@ public:
   std::vector<std::unique_ptr<hpu>> hpus;
   std::vector<std::span<std::byte>> regions;
   std::uint32_t next_ec_id = 1;
-  std::uint32_t rr = 0;
-  std::uint32_t room = 0;                     // free task slots over all HPUs
-  std::uint32_t total_inflight = 0;
   std::atomic<bool> running{true};
   bool preempt = false;
   int preempt_sig = 0;
-  api_table api{};
+  alignas(detail::cache_line) api_table api{};  // read by HPUs on every API call
 
+  // Written by the scheduler per packet.
+  alignas(detail::cache_line) std::uint32_t rr = 0;
+  std::uint32_t room = 0;                     // free task slots over all HPUs
+  std::uint32_t total_inflight = 0;
   wire::parser_stats parser;
   detail::counter unknown_ec;
-  mutable std::mutex control_mu;              // guards ecs/active against stats() readers
+  alignas(detail::cache_line) mutable std::mutex control_mu;              // guards ecs/active against stats() readers
 
   std::thread watchdog;
   std::mutex wd_mu;
@@ -1013,11 +1029,11 @@ void runtime_core::handle(const packet& p) noexcept {
   wire::parsed ps;
   wire::reject why;
   if (!wire::parse(std::span<const std::byte>(p.frame, p.frame_len), cfg.udp_port, ps, why)) {
-    parser.rejected[static_cast<std::size_t>(why)].fetch_add(1, std::memory_order_relaxed);
+    bump(parser.rejected[static_cast<std::size_t>(why)]);
     release(p);
     return;
   }
-  parser.accepted.fetch_add(1, std::memory_order_relaxed);
+  bump(parser.accepted);
   const wire::header& h = ps.hdr;
   std::uint32_t slot = none;
   for (std::uint32_t s : active)
@@ -1296,7 +1312,7 @@ result<std::unique_ptr<runtime>> runtime::create(const runtime_config& cfg) {
   auto impl = std::make_unique<runtime_impl>(cfg);
   runtime_core& c = *impl;
   if (c.arena.capacity_bytes() == 0) return fail(errc::no_memory, "runtime: cannot reserve the NIC memory arena");
-  ticks_per_ns();
+  g_ns_per_tick = 1.0 / ticks_per_ns();
   c.api.size_bytes = sizeof(api_table);
   c.api.abi_version = spin::abi_version;
   c.api.dma_to_host = api_dma_to_host;
