@@ -22,6 +22,7 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <unistd.h>
 
 #if defined(__x86_64__)
 #include <x86intrin.h>
@@ -1308,7 +1309,12 @@ result<std::unique_ptr<runtime>> runtime::create(const runtime_config& cfg) {
   if (cfg.hpus < 1 || cfg.hpus > 256) return fail(errc::invalid_argument, "runtime: hpus must be 1..256, got " + std::to_string(cfg.hpus));
   if (cfg.hpu_queue_depth == 0) return fail(errc::invalid_argument, "runtime: hpu_queue_depth must be > 0");
   if (cfg.nic_memory_bytes == 0) return fail(errc::invalid_argument, "runtime: nic_memory_bytes must be > 0");
-  if (cfg.max_ecs == 0) return fail(errc::invalid_argument, "runtime: max_ecs must be > 0");
+  if (cfg.max_ecs == 0 || cfg.max_ecs > UINT16_MAX) return fail(errc::invalid_argument, "runtime: max_ecs must be 1..65535");
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  for (int cpu : cfg.hpu_cpus)
+    if (cpu < 0 || cpu >= CPU_SETSIZE || (online > 0 && cpu >= online))
+      return fail(errc::invalid_argument, "runtime: cannot pin an HPU to CPU " + std::to_string(cpu) + " (this machine has " +
+                                              std::to_string(online) + " online CPUs)");
   auto impl = std::make_unique<runtime_impl>(cfg);
   runtime_core& c = *impl;
   if (c.arena.capacity_bytes() == 0) return fail(errc::no_memory, "runtime: cannot reserve the NIC memory arena");

@@ -199,6 +199,24 @@ TEST_CASE("runtime creation rejects impossible configurations") {
   cfg.hpus = 1;
   cfg.nic_memory_bytes = 0;
   CHECK(rt::runtime::create(cfg).err().code == errc::invalid_argument);
+  cfg.nic_memory_bytes = 1 << 20;
+  for (int cpu : {-1, 4096, 1 << 20}) {
+    cfg.hpu_cpus = {cpu};
+    const auto r = rt::runtime::create(cfg);
+    CHECK(r.err().code == errc::invalid_argument);
+    CHECK(r.err().message.find("cannot pin") != std::string::npos);
+  }
+}
+
+TEST_CASE("HPUs pinned to a CPU process packets like unpinned ones") {
+  rt::runtime_config cfg;
+  cfg.hpus = 2;
+  cfg.hpu_cpus = {0};
+  fixture f(cfg);
+  const rt::ec_id ec = f.install(counting_ec());
+  REQUIRE(feed(*f.rt, message_packets(f.pool, 0, 0, 1, 100, 10)));
+  CHECK(f.word(ec, 0) == 1);
+  CHECK(f.word(ec, 8) == 10);
 }
 
 TEST_CASE("statistics print as text and as JSON with every drop reason and handler time percentiles") {

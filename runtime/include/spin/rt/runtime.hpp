@@ -142,7 +142,9 @@ class runtime_impl;
 class runtime {
 public:
   /// Builds a runtime and starts its HPU and watchdog threads. Errors: invalid_argument (hpus
-  /// out of 1..256, zero queue depth, no NIC memory), no_memory.
+  /// out of 1..256, zero queue depth, no NIC memory, max_ecs out of 1..65535, a CPU in hpu_cpus
+  /// that is not online, pinning refused by the OS), no_memory, not_supported (no per-thread
+  /// CPU clock, which the budget needs).
   static result<std::unique_ptr<runtime>> create(const runtime_config& cfg);
   /// Stops the threads (after drain) and returns every packet still held to `release`.
   ~runtime();
