@@ -36,6 +36,8 @@ const char* drop_reason_name(drop_reason r);
 
 /// Summary of a latency distribution (ns). Percentiles come from a log-linear histogram with
 /// 8 sub-buckets per power of two: they are upper bounds within 12.5% of the exact value.
+/// Handler times are wall-clock time of the invocation, so they include any time the OS took
+/// the HPU thread away (the budget, in contrast, counts CPU time).
 struct latency_summary {
   std::uint64_t count = 0;
   double mean_ns = 0;
