@@ -1057,6 +1057,10 @@ void runtime_core::handle(const packet& p) noexcept {
   const std::uint32_t window = e.window_words * 64;
   if (idx == none) {
     if (h.seq >= window) return drop(e, p, drop_reason::out_of_window);
+    // A packet that would have to wait for its header handler but finds no parking space must
+    // not open a message it can never complete.
+    if (e.cfg.handlers.header != nullptr && h.seq != 0 && e.park_free == none)
+      return drop(e, p, drop_reason::parking_full);
     idx = open_msg(e, h);
     if (idx == none) return drop(e, p, drop_reason::no_message_slot);
   }
@@ -1308,6 +1312,8 @@ public:
 result<std::unique_ptr<runtime>> runtime::create(const runtime_config& cfg) {
   if (cfg.hpus < 1 || cfg.hpus > 256) return fail(errc::invalid_argument, "runtime: hpus must be 1..256, got " + std::to_string(cfg.hpus));
   if (cfg.hpu_queue_depth == 0) return fail(errc::invalid_argument, "runtime: hpu_queue_depth must be > 0");
+  if (cfg.max_dma_in_flight > 65536)
+    return fail(errc::invalid_argument, "runtime: max_dma_in_flight must be at most 65536 (DMA handles hold a 16-bit slot)");
   if (cfg.nic_memory_bytes == 0) return fail(errc::invalid_argument, "runtime: nic_memory_bytes must be > 0");
   if (cfg.max_ecs == 0 || cfg.max_ecs > UINT16_MAX) return fail(errc::invalid_argument, "runtime: max_ecs must be 1..65535");
   const long online = sysconf(_SC_NPROCESSORS_ONLN);

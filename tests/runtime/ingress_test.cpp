@@ -124,6 +124,24 @@ TEST_CASE("payload packets waiting for their header are dropped as parking_full 
   CHECK(f.ec_stats(ec).messages_completed == 1);
 }
 
+TEST_CASE("a packet that finds no parking space does not open a message it could never complete") {
+  fixture f(1);
+  rt::ec_config c = counting_ec();
+  c.limits.max_parked_packets = 1;
+  c.limits.max_messages = 2;
+  const rt::ec_id ec = f.install(c);
+  // Message 1's second packet takes the only parking place; packets of messages 2 and 3 find
+  // none and must not take the two message slots.
+  std::vector<rt::packet> p{message_packet(f.pool, 0, 0, 1, 20, 10, 1), message_packet(f.pool, 0, 0, 2, 20, 10, 1),
+                            message_packet(f.pool, 0, 0, 3, 20, 10, 1)};
+  REQUIRE(feed(*f.rt, p));
+  CHECK(f.drops(ec, rt::drop_reason::parking_full) == 2);
+  CHECK(f.ec_stats(ec).messages_started == 1);
+  REQUIRE(feed(*f.rt, message_packets(f.pool, 0, 0, 4, 10, 10)));  // a second slot is still free
+  CHECK(f.ec_stats(ec).messages_completed == 1);
+  CHECK(f.drops(ec, rt::drop_reason::no_message_slot) == 0);
+}
+
 TEST_CASE("rx_burst accepts fewer frames than offered only when every HPU queue is full, and the caller keeps the rest") {
   rt::runtime_config cfg;
   cfg.hpus = 1;
