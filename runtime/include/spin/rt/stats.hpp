@@ -85,9 +85,9 @@ struct ec_stats {
 /// Snapshot of one HPU.
 struct hpu_stats {
   std::uint32_t hpu = 0;
-  std::uint64_t tasks = 0;
-  std::uint64_t busy_ns = 0;
-  std::uint64_t preempted = 0;
+  std::uint64_t tasks = 0;      ///< tasks run (a header task may run the header and a payload handler)
+  std::uint64_t busy_ns = 0;    ///< wall time inside handlers and default deposits
+  std::uint64_t preempted = 0;  ///< invocations stopped by the budget's preemption signal
 };
 
 /// Snapshot of the whole runtime.
