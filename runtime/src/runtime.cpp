@@ -75,6 +75,8 @@ std::uint64_t ns_to_ticks(std::uint64_t ns) { return static_cast<std::uint64_t>(
 std::uint64_t ticks_to_ns(std::uint64_t t) { return static_cast<std::uint64_t>(static_cast<double>(t) * g_ns_per_tick); }
 
 constexpr std::uint32_t none = UINT32_MAX;
+// Lock-wait time a handler is not charged for, in multiples of its budget.
+constexpr std::uint64_t lock_wait_cap = 10;
 
 // Single-writer increment (the scheduler): no locked read-modify-write on the packet path.
 void bump(std::atomic<std::uint64_t>& c) noexcept { c.store(c.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }
@@ -123,7 +125,7 @@ struct tally {
 };
 
 // The record an HPU sends back per task: 32 bytes.
-enum done_flag : std::uint8_t { ran_payload = 1, over_budget = 2, deposit_failed = 4 };
+enum done_flag : std::uint8_t { ran_payload = 1, over_budget = 2, deposit_failed = 4, skipped_aborted = 8, skipped_proceed = 16 };
 struct done {
   std::uint32_t msg_idx;
   std::uint32_t payload_len;
@@ -138,6 +140,7 @@ struct done {
 static_assert(sizeof(done) == 28 || sizeof(done) == 32);
 
 enum class msg_state : std::uint8_t { free, open, held, retired };
+enum skip_flag : std::uint8_t { skip_aborted = 1, skip_proceed = 2 };
 enum class outcome : std::uint8_t { ok, dropped, aborted };
 
 struct message {
@@ -178,6 +181,10 @@ struct ec {
   std::uint64_t budget_ticks = 0;
   std::uint32_t window_words = 0;
   std::unique_ptr<detail::mpmc_queue<host_event>> events;
+
+  // Per message: skip_aborted / skip_proceed, set by the scheduler, read by HPUs before a
+  // queued payload handler starts, so that it is skipped as the return codes promise.
+  std::unique_ptr<std::atomic<std::uint8_t>[]> skip;
 
   // Read by HPUs only for completion tasks (message fields are stable while it runs).
   std::vector<message> msgs;
@@ -244,6 +251,7 @@ struct hpu {
   std::atomic<std::uint64_t> run_start{0};
   std::atomic<std::uint64_t> run_budget{0};
   std::atomic<std::uint64_t> abort_run{0};
+  std::atomic<std::uint64_t> run_wait{0};  // ticks this invocation waited for locks
   volatile sig_atomic_t in_handler = 0;
   volatile sig_atomic_t in_api = 0;
   sigjmp_buf jb;
@@ -324,6 +332,7 @@ public:
   void drop_parked(ec& e, std::uint32_t idx, drop_reason r) noexcept;
   void want_retry(ec& e, std::uint32_t idx) noexcept;
   void apply(const done& d) noexcept;
+  void set_proceed(ec& e, std::uint32_t idx) noexcept;
 
   // HPU side
   void hpu_loop(hpu& h) noexcept;
@@ -535,13 +544,22 @@ std::int32_t api_lock(spin::ctx* c, std::uint64_t off) {
   }
   std::atomic_ref<std::uint64_t> word(*w);
   const std::uint64_t token = (h.run_id.load(std::memory_order_relaxed) << 8) | (h.index + 1);
-  for (;;) {
+  const std::uint64_t wait_before = h.run_wait.load(std::memory_order_relaxed);
+  const std::uint64_t start = ticks();
+  for (std::uint32_t spins = 0;; ++spins) {
     api_guard g(i);  // a handler stuck waiting for a lock can be aborted
     std::uint64_t expected = 0;
-    if (word.compare_exchange_weak(expected, token, std::memory_order_acquire, std::memory_order_relaxed)) break;
+    if (word.compare_exchange_weak(expected, token, std::memory_order_acquire, std::memory_order_relaxed)) {
+      // Recorded before the guard's destructor may leave the handler, so that an abort right
+      // here still releases the lock.
+      i.locks[i.nlocks++] = off;
+      break;
+    }
     cpu_relax();
+    // Time spent waiting for another handler's lock is reported to the watchdog, which does not
+    // charge it (up to a cap) to this handler's budget: the holder may simply be descheduled.
+    if ((spins & 63) == 63) h.run_wait.store(wait_before + (ticks() - start), std::memory_order_relaxed);
   }
-  i.locks[i.nlocks++] = off;
   return 0;
 }
 
@@ -568,6 +586,7 @@ std::int32_t runtime_core::invoke(hpu& h, handler_fn fn, bool& over, std::uint32
   invocation& i = h.inv;
   const std::uint64_t id = h.run_id.load(std::memory_order_relaxed) + 1;
   h.run_budget.store(i.e->budget_ticks, std::memory_order_relaxed);
+  h.run_wait.store(0, std::memory_order_relaxed);
   h.run_id.store(id, std::memory_order_relaxed);
   const std::uint64_t start = ticks();
   h.run_start.store(start, std::memory_order_release);
@@ -687,14 +706,28 @@ void runtime_core::run(hpu& h, const task& t) noexcept {
       c.kind = static_cast<u32>(handler_kind::payload);
       d.ret_payload = invoke(h, e.cfg.handlers.payload, over, d.ns_payload);
       d.flags |= ran_payload | (over ? over_budget : 0);
+      if (over)
+        e.skip[t.msg_idx].fetch_or(skip_aborted, std::memory_order_relaxed);
+      else if (is_valid(d.ret_payload) && is_proceed(static_cast<ret>(d.ret_payload)))
+        e.skip[t.msg_idx].fetch_or(skip_proceed, std::memory_order_relaxed);
     } else if ((t.flags & then_deposit) && continues(d.ret_first)) {
       if (!deposit(e, t, c.msg.offset_bytes, *i.t)) d.flags |= deposit_failed;
     }
     break;
   case task_kind::payload:
+    if (const std::uint8_t sk = e.skip[t.msg_idx].load(std::memory_order_relaxed); sk != 0) {
+      d.flags |= (sk & skip_aborted) ? skipped_aborted : skipped_proceed;
+      break;
+    }
     c.kind = static_cast<u32>(handler_kind::payload);
     d.ret_first = invoke(h, e.cfg.handlers.payload, over, d.ns_first);
     if (over) d.flags |= over_budget;
+    // Tell the other queued payload handlers of this message at once, without waiting for the
+    // scheduler to see this record (the scheduler sets the same flags when it does).
+    if (over)
+      e.skip[t.msg_idx].fetch_or(skip_aborted, std::memory_order_relaxed);
+    else if (is_valid(d.ret_first) && is_proceed(static_cast<ret>(d.ret_first)))
+      e.skip[t.msg_idx].fetch_or(skip_proceed, std::memory_order_relaxed);
     break;
   case task_kind::completion:
     c.kind = static_cast<u32>(handler_kind::completion);
@@ -783,7 +816,11 @@ void runtime_core::watchdog_loop() {
       const std::uint64_t budget = h.run_budget.load(std::memory_order_relaxed);
       if (now <= start || now - start <= budget) continue;
       const std::uint64_t used = cpu_ns(h.cpu_clock) - last[k].cpu_base_ns + tick_ns;
-      if (ns_to_ticks(used) <= budget) continue;
+      // Lock waits are not charged, up to lock_wait_cap budgets: a longer wait is a deadlock or
+      // a stuck holder, and then the waiter is charged too.
+      const std::uint64_t waited = std::min(h.run_wait.load(std::memory_order_relaxed), budget * lock_wait_cap);
+      const std::uint64_t used_ticks = ns_to_ticks(used);
+      if (used_ticks <= waited || used_ticks - waited <= budget) continue;
       if (h.abort_run.load(std::memory_order_relaxed) == id) continue;
       h.abort_run.store(id, std::memory_order_relaxed);
       if (preempt && h.run_id.load(std::memory_order_relaxed) == id) pthread_kill(h.native, preempt_sig);
@@ -893,6 +930,7 @@ std::uint32_t runtime_core::open_msg(ec& e, const wire::header& h) noexcept {
   m.match_bits = h.match_bits;
   m.len_bytes = h.message_len;
   m.state = msg_state::open;
+  e.skip[idx].store(0, std::memory_order_relaxed);
   m.scratch_slot = e.free_scratch.back();
   e.free_scratch.pop_back();
   if (e.cfg.scratchpad_bytes > 0)
@@ -1008,6 +1046,7 @@ void runtime_core::drop_parked(ec& e, std::uint32_t idx, drop_reason r) noexcept
 }
 
 void runtime_core::check_done(ec& e, std::uint32_t idx) noexcept {
+  if (e.draining) return;  // an EC being uninstalled starts no completion handler
   message& m = e.msgs[idx];
   if (m.state != msg_state::open || !m.eom_seen || m.base < m.packet_count || m.inflight > 0 || m.park_head != none)
     return;
@@ -1137,6 +1176,11 @@ void runtime_core::handle(const packet& p) noexcept {
   check_done(e, idx);
 }
 
+void runtime_core::set_proceed(ec& e, std::uint32_t idx) noexcept {
+  e.msgs[idx].proceed = true;
+  e.skip[idx].fetch_or(skip_proceed, std::memory_order_relaxed);
+}
+
 void runtime_core::apply(const done& d) noexcept {
   ec& e = *ecs[d.ec_slot];
   message& m = e.msgs[d.msg_idx];
@@ -1160,12 +1204,15 @@ void runtime_core::apply(const done& d) noexcept {
     }
     const ret v = static_cast<ret>(r);
     if (is_drop(v)) e.ctr.drops[static_cast<std::size_t>(drop_reason::handler_drop)].add(1);
-    if (is_proceed(v)) m.proceed = true;
+    if (is_proceed(v)) set_proceed(e, d.msg_idx);
     if (is_pending(v)) m.pending = true;
   };
   auto abort_msg = [&](handler_kind k) {
     e.ctr.kinds[static_cast<std::size_t>(k)].over_budget.add(1);
-    if (m.result == outcome::ok) m.result = outcome::aborted;
+    if (m.result == outcome::ok) {
+      m.result = outcome::aborted;
+      e.skip[d.msg_idx].fetch_or(skip_aborted, std::memory_order_relaxed);
+    }
   };
 
   switch (d.kind) {
@@ -1190,15 +1237,27 @@ void runtime_core::apply(const done& d) noexcept {
     }
     if (is_pending(v)) m.pending = true;
     if (is_proceed(v)) {
-      m.proceed = true;
+      set_proceed(e, d.msg_idx);
       if (d.payload_len > 0 && e.cfg.handlers.payload != nullptr) e.skipped.add(1);
     }
     if (ran) payload_ret(d.ret_payload);
     if (deposit_bad) e.ctr.drops[static_cast<std::size_t>(drop_reason::host_window)].add(1);
-    if (!release_parked(e, d.msg_idx)) want_retry(e, d.msg_idx);
+    if (e.draining) {
+      drop_parked(e, d.msg_idx, drop_reason::ec_removed);  // uninstall drops what waits
+    } else if (!release_parked(e, d.msg_idx)) {
+      want_retry(e, d.msg_idx);
+    }
     break;
   }
   case task_kind::payload:
+    if (d.flags & skipped_aborted) {
+      e.ctr.drops[static_cast<std::size_t>(drop_reason::message_aborted)].add(1);
+      break;
+    }
+    if (d.flags & skipped_proceed) {
+      e.skipped.add(1);
+      break;
+    }
     account(handler_kind::payload, d.ns_first, d.payload_len);
     if (over) {
       abort_msg(handler_kind::payload);
@@ -1252,6 +1311,14 @@ void runtime_core::retry_all() noexcept {
     // for two entries per message), then the processed prefix is removed.
     const std::size_t n = e.retry.size();
     if (n == 0) continue;
+    if (e.draining) {
+      for (std::uint32_t idx : e.retry) {
+        e.msgs[idx].in_retry = false;
+        drop_parked(e, idx, drop_reason::ec_removed);
+      }
+      e.retry.clear();
+      continue;
+    }
     for (std::size_t k = 0; k < n; ++k) {
       const std::uint32_t idx = e.retry[k];
       message& m = e.msgs[idx];
@@ -1297,9 +1364,9 @@ void runtime_core::free_ec(std::uint32_t slot) {
   ec& e = *ecs[slot];
   for (std::uint32_t i = 0; i < e.msgs.size(); ++i)
     if (e.msgs[i].park_head != none) drop_parked(e, i, drop_reason::ec_removed);
+  std::lock_guard lk(control_mu);  // stats() reads the arena's accounting
   arena.free(e.mem_block);
   arena.free(e.scratch_block);
-  std::lock_guard lk(control_mu);
   active.erase(std::remove(active.begin(), active.end(), slot), active.end());
   ecs[slot].reset();
 }
@@ -1315,7 +1382,11 @@ public:
 
 result<std::unique_ptr<runtime>> runtime::create(const runtime_config& cfg) {
   if (cfg.hpus < 1 || cfg.hpus > 256) return fail(errc::invalid_argument, "runtime: hpus must be 1..256, got " + std::to_string(cfg.hpus));
-  if (cfg.hpu_queue_depth == 0) return fail(errc::invalid_argument, "runtime: hpu_queue_depth must be > 0");
+  if (cfg.hpu_queue_depth == 0 || cfg.hpu_queue_depth > 65536)
+    return fail(errc::invalid_argument, "runtime: hpu_queue_depth must be 1..65536");
+  if (cfg.dma.latency.count() < 0 || cfg.dma.latency > std::chrono::seconds(1) || !(cfg.dma.bandwidth_gbps >= 0) ||
+      (cfg.dma.bandwidth_gbps > 0 && cfg.dma.bandwidth_gbps < 0.001))
+    return fail(errc::invalid_argument, "runtime: DMA model needs latency in [0, 1 s] and bandwidth 0 (unlimited) or >= 0.001 Gbit/s");
   if (cfg.max_dma_in_flight > 65536)
     return fail(errc::invalid_argument, "runtime: max_dma_in_flight must be at most 65536 (DMA handles hold a 16-bit slot)");
   if (cfg.nic_memory_bytes == 0) return fail(errc::invalid_argument, "runtime: nic_memory_bytes must be > 0");
@@ -1399,6 +1470,10 @@ result<ec_id> runtime::install(const ec_config& cfg) {
   if (l.max_messages == 0 || l.window_packets == 0 || l.max_parked_packets == 0 || l.event_queue_depth == 0 ||
       l.handler_budget.count() <= 0)
     return fail(errc::invalid_argument, "install \"" + cfg.name + "\": limits must be > 0");
+  if (l.max_messages > ec_limits_max::messages || l.retired_history > ec_limits_max::retired_history ||
+      l.window_packets > ec_limits_max::window_packets || l.max_parked_packets > ec_limits_max::parked_packets ||
+      l.event_queue_depth > ec_limits_max::event_queue_depth || l.handler_budget > ec_limits_max::handler_budget)
+    return fail(errc::invalid_argument, "install \"" + cfg.name + "\": a limit exceeds its maximum (ec_limits_max)");
   std::span<std::byte> host;
   if (cfg.window) {
     if (cfg.window->region >= c.regions.size())
@@ -1418,11 +1493,31 @@ result<ec_id> runtime::install(const ec_config& cfg) {
     }
   if (slot == none) return fail(errc::no_space, "install \"" + cfg.name + "\": all " + std::to_string(c.ecs.size()) + " EC slots are in use");
 
-  auto e = std::make_unique<ec>();
-  e->cfg = cfg;
+  // Host-side tables first: if they cannot be allocated, no NIC memory was taken.
+  std::unique_ptr<ec> e;
+  const std::uint32_t entries = l.max_messages + l.retired_history;
+  try {
+    e = std::make_unique<ec>();
+    e->cfg = cfg;
+    e->window_words = (l.window_packets + 63) / 64;
+    e->msgs.resize(entries);
+    e->skip = std::make_unique<std::atomic<std::uint8_t>[]>(entries);
+    e->bitmaps.assign(std::uint64_t{entries} * e->window_words, 0);
+    e->free_msgs.reserve(entries);
+    e->free_scratch.reserve(l.max_messages);
+    e->index.assign(std::bit_ceil(std::uint64_t{entries} * 2), 0);
+    e->retired.assign(l.retired_history, 0);
+    e->parking.resize(l.max_parked_packets);
+    e->retry.reserve(std::size_t{entries} * 2);
+    e->events = std::make_unique<detail::mpmc_queue<host_event>>(l.event_queue_depth);
+  } catch (const std::bad_alloc&) {
+    return fail(errc::no_memory, "install \"" + cfg.name + "\": host memory for the EC's tables (" + std::to_string(entries) +
+                                     " message entries, " + std::to_string(l.max_parked_packets) + " parking places)");
+  }
   const std::uint64_t stride = (cfg.scratchpad_bytes + 63) & ~std::uint64_t{63};
   if (cfg.scratchpad_bytes != 0 && stride > UINT64_MAX / l.max_messages)
     return fail(errc::no_memory, "install \"" + cfg.name + "\": scratchpads overflow");
+  std::unique_lock arena_lk(c.control_mu);  // stats() reads the arena's accounting
   auto mem = c.arena.allocate(cfg.handler_mem_bytes);
   if (!mem) return fail(errc::no_memory, "install \"" + cfg.name + "\": handler memory: " + mem.err().message);
   auto scr = c.arena.allocate(stride * l.max_messages);
@@ -1439,20 +1534,11 @@ result<ec_id> runtime::install(const ec_config& cfg) {
   e->host = host.data();
   e->host_len = host.size();
   e->budget_ticks = ns_to_ticks(static_cast<std::uint64_t>(l.handler_budget.count()));
-  e->window_words = (l.window_packets + 63) / 64;
-  const std::uint32_t entries = l.max_messages + l.retired_history;
-  e->msgs.resize(entries);
-  e->bitmaps.assign(std::uint64_t{entries} * e->window_words, 0);
   for (std::uint32_t i = entries; i-- > 0;) e->free_msgs.push_back(i);
   for (std::uint32_t i = l.max_messages; i-- > 0;) e->free_scratch.push_back(i);
-  e->index.assign(std::bit_ceil(std::uint64_t{entries} * 2), 0);
   e->index_mask = static_cast<std::uint32_t>(e->index.size() - 1);
-  e->retired.assign(l.retired_history, 0);
-  e->parking.resize(l.max_parked_packets);
   for (std::uint32_t i = 0; i < l.max_parked_packets; ++i) e->parking[i].next = i + 1 < l.max_parked_packets ? i + 1 : none;
   e->park_free = 0;
-  e->retry.reserve(std::size_t{entries} * 2);
-  e->events = std::make_unique<detail::mpmc_queue<host_event>>(l.event_queue_depth);
   e->id = c.next_ec_id++;
   e->slot = slot;
 
@@ -1462,7 +1548,6 @@ result<ec_id> runtime::install(const ec_config& cfg) {
   // No task of this slot is in flight (its last EC drained before it was freed), so the HPUs'
   // counters of the slot can be reset from here.
   for (auto& h : c.hpus) h->tallies[slot].reset();
-  std::lock_guard lk(c.control_mu);
   c.ecs[slot] = std::move(e);
   c.active.push_back(slot);
   return id;

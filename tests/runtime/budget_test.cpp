@@ -23,7 +23,9 @@ SPIN_PAYLOAD_HANDLER(stuck_in_api_ph) {
       ctx->lock(8);
       ctx->unlock(8);
     }
-  ctx->fetch_add<u64>(0, 1);
+  if (ctx->lock(8) != errc::ok) return ret::drop;  // the stopped handler's lock must be free again
+  if (ctx->msg.message_id != 1) ctx->fetch_add<u64>(0, 1);
+  ctx->unlock(8);
   return ret::success;
 }
 
@@ -89,10 +91,26 @@ TEST_CASE("a handler stuck past its budget is stopped, reported, and its message
   CHECK(s.messages_aborted == 1);
   CHECK(s.messages_completed == 3);
   CHECK(f.word(ec, 24) == 3);  // no completion handler for the aborted message
-  CHECK(f.word(ec, 0) == 15);  // every other payload handler ran
+  CHECK(f.word(ec, 0) == 12);  // every payload handler of the other messages ran
+  CHECK(f.word(ec, 8) == 0);   // the lock the stopped handler held is free
+  CHECK(f.ec_stats(ec).api_errors == 0);
   // A retransmission of the aborted message is refused as such.
+  const std::uint64_t before = f.drops(ec, rt::drop_reason::message_aborted);
   REQUIRE(feed(*f.rt, message_packets(f.pool, 0, 1, 1, 4 * 100, 100)));
-  CHECK(f.drops(ec, rt::drop_reason::message_aborted) == 4);
+  CHECK(f.drops(ec, rt::drop_reason::message_aborted) == before + 4);
+}
+
+TEST_CASE("payload handlers of an aborted message that are queued but not started are skipped") {
+  rt::runtime_config cfg;
+  cfg.hpus = 1;
+  fixture f(cfg);
+  const rt::ec_id ec = f.install(budget_ec(stuck_in_api_ph));
+  auto p = message_packets(f.pool, 0, 1, 1, 50 * 8, 8);  // message 1, packet 1 never returns
+  REQUIRE(feed(*f.rt, p, 64));
+  const auto s = f.ec_stats(ec);
+  CHECK(s.kinds[static_cast<std::size_t>(handler_kind::payload)].invocations == 2);
+  CHECK(s.drops[static_cast<std::size_t>(rt::drop_reason::message_aborted)] == 48);
+  CHECK(s.messages_aborted == 1);
 }
 
 TEST_CASE("an over-budget handler that returns on its own is still reported when preemption is off") {

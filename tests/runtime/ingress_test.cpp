@@ -5,7 +5,9 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 using namespace spin;
@@ -26,6 +28,19 @@ SPIN_PAYLOAD_HANDLER(gate_ph) {
   while (__atomic_load_n(ctx->mem<u64>(16), __ATOMIC_ACQUIRE) == 0) {
   }
   ctx->fetch_add<u64>(8, 1);
+  return ret::success;
+}
+
+// Header handler that spins until the test raises the flag at offset 16; payload handler that
+// counts into a global, which outlives the EC's handler memory.
+std::atomic<std::uint64_t> payloads_after_uninstall{0};
+SPIN_HEADER_HANDLER(gated_hh) {
+  while (__atomic_load_n(ctx->mem<u64>(16), __ATOMIC_ACQUIRE) == 0) {
+  }
+  return ret::success;
+}
+SPIN_PAYLOAD_HANDLER(global_count_ph) {
+  payloads_after_uninstall.fetch_add(1);
   return ret::success;
 }
 
@@ -176,6 +191,79 @@ TEST_CASE("uninstalling an EC returns its parked packets, frees its NIC memory a
   REQUIRE(feed(*f.rt, std::span(p).first(1)));
   CHECK(f.rt->stats().unknown_ec == 1);
   CHECK(f.rt->uninstall(ec).err().code == errc::not_found);
+}
+
+TEST_CASE("uninstall drops the parked packets of a message whose header handler is still running") {
+  rt::runtime_config cfg;
+  cfg.hpus = 1;
+  cfg.preempt = false;
+  fixture f(cfg);
+  rt::ec_config c;
+  c.handlers.header = gated_hh;
+  c.handlers.payload = global_count_ph;
+  c.handler_mem_bytes = 64;
+  c.limits.handler_budget = std::chrono::seconds(60);
+  const rt::ec_id ec = f.install(c);
+  payloads_after_uninstall = 0;
+  auto p = message_packets(f.pool, 0, 0, 1, 100 * 8, 8);
+  // The header handler starts and waits; the 99 payload packets park behind it (no drain here:
+  // the header handler is running).
+  REQUIRE(f.rt->rx_burst(p.data(), static_cast<std::uint32_t>(p.size())) == p.size());
+  std::thread opener([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    raise_flag(*f.rt, ec, 16);
+  });
+  const auto r = f.rt->uninstall(ec);
+  opener.join();
+  REQUIRE(r.ok());
+  CHECK(payloads_after_uninstall.load() == 1);  // only the header packet's own payload handler
+  CHECK(f.pool.unreleased() == 0);
+}
+
+TEST_CASE("stats and events may be read from another thread while ECs come and go") {
+  fixture f(2);
+  std::atomic<bool> stop{false};
+  std::thread reader([&] {
+    std::vector<rt::host_event> ev(8);
+    while (!stop.load()) {
+      const auto s = f.rt->stats();
+      CHECK(s.nic_mem_used_bytes <= s.nic_mem_capacity_bytes);
+      f.rt->poll_events(1, ev);
+    }
+  });
+  for (int round = 0; round < 50; ++round) {
+    rt::ec_config c = counting_ec();
+    c.handler_mem_bytes = 4096;
+    const rt::ec_id ec = f.install(c);
+    REQUIRE(feed(*f.rt, message_packets(f.pool, 0, 0, 1, 100, 10)));
+    REQUIRE(f.rt->uninstall(ec).ok());
+  }
+  stop = true;
+  reader.join();
+  CHECK(f.rt->stats().nic_mem_used_bytes == 0);
+}
+
+TEST_CASE("install refuses limits past their maximum instead of failing to allocate, and takes no NIC memory") {
+  fixture f(1);
+  auto limit = [&](auto set) {
+    rt::ec_config c = counting_ec();
+    set(c.limits);
+    const auto r = f.rt->install(c);
+    CHECK(r.err().code == errc::invalid_argument);
+    CHECK(f.rt->stats().nic_mem_used_bytes == 0);
+  };
+  limit([](rt::ec_limits& l) { l.max_parked_packets = UINT32_MAX; });
+  limit([](rt::ec_limits& l) { l.window_packets = UINT32_MAX; });
+  limit([](rt::ec_limits& l) { l.max_messages = UINT32_MAX; });
+  limit([](rt::ec_limits& l) { l.retired_history = UINT32_MAX; });
+  limit([](rt::ec_limits& l) { l.event_queue_depth = UINT32_MAX; });
+  limit([](rt::ec_limits& l) { l.handler_budget = std::chrono::nanoseconds::max(); });
+  rt::runtime_config cfg;
+  cfg.hpu_queue_depth = UINT32_MAX;
+  CHECK(rt::runtime::create(cfg).err().code == errc::invalid_argument);
+  cfg.hpu_queue_depth = 256;
+  cfg.dma.latency = std::chrono::hours(1);
+  CHECK(rt::runtime::create(cfg).err().code == errc::invalid_argument);
 }
 
 TEST_CASE("install rejects bad windows, exhausted NIC memory and zero limits with a message, changing nothing") {

@@ -138,6 +138,15 @@ TEST_CASE("a payload handler returning proceed skips the payload handlers of pac
   CHECK(t.f.ec_stats(t.ec).packets_skipped == p.size() - 1);
 }
 
+TEST_CASE("a payload handler returning proceed also skips payload handlers already queued behind it") {
+  code_test t(0, static_cast<int>(ret::proceed), 0, /*with_header=*/false);
+  auto p = message_packets(t.f.pool, 0, 1, 1, 50 * 10, 10);
+  REQUIRE(feed(*t.f.rt, p, 64));  // one burst: all 50 queued on the single HPU at once
+  CHECK(t.payload_calls() == 1);
+  CHECK(t.completion_calls() == 1);
+  CHECK(t.f.ec_stats(t.ec).packets_skipped == 49);
+}
+
 TEST_CASE("a payload handler returning drop drops only its packet and the message still completes") {
   code_test t(0, static_cast<int>(ret::drop), 0);
   auto p = message_packets(t.f.pool, 0, 1, 1, 4000, 500);

@@ -401,7 +401,7 @@ using handler_fn = ret (*)(ctx* c);
 /// ".spin.<kind>.<name>" (as libbpf's SEC() marks BPF programs), which is how spinc and the
 /// loader find a package's handlers; the symbol itself has C linkage and the name given.
 #define SPIN_HANDLER_(kind, name)                                                                  \
-  extern "C" __attribute__((section(".spin." #kind "." #name), used)) ::spin::ret name(::spin::ctx* ctx)
+  extern "C" __attribute__((section(".spin." #kind "." #name), used)) ::spin::ret name([[maybe_unused]] ::spin::ctx* ctx)
 
 /// Header handler: `SPIN_HEADER_HANDLER(my_hh) { ...; return spin::ret::success; }`
 #define SPIN_HEADER_HANDLER(name) SPIN_HANDLER_(header, name)

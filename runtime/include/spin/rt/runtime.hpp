@@ -71,8 +71,19 @@ struct ec_limits {
   /// runtime_config::preempt), reported in the EC's statistics and as an error event, and its
   /// message is aborted (docs/architecture.md, "Handler budget").
   std::chrono::nanoseconds handler_budget{std::chrono::milliseconds(10)};
-  /// Capacity of the EC's host event queue (events).
+  /// Capacity of the EC's host event queue (events), rounded up to a power of two.
   std::uint32_t event_queue_depth = 4096;
+};
+
+/// Upper bounds of ec_limits that install accepts (they keep every table size and budget
+/// computation in range).
+struct ec_limits_max {
+  static constexpr std::uint32_t messages = 1u << 20;
+  static constexpr std::uint32_t retired_history = 1u << 22;
+  static constexpr std::uint32_t window_packets = 1u << 20;
+  static constexpr std::uint32_t parked_packets = 1u << 24;
+  static constexpr std::uint32_t event_queue_depth = 1u << 24;
+  static constexpr std::chrono::nanoseconds handler_budget = std::chrono::hours(1);
 };
 
 /// Everything that defines an execution context.
@@ -142,7 +153,7 @@ class runtime_impl;
 class runtime {
 public:
   /// Builds a runtime and starts its HPU and watchdog threads. Errors: invalid_argument (hpus
-  /// out of 1..256, zero queue depth, no NIC memory, max_ecs out of 1..65535, a CPU in hpu_cpus
+  /// out of 1..256, queue depth out of 1..65536, a DMA model outside [0, 1 s] latency, no NIC memory, max_ecs out of 1..65535, a CPU in hpu_cpus
   /// that is not online, pinning refused by the OS), no_memory, not_supported (no per-thread
   /// CPU clock, which the budget needs).
   static result<std::unique_ptr<runtime>> create(const runtime_config& cfg);
@@ -156,14 +167,17 @@ public:
   result<region_id> register_host_memory(std::span<std::byte> mem);
 
   /// Installs an EC: reserves its handler memory, scratchpads (max_messages x scratchpad_bytes)
-  /// and tables. Errors: invalid_argument (window outside its region, zero limits, window
-  /// without region), not_found (unknown region), no_space (max_ecs reached), no_memory (the NIC
-  /// arena cannot hold it; the message gives the sizes).
+  /// and tables. Errors: invalid_argument (window outside its region, a zero limit or one above
+  /// ec_limits_max), not_found (unknown region), no_space (max_ecs reached), no_memory (the NIC
+  /// arena or host memory cannot hold it; the message gives the sizes). A failed install takes
+  /// no NIC memory.
   result<ec_id> install(const ec_config& cfg);
 
-  /// Uninstalls an EC: stops matching it, waits up to `timeout` for its running handlers,
-  /// drops its parked packets (ec_removed) and frees its memory. Errors: not_found,
-  /// timeout (handlers still running; the EC stays installed but matches no packets).
+  /// Uninstalls an EC: from now on its packets are dropped (ec_removed), including those parked
+  /// and those whose header handler is still running; no completion handler starts. Waits up to
+  /// `timeout` for its running and queued handlers, then frees its memory. Errors: not_found,
+  /// timeout (handlers still running; the EC stays installed, draining: packets that match it
+  /// are dropped as ec_removed, and uninstall may be called again).
   result<void> uninstall(ec_id ec, std::chrono::milliseconds timeout = std::chrono::milliseconds(5000));
 
   /// Releases a message kept by a *_pending return. Errors: not_found (no such held message).
