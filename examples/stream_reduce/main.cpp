@@ -130,9 +130,9 @@ int main(int argc, char** argv) {
   const reduce_config rc{o.elements, o.ranks, 0, 0, accumulator_offset(o.elements)};
   std::memcpy(r.handler_memory(*id).data(), &rc, sizeof rc);
 
-  std::printf("stream_reduce: %u ranks x %llu int32 (%llu KiB each) in %zu packets of %u bytes, %u HPUs\n", o.ranks,
-              static_cast<unsigned long long>(o.elements), static_cast<unsigned long long>(o.elements * 4 / 1024),
-              frames.size(), o.packet_bytes, o.hpus);
+  std::printf("stream_reduce: %u ranks x %llu int32 (%llu KiB each) in %zu packets of up to %llu bytes, %u HPUs\n",
+              o.ranks, static_cast<unsigned long long>(o.elements), static_cast<unsigned long long>(o.elements * 4 / 1024),
+              frames.size(), static_cast<unsigned long long>(std::min<std::uint64_t>(o.packet_bytes, o.elements * 4)), o.hpus);
 
   std::vector<rt::packet> pkts(frames.size());
   for (std::size_t i = 0; i < frames.size(); ++i)
@@ -150,12 +150,18 @@ int main(int argc, char** argv) {
   const auto deadline = t0 + std::chrono::seconds(60);
   while (got == 0 && std::chrono::steady_clock::now() < deadline) {
     r.poll();
-    got = r.poll_events(*id, ev);
+    got = r.poll_events(*id, std::span(ev, 1));
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.drain();
   if (got == 0) {
     std::fprintf(stderr, "stream_reduce: no result event within 60 s\n%s", rt::to_text(r.stats()).c_str());
+    return 1;
+  }
+  if (ev[0].type == rt::host_event::kind::error) {
+    std::fprintf(stderr, "stream_reduce: the NIC aborted message %llu from rank %u (%s: a handler exceeded its budget)\n%s",
+                 static_cast<unsigned long long>(ev[0].message_id), ev[0].source_rank, spin::errc_name(ev[0].code),
+                 rt::to_text(r.stats()).c_str());
     return 1;
   }
   std::uint64_t wrong = 0;
@@ -170,7 +176,13 @@ int main(int argc, char** argv) {
   const auto stats = r.stats();
   std::printf("\nNIC statistics\n%s", rt::to_text(stats).c_str());
   if (!o.json.empty()) {
-    std::ofstream(o.json) << rt::to_json(stats) << "\n";
+    std::ofstream out(o.json);
+    out << rt::to_json(stats) << "\n";
+    out.close();
+    if (!out) {
+      std::fprintf(stderr, "stream_reduce: cannot write %s\n", o.json.c_str());
+      return 1;
+    }
     std::printf("statistics written to %s\n", o.json.c_str());
   }
   return wrong == 0 && released.load() == frames.size() ? 0 : 1;

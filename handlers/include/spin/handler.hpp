@@ -239,9 +239,10 @@ struct ctx {
   errc dma_from_host_nb(void* dst, u64 host_off, u64 len, dma_handle& h) {
     return static_cast<errc>(api->dma_from_host(this, dst, host_off, len, &h));
   }
-  /// 1 when `h` completed, 0 while in flight; negative errc (not_found) for an unknown handle.
+  /// 1 when `h` completed (the handle is then consumed), 0 while in flight; negative errc
+  /// (not_found) for an unknown or consumed handle.
   i32 dma_test(dma_handle h) { return api->dma_test(this, h); }
-  /// Waits for `h`; not_found for an unknown handle.
+  /// Waits for `h` and consumes it; not_found for an unknown or consumed handle.
   errc dma_wait(dma_handle h) { return static_cast<errc>(api->dma_wait(this, h)); }
 
   // ---- sending ------------------------------------------------------------------------------
@@ -287,7 +288,9 @@ struct ctx {
 
   // ---- locks --------------------------------------------------------------------------------
   /// Spin lock on the u64 word at handler-memory offset `off`. Errors: out_of_bounds,
-  /// misaligned. A handler stopped for exceeding its budget releases the locks it holds.
+  /// misaligned, bad_state (already held by this invocation), no_space (8 locks held already).
+  /// A handler stopped for exceeding its budget releases the locks it holds; time spent waiting
+  /// for a lock is not charged to the budget, up to 10 budgets.
   errc lock(u64 off) { return static_cast<errc>(api->lock(this, off)); }
   /// Errors: out_of_bounds, misaligned, bad_state (the lock is not held by this invocation).
   errc unlock(u64 off) { return static_cast<errc>(api->unlock(this, off)); }
