@@ -16,14 +16,6 @@ using namespace spin::rt;
 
 namespace {
 
-bool same_header(const wire::header& a, const wire::header& b) {
-  return a.version == b.version && a.type == b.type && a.flags == b.flags && a.source_rank == b.source_rank &&
-         a.match_bits == b.match_bits && a.message_id == b.message_id && a.seq == b.seq &&
-         a.payload_len == b.payload_len && a.message_len == b.message_len && a.offset == b.offset &&
-         a.coll.op == b.coll.op && a.coll.dtype == b.coll.dtype && a.coll.slot == b.coll.slot &&
-         a.coll.elem_count == b.coll.elem_count && a.coll.epoch == b.coll.epoch && a.coll.reserved == b.coll.reserved;
-}
-
 // A failed property is a crash to libFuzzer.
 void require(bool ok) {
   if (!ok) __builtin_trap();
@@ -59,7 +51,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     require(split_why == whole_why && static_cast<std::size_t>(whole_why) < wire::reject_count);
     return 0;
   }
-  require(same_header(split.hdr, whole.hdr) && split.payload_offset == whole.payload_offset &&
+  require(split.hdr == whole.hdr && split.payload_offset == whole.payload_offset &&
           split.frame_len == whole.frame_len && whole.frame_len == len);
   require(whole.payload_offset <= len && whole.hdr.payload_len <= len - whole.payload_offset);
 
@@ -71,7 +63,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   wire::parsed back{};
   wire::reject back_why{};
   require(wire::parse(std::span<const std::byte>(again), wire::default_udp_port, back, back_why));
-  require(same_header(back.hdr, whole.hdr));
+  require(back.hdr == whole.hdr);
   require(std::memcmp(again.data() + back.payload_offset, payload.data(), payload.size()) == 0);
   return 0;
 }

@@ -84,14 +84,6 @@ bytes sample_frame(bool coll, std::size_t payload_bytes) {
   return encode(sample_header(coll, payload_bytes), make_payload(payload_bytes));
 }
 
-bool same_header(const wire::header& a, const wire::header& b) {
-  return a.version == b.version && a.type == b.type && a.flags == b.flags && a.source_rank == b.source_rank &&
-         a.match_bits == b.match_bits && a.message_id == b.message_id && a.seq == b.seq &&
-         a.payload_len == b.payload_len && a.message_len == b.message_len && a.offset == b.offset &&
-         a.coll.op == b.coll.op && a.coll.dtype == b.coll.dtype && a.coll.slot == b.coll.slot &&
-         a.coll.elem_count == b.coll.elem_count && a.coll.epoch == b.coll.epoch && a.coll.reserved == b.coll.reserved;
-}
-
 struct outcome {
   bool ok = false;
   wire::parsed p{};
@@ -101,7 +93,7 @@ struct outcome {
 bool same_outcome(const outcome& a, const outcome& b) {
   if (a.ok != b.ok) return false;
   if (!a.ok) return a.why == b.why;
-  return same_header(a.p.hdr, b.p.hdr) && a.p.payload_offset == b.p.payload_offset && a.p.frame_len == b.p.frame_len;
+  return a.p.hdr == b.p.hdr && a.p.payload_offset == b.p.payload_offset && a.p.frame_len == b.p.frame_len;
 }
 
 // Parses the first `n` bytes of `f` split at `cuts` (ascending, each <= n). Every segment lives
@@ -282,7 +274,7 @@ TEST_CASE("every header field round-trips through encode and parse, with and wit
         const outcome o = parse_whole(f);
         REQUIRE(o.ok);
         h.payload_len = static_cast<std::uint32_t>(len);
-        CHECK(same_header(o.p.hdr, h));
+        CHECK((o.p.hdr == h));
         CHECK(o.p.frame_len == f.size());
         CHECK(o.p.payload_offset == f.size() - len);
         CHECK(std::equal(payload.begin(), payload.end(), f.begin() + o.p.payload_offset));
@@ -299,7 +291,7 @@ TEST_CASE("parse clears the collective extension of a frame without the collecti
   REQUIRE(wire::parse(std::span<const std::byte>(f), wire::default_udp_port, p, why));
   wire::header want = sample_header(false, 4);
   want.payload_len = 4;
-  CHECK(same_header(p.hdr, want));
+  CHECK((p.hdr == want));
 }
 
 TEST_CASE("the encoder puts every field at its documented offset in network byte order") {
@@ -525,7 +517,7 @@ TEST_CASE("frames the parser accepts although they differ from what the encoder 
       f.resize(f.size() + pad, std::byte{0x55});
       const outcome o = parse_whole(f);
       REQUIRE(o.ok);
-      CHECK(same_header(o.p.hdr, want.p.hdr));
+      CHECK((o.p.hdr == want.p.hdr));
       CHECK(o.p.payload_offset == want.p.payload_offset);
       CHECK(o.p.frame_len == f.size());
     }
@@ -539,7 +531,7 @@ TEST_CASE("frames the parser accepts although they differ from what the encoder 
       fix_ip_checksum(f);
       const outcome o = parse_split(f, f.size(), {f.size() / 2});
       REQUIRE(o.ok);
-      CHECK(same_header(o.p.hdr, want.p.hdr));
+      CHECK((o.p.hdr == want.p.hdr));
       CHECK(o.p.payload_offset == want.p.payload_offset + words * 4);
     }
   }
@@ -550,7 +542,7 @@ TEST_CASE("frames the parser accepts although they differ from what the encoder 
     fix_ip_checksum(f);
     const outcome o = parse_whole(f);
     REQUIRE(o.ok);
-    CHECK(same_header(o.p.hdr, want.p.hdr));
+    CHECK((o.p.hdr == want.p.hdr));
   }
   SUBCASE("a UDP checksum is not verified") {
     bytes f = base;

@@ -47,6 +47,7 @@ struct coll_ext {
   std::uint32_t elem_count = 0; ///< elements in this packet
   std::uint32_t epoch = 0;    ///< collective epoch / round
   std::uint32_t reserved = 0;
+  bool operator==(const coll_ext&) const = default;
 };
 
 /// The spin header in host byte order.
@@ -62,6 +63,7 @@ struct header {
   std::uint64_t message_len = 0;    ///< payload bytes of the whole message
   std::uint64_t offset = 0;         ///< byte offset of this payload in the message
   coll_ext coll{};                  ///< valid when flags & flag_coll
+  bool operator==(const header&) const = default;
 };
 
 /// Why a frame was rejected. Every rejected frame is counted under exactly one reason.
