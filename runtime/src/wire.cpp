@@ -1,5 +1,6 @@
 #include <spin/rt/wire.hpp>
 
+#include <bit>
 #include <cstring>
 
 namespace spin::rt::wire {
@@ -58,11 +59,25 @@ void put64(std::uint8_t* p, std::uint64_t v) {
   put32(p + 4, static_cast<std::uint32_t>(v));
 }
 
+// RFC 1071 ones' complement sum, 32 bits at a time in native byte order (the sum is byte-order
+// independent up to a final swap). Returns the checksum in host order of the big-endian field.
 std::uint16_t ipv4_checksum(const std::uint8_t* h, std::size_t len) {
-  std::uint32_t sum = 0;
-  for (std::size_t i = 0; i + 1 < len; i += 2) sum += be16(h + i);
+  std::uint64_t sum = 0;
+  std::size_t i = 0;
+  for (; i + 4 <= len; i += 4) {
+    std::uint32_t w;
+    std::memcpy(&w, h + i, 4);
+    sum += w;
+  }
+  if (i + 2 <= len) {
+    std::uint16_t w;
+    std::memcpy(&w, h + i, 2);
+    sum += w;
+  }
   while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
-  return static_cast<std::uint16_t>(~sum);
+  auto r = static_cast<std::uint16_t>(~sum);
+  if constexpr (std::endian::native == std::endian::little) r = static_cast<std::uint16_t>(r << 8 | r >> 8);
+  return r;
 }
 
 // Copies up to `n` bytes of the frame's prefix into `dst`, walking the segments; returns the
