@@ -49,15 +49,12 @@
 // Empty handlers: the cost measured is the runtime's, not the handler's. Called through
 // function pointers by the runtime, so they are never inlined away.
 SPIN_HEADER_HANDLER(bench_empty_header) {
-  (void)ctx;
   return spin::ret::success;
 }
 SPIN_PAYLOAD_HANDLER(bench_empty_payload) {
-  (void)ctx;
   return spin::ret::success;
 }
 SPIN_COMPLETION_HANDLER(bench_empty_completion) {
-  (void)ctx;
   return spin::ret::success;
 }
 

@@ -49,8 +49,7 @@ void nic_arena::free(arena_block b) {
   if (t == _taken.end() || t->second != b.len_bytes) return;
   _taken.erase(t);
   _used -= b.len_bytes;
-  auto [it, inserted] = _free.emplace(b.offset, b.len_bytes);
-  (void)inserted;
+  auto it = _free.emplace(b.offset, b.len_bytes).first;
   auto next = std::next(it);
   if (next != _free.end() && it->first + it->second == next->first) {
     it->second += next->second;

@@ -327,9 +327,8 @@ TEST_CASE("HPUs pinned to a CPU process packets like unpinned ones") {
 
 TEST_CASE("statistics print as text and as JSON with every drop reason and handler time percentiles") {
   fixture f(1);
-  const rt::ec_id ec = f.install(counting_ec());
+  f.install(counting_ec());
   REQUIRE(feed(*f.rt, message_packets(f.pool, 0, 0, 1, 100, 10)));
-  (void)ec;
   const auto s = f.rt->stats();
   const std::string text = rt::to_text(s);
   CHECK(text.find("EC 1 \"count\": 10 packets") != std::string::npos);
