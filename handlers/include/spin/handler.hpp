@@ -9,10 +9,21 @@
 //   - one payload handler per packet, concurrently on any HPU, in no guaranteed order,
 //   - the completion handler once, after the end-of-message packet was seen, every packet of
 //     the message arrived and every payload handler of the message returned.
-// Any of the three may be absent. Handlers reach the runtime only through the function table
-// carried in their context (`spin::ctx::api`), never through symbols the dynamic linker
-// resolves: a compiled handler has no undefined symbols.
+// Any of the three may be absent.
+//
+// Two targets, one source. Native handlers (x86-64 shared objects) reach the runtime only
+// through the function table carried in their context (`spin::ctx::api`), never through
+// symbols the dynamic linker resolves: a compiled native handler has no undefined symbols.
+// eBPF cannot call through pointers, so when clang compiles for BPF (`__bpf__`) the same
+// `ctx` methods call extern "C" functions `spin_bpf_*` that the runtime binds by name as
+// rte_bpf external symbols (docs/handler-guide.md, "The eBPF target").
 #pragma once
+
+#if defined(__bpf__)
+#define SPIN_BPF 1
+#else
+#define SPIN_BPF 0
+#endif
 
 namespace spin {
 
@@ -164,6 +175,103 @@ struct api_table {
   i32 (*unlock)(ctx* c, u64 off);
 };
 
+/// Memory a handler source declares with SPIN_MEMORY; spinc copies it into the package
+/// manifest and the loader gives an EC at least this much.
+struct memory_decl {
+  u64 size_bytes;         ///< sizeof(memory_decl)
+  u64 handler_mem_bytes;  ///< handler memory of the EC (bytes)
+  u64 scratchpad_bytes;   ///< scratchpad per message (bytes)
+};
+
+/// Bytes an eBPF handler may address from one pointer that `ctx::mem`, `ctx::scratchpad` or
+/// `ctx::payload` returns: the largest `count * sizeof(T)` one call may ask for. DPDK's
+/// validator proves at load time that every access through the pointer stays inside this
+/// window; the runtime backs every window with memory of the same EC (docs/handler-guide.md).
+inline constexpr u64 bpf_window_bytes = 4096;
+
+/// Memory regions of a handler invocation, as the eBPF bridge names them.
+enum class region : u64 { packet = 0, handler_mem = 1, scratchpad = 2 };
+
+/// Operation codes of the eBPF bridge's atomic call: op | width (4 or 8) << 8 | signed << 16.
+enum class atomic_op : u64 { fetch_add = 1, exchange = 2, fetch_min = 3, fetch_max = 4, load = 5, store = 6 };
+
+#if SPIN_BPF
+// The eBPF bridge: extern functions the runtime binds by name (rte_bpf_xsym, at most 5 64-bit
+// arguments). They live in ".ksyms", where libbpf expects extern functions. Handlers call the
+// ctx methods below, never these directly. Pointer arguments that the runtime writes through
+// (`h`, `old`, `expected`, `d`) must point to the BPF stack or a window; DPDK's validator
+// checks that at load time.
+extern "C" {
+#define SPIN_BPF_EXTERN_ __attribute__((section(".ksyms")))
+u64 spin_bpf_check(ctx* c, u64 region, u64 off, u64 bytes, u64 align) SPIN_BPF_EXTERN_;
+void* spin_bpf_ptr(ctx* c, u64 region, u64 off, u64 bytes, u64 align) SPIN_BPF_EXTERN_;
+i64 spin_bpf_dma_to_host(ctx* c, u64 host_off, u64 src, u64 len) SPIN_BPF_EXTERN_;
+i64 spin_bpf_dma_to_host_nb(ctx* c, u64 host_off, u64 src, u64 len, dma_handle* h) SPIN_BPF_EXTERN_;
+i64 spin_bpf_dma_from_host(ctx* c, u64 dst, u64 host_off, u64 len) SPIN_BPF_EXTERN_;
+i64 spin_bpf_dma_from_host_nb(ctx* c, u64 dst, u64 host_off, u64 len, dma_handle* h) SPIN_BPF_EXTERN_;
+i64 spin_bpf_dma_test(ctx* c, u64 handle) SPIN_BPF_EXTERN_;
+i64 spin_bpf_dma_wait(ctx* c, u64 handle) SPIN_BPF_EXTERN_;
+i64 spin_bpf_send(ctx* c, const send_desc* d) SPIN_BPF_EXTERN_;
+i64 spin_bpf_post_event(ctx* c, u64 value) SPIN_BPF_EXTERN_;
+i64 spin_bpf_lock(ctx* c, u64 off) SPIN_BPF_EXTERN_;
+i64 spin_bpf_unlock(ctx* c, u64 off) SPIN_BPF_EXTERN_;
+i64 spin_bpf_atomic(ctx* c, u64 op, u64 off, u64 value, u64* old) SPIN_BPF_EXTERN_;
+i64 spin_bpf_cas(ctx* c, u64 width, u64 off, u64* expected, u64 desired) SPIN_BPF_EXTERN_;
+#undef SPIN_BPF_EXTERN_
+}
+#endif
+
+// ---- integer arithmetic with one meaning on every target ------------------------------------
+// C++ leaves division by zero and shifts by the width or more undefined; x86-64 traps on the
+// first, and DPDK's rte_bpf stops the program (returning 0) on a zero divisor. Handlers use
+// these instead; native, eBPF-JIT and eBPF-interpreted code give the same results:
+//   div(a, 0) == 0 and rem(a, 0) == a (the eBPF instruction set's rule);
+//   signed: div(min, -1) == min and rem(min, -1) == 0 (two's complement wrap-around);
+//   shl/shr shift by (s mod width), as x86-64 and BPF shift instructions do;
+//   u32 arithmetic wraps modulo 2^32 and widening a u32 to u64 gives zero upper bits.
+// spinc rejects `/` and `%` whose divisor is not a non-zero constant (docs/handler-guide.md).
+
+/// Unsigned quotient; 0 when b == 0.
+constexpr u64 div(u64 a, u64 b) { return b == 0 ? 0 : a / b; }
+constexpr u32 div(u32 a, u32 b) { return b == 0 ? 0 : a / b; }
+/// Unsigned remainder; a when b == 0.
+constexpr u64 rem(u64 a, u64 b) { return b == 0 ? a : a % b; }
+constexpr u32 rem(u32 a, u32 b) { return b == 0 ? a : a % b; }
+/// Signed quotient, truncated toward zero; 0 when b == 0; min / -1 == min.
+constexpr i64 div(i64 a, i64 b) {
+  const u64 ua = a < 0 ? 0 - static_cast<u64>(a) : static_cast<u64>(a);
+  const u64 ub = b < 0 ? 0 - static_cast<u64>(b) : static_cast<u64>(b);
+  const u64 q = div(ua, ub);
+  return static_cast<i64>((a < 0) != (b < 0) ? 0 - q : q);
+}
+constexpr i32 div(i32 a, i32 b) {
+  const u32 ua = a < 0 ? 0u - static_cast<u32>(a) : static_cast<u32>(a);
+  const u32 ub = b < 0 ? 0u - static_cast<u32>(b) : static_cast<u32>(b);
+  const u32 q = div(ua, ub);
+  return static_cast<i32>((a < 0) != (b < 0) ? 0u - q : q);
+}
+/// Signed remainder with the sign of a; a when b == 0; min % -1 == 0.
+constexpr i64 rem(i64 a, i64 b) {
+  const u64 ua = a < 0 ? 0 - static_cast<u64>(a) : static_cast<u64>(a);
+  const u64 ub = b < 0 ? 0 - static_cast<u64>(b) : static_cast<u64>(b);
+  const u64 r = rem(ua, ub);
+  return static_cast<i64>(a < 0 ? 0 - r : r);
+}
+constexpr i32 rem(i32 a, i32 b) {
+  const u32 ua = a < 0 ? 0u - static_cast<u32>(a) : static_cast<u32>(a);
+  const u32 ub = b < 0 ? 0u - static_cast<u32>(b) : static_cast<u32>(b);
+  const u32 r = rem(ua, ub);
+  return static_cast<i32>(a < 0 ? 0u - r : r);
+}
+/// Shifts by s mod the width of the operand.
+constexpr u64 shl(u64 a, u64 s) { return a << (s & 63); }
+constexpr u32 shl(u32 a, u64 s) { return a << (s & 31); }
+constexpr u64 shr(u64 a, u64 s) { return a >> (s & 63); }
+constexpr u32 shr(u32 a, u64 s) { return a >> (s & 31); }
+/// Arithmetic (sign-propagating) right shift by s mod the width.
+constexpr i64 sar(i64 a, u64 s) { return a >> (s & 63); }
+constexpr i32 sar(i32 a, u64 s) { return a >> (s & 31); }
+
 namespace detail {
 template <class T> struct is_atomic_int { static constexpr bool value = false; };
 template <> struct is_atomic_int<u32> { static constexpr bool value = true; };
@@ -187,6 +295,7 @@ struct byte_view {
   /// Returns a pointer to `count` objects of type T at byte `off`, or null when they do not lie
   /// inside the view or are not aligned for T.
   template <class T> T* at(u64 off, u64 count = 1) const {
+    static_assert(!SPIN_BPF || sizeof(T) == 0, "on the eBPF target use ctx->payload, ctx->mem or ctx->scratchpad");
     if (count > len_bytes / sizeof(T) || !detail::range_ok(off, count * sizeof(T), len_bytes) ||
         !detail::aligned<T>(reinterpret_cast<u64>(data) + off))
       return nullptr;
@@ -213,42 +322,95 @@ struct ctx {
   // ---- typed access -----------------------------------------------------------------------
   /// `count` objects of T at byte `off` of the EC's handler memory, or null when out of bounds
   /// or misaligned.
-  template <class T> T* mem(u64 off, u64 count = 1) const { return handler_mem.at<T>(off, count); }
+  /// On the eBPF target `count * sizeof(T)` may be at most `bpf_window_bytes`.
+  template <class T> T* mem(u64 off, u64 count = 1) const {
+#if SPIN_BPF
+    return bpf_at<T>(region::handler_mem, off, count);
+#else
+    return handler_mem.at<T>(off, count);
+#endif
+  }
   /// `count` objects of T at byte `off` of the message scratchpad, or null.
-  template <class T> T* scratchpad(u64 off, u64 count = 1) const { return scratch.at<T>(off, count); }
+  template <class T> T* scratchpad(u64 off, u64 count = 1) const {
+#if SPIN_BPF
+    return bpf_at<T>(region::scratchpad, off, count);
+#else
+    return scratch.at<T>(off, count);
+#endif
+  }
   /// `count` objects of T at byte `off` of the packet payload, or null.
-  template <class T> T* payload(u64 off, u64 count = 1) const { return packet.at<T>(off, count); }
+  template <class T> T* payload(u64 off, u64 count = 1) const {
+#if SPIN_BPF
+    return bpf_at<T>(region::packet, off, count);
+#else
+    return packet.at<T>(off, count);
+#endif
+  }
 
   // ---- DMA ----------------------------------------------------------------------------------
   /// Blocking DMA of `len` bytes from local `src` to host window offset `host_off`.
   /// Errors: out_of_bounds (src range outside packet/handler memory/scratchpad, or host range
   /// outside the window), invalid_argument (null src with len > 0).
   errc dma_to_host(u64 host_off, const void* src, u64 len) {
+#if SPIN_BPF
+    return static_cast<errc>(spin_bpf_dma_to_host(this, host_off, reinterpret_cast<u64>(src), len));
+#else
     return static_cast<errc>(api->dma_to_host(this, host_off, src, len, nullptr));
+#endif
   }
   /// Blocking DMA of `len` bytes from host window offset `host_off` to local `dst`.
   errc dma_from_host(void* dst, u64 host_off, u64 len) {
+#if SPIN_BPF
+    return static_cast<errc>(spin_bpf_dma_from_host(this, reinterpret_cast<u64>(dst), host_off, len));
+#else
     return static_cast<errc>(api->dma_from_host(this, dst, host_off, len, nullptr));
+#endif
   }
   /// Non-blocking DMA to host; `h` identifies it. Errors as `dma_to_host`, and no_space when the
   /// HPU has too many DMAs in flight.
   errc dma_to_host_nb(u64 host_off, const void* src, u64 len, dma_handle& h) {
+#if SPIN_BPF
+    return static_cast<errc>(spin_bpf_dma_to_host_nb(this, host_off, reinterpret_cast<u64>(src), len, &h));
+#else
     return static_cast<errc>(api->dma_to_host(this, host_off, src, len, &h));
+#endif
   }
   /// Non-blocking DMA from host.
   errc dma_from_host_nb(void* dst, u64 host_off, u64 len, dma_handle& h) {
+#if SPIN_BPF
+    return static_cast<errc>(spin_bpf_dma_from_host_nb(this, reinterpret_cast<u64>(dst), host_off, len, &h));
+#else
     return static_cast<errc>(api->dma_from_host(this, dst, host_off, len, &h));
+#endif
   }
   /// 1 when `h` completed (the handle is then consumed), 0 while in flight; negative errc
   /// (not_found) for an unknown or consumed handle.
-  i32 dma_test(dma_handle h) { return api->dma_test(this, h); }
+  i32 dma_test(dma_handle h) {
+#if SPIN_BPF
+    return static_cast<i32>(spin_bpf_dma_test(this, h.id));
+#else
+    return api->dma_test(this, h);
+#endif
+  }
   /// Waits for `h` and consumes it; not_found for an unknown or consumed handle.
-  errc dma_wait(dma_handle h) { return static_cast<errc>(api->dma_wait(this, h)); }
+  errc dma_wait(dma_handle h) {
+#if SPIN_BPF
+    return static_cast<errc>(spin_bpf_dma_wait(this, h.id));
+#else
+    return static_cast<errc>(api->dma_wait(this, h));
+#endif
+  }
 
   // ---- sending ------------------------------------------------------------------------------
   /// Sends a packet. Errors: out_of_bounds (data outside local memory or longer than the MTU
   /// payload), no_space (TX queue full; the packet is not sent and counted), invalid_argument.
-  errc send(const send_desc& d) { return static_cast<errc>(api->send(this, &d)); }
+  errc send(const send_desc& d) {
+#if SPIN_BPF
+    return static_cast<errc>(spin_bpf_send(this, &d));
+#else
+    return static_cast<errc>(api->send(this, &d));
+#endif
+  }
   /// Put from device: sends `len` bytes at local `src` to `dest_rank`, to land at byte
   /// `remote_off` of message `message_id` (matched there by `match_bits`).
   errc put(u32 dest_rank, u64 match_bits, u64 message_id, u64 remote_off, const void* src, u32 len,
@@ -284,72 +446,124 @@ struct ctx {
 
   // ---- host events --------------------------------------------------------------------------
   /// Writes an 8-byte event for the host. Errors: no_space (event queue full; counted).
-  errc post_event(u64 value) { return static_cast<errc>(api->post_event(this, value)); }
+  errc post_event(u64 value) {
+#if SPIN_BPF
+    return static_cast<errc>(spin_bpf_post_event(this, value));
+#else
+    return static_cast<errc>(api->post_event(this, value));
+#endif
+  }
 
   // ---- locks --------------------------------------------------------------------------------
   /// Spin lock on the u64 word at handler-memory offset `off`. Errors: out_of_bounds,
   /// misaligned, bad_state (already held by this invocation), no_space (8 locks held already).
   /// A handler stopped for exceeding its budget releases the locks it holds; time spent waiting
   /// for a lock is not charged to the budget, up to 10 budgets.
-  errc lock(u64 off) { return static_cast<errc>(api->lock(this, off)); }
+  errc lock(u64 off) {
+#if SPIN_BPF
+    return static_cast<errc>(spin_bpf_lock(this, off));
+#else
+    return static_cast<errc>(api->lock(this, off));
+#endif
+  }
   /// Errors: out_of_bounds, misaligned, bad_state (the lock is not held by this invocation).
-  errc unlock(u64 off) { return static_cast<errc>(api->unlock(this, off)); }
+  errc unlock(u64 off) {
+#if SPIN_BPF
+    return static_cast<errc>(spin_bpf_unlock(this, off));
+#else
+    return static_cast<errc>(api->unlock(this, off));
+#endif
+  }
 
   // ---- atomics on handler memory --------------------------------------------------------------
   // T is u32, u64, i32 or i64. Each returns out_of_bounds or misaligned without touching memory
   // when the word at `off` is not inside handler memory or not naturally aligned; `old`
   // (optional) receives the previous value. Sequentially consistent.
   template <class T> errc fetch_add(u64 off, T v, T* old = nullptr) {
+#if SPIN_BPF
+    return bpf_atomic<T>(atomic_op::fetch_add, off, v, old);
+#else
     return rmw<T>(off, old, [v](T* p) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); });
+#endif
   }
   template <class T> errc exchange(u64 off, T v, T* old = nullptr) {
+#if SPIN_BPF
+    return bpf_atomic<T>(atomic_op::exchange, off, v, old);
+#else
     return rmw<T>(off, old, [v](T* p) { return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); });
+#endif
   }
   template <class T> errc fetch_min(u64 off, T v, T* old = nullptr) {
+#if SPIN_BPF
+    return bpf_atomic<T>(atomic_op::fetch_min, off, v, old);
+#else
     return rmw<T>(off, old, [v](T* p) {
       T cur = __atomic_load_n(p, __ATOMIC_SEQ_CST);
       while (v < cur && !__atomic_compare_exchange_n(p, &cur, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
       }
       return cur;
     });
+#endif
   }
   template <class T> errc fetch_max(u64 off, T v, T* old = nullptr) {
+#if SPIN_BPF
+    return bpf_atomic<T>(atomic_op::fetch_max, off, v, old);
+#else
     return rmw<T>(off, old, [v](T* p) {
       T cur = __atomic_load_n(p, __ATOMIC_SEQ_CST);
       while (v > cur && !__atomic_compare_exchange_n(p, &cur, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
       }
       return cur;
     });
+#endif
   }
   /// Compare-and-swap: when the word equals `*expected` it becomes `desired` and ok is returned;
   /// otherwise `*expected` receives the current value and bad_state is returned.
   template <class T> errc compare_exchange(u64 off, T* expected, T desired) {
     static_assert(detail::is_atomic_int<T>::value, "atomics take u32, u64, i32 or i64");
+#if SPIN_BPF
+    if (expected == nullptr) return errc::invalid_argument;
+    u64 exp = static_cast<u64>(*expected);
+    const errc e = static_cast<errc>(spin_bpf_cas(this, sizeof(T), off, &exp, static_cast<u64>(desired)));
+    if (e == errc::bad_state) *expected = static_cast<T>(exp);
+    return e;
+#else
     T* p = mem<T>(off);
     if (p == nullptr || expected == nullptr) return locate_error<T>(off);
     return __atomic_compare_exchange_n(p, expected, desired, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)
                ? errc::ok
                : errc::bad_state;
+#endif
   }
   /// Atomic load.
   template <class T> errc load(u64 off, T* out) {
     static_assert(detail::is_atomic_int<T>::value, "atomics take u32, u64, i32 or i64");
+#if SPIN_BPF
+    if (out == nullptr) return errc::invalid_argument;
+    return bpf_atomic<T>(atomic_op::load, off, T{}, out);
+#else
     T* p = mem<T>(off);
     if (p == nullptr || out == nullptr) return locate_error<T>(off);
     *out = __atomic_load_n(p, __ATOMIC_SEQ_CST);
     return errc::ok;
+#endif
   }
   /// Atomic store.
   template <class T> errc store(u64 off, T v) {
     static_assert(detail::is_atomic_int<T>::value, "atomics take u32, u64, i32 or i64");
+#if SPIN_BPF
+    return bpf_atomic<T>(atomic_op::store, off, v, nullptr);
+#else
     T* p = mem<T>(off);
     if (p == nullptr) return locate_error<T>(off);
     __atomic_store_n(p, v, __ATOMIC_SEQ_CST);
     return errc::ok;
+#endif
   }
 
   /// Float atomics via a CAS loop on the bit pattern (F is float or double). min/max follow
   /// IEEE minNum/maxNum: a NaN operand loses against a number.
+  /// Not available on the eBPF target, which has no floating point.
   template <class F> errc float_add(u64 off, F v, F* old = nullptr) {
     return float_rmw<F>(off, old, [v](F cur) { return cur + v; });
   }
@@ -375,6 +589,7 @@ private:
     return errc::ok;
   }
   template <class F, class Op> errc float_rmw(u64 off, F* old, Op op) {
+    static_assert(!SPIN_BPF || sizeof(F) == 0, "the eBPF target has no floating point");
     static_assert(sizeof(F) == 4 || sizeof(F) == 8, "float atomics take float or double");
     using W = typename select_word<sizeof(F)>::type;
     W* p = mem<W>(off);
@@ -390,6 +605,31 @@ private:
     return errc::ok;
   }
   template <unsigned N> struct select_word;
+#if SPIN_BPF
+  // Two bridge calls: the check says whether the range is valid (null otherwise, as natively);
+  // the pointer call returns a window DPDK's validator knows to be bpf_window_bytes long. Even
+  // when clang drops a null check it may prove redundant, the pointer call never returns null:
+  // for an invalid range it returns a window of the EC's own guard memory.
+  template <class T> T* bpf_at(region r, u64 off, u64 count) const {
+    static_assert(sizeof(T) <= bpf_window_bytes, "type larger than the eBPF window");
+    ctx* self = const_cast<ctx*>(this);
+    if (count > bpf_window_bytes / sizeof(T)) return nullptr;
+    const u64 bytes = count * sizeof(T);
+    if (spin_bpf_check(self, static_cast<u64>(r), off, bytes, alignof(T)) == 0) return nullptr;
+    return static_cast<T*>(spin_bpf_ptr(self, static_cast<u64>(r), off, bytes, alignof(T)));
+  }
+  template <class T> errc bpf_atomic(atomic_op op, u64 off, T v, T* old) {
+    static_assert(detail::is_atomic_int<T>::value, "atomics take u32, u64, i32 or i64");
+    constexpr u64 is_signed = static_cast<T>(-1) < T{} ? 1 : 0;
+    const u64 code = static_cast<u64>(op) | (sizeof(T) << 8) | (is_signed << 16);
+    u64 prev = 0;
+    // Signed values travel sign-extended so that min/max compare them as signed.
+    const u64 arg = is_signed ? static_cast<u64>(static_cast<i64>(v)) : static_cast<u64>(v);
+    const errc e = static_cast<errc>(spin_bpf_atomic(this, code, off, arg, &prev));
+    if (e == errc::ok && old != nullptr) *old = static_cast<T>(prev);
+    return e;
+  }
+#endif
 };
 
 template <> struct ctx::select_word<4> { using type = u32; };
@@ -405,6 +645,13 @@ using handler_fn = ret (*)(ctx* c);
 /// loader find a package's handlers; the symbol itself has C linkage and the name given.
 #define SPIN_HANDLER_(kind, name)                                                                  \
   extern "C" __attribute__((section(".spin." #kind "." #name), used)) ::spin::ret name([[maybe_unused]] ::spin::ctx* ctx)
+
+/// Declares the handler memory (per EC) and scratchpad (per message) this file's handlers need,
+/// in bytes: `SPIN_MEMORY(sizeof(my_state), 256);` at namespace scope, at most once per file.
+/// spinc records both in the package manifest; the loader gives an EC at least that much.
+#define SPIN_MEMORY(handler_mem_bytes, scratchpad_bytes)                                           \
+  extern "C" __attribute__((section(".spin.meta"), used)) const ::spin::memory_decl spin_memory_decl = { \
+      sizeof(::spin::memory_decl), (handler_mem_bytes), (scratchpad_bytes)}
 
 /// Header handler: `SPIN_HEADER_HANDLER(my_hh) { ...; return spin::ret::success; }`
 #define SPIN_HEADER_HANDLER(name) SPIN_HANDLER_(header, name)
