@@ -21,7 +21,3 @@ inline constexpr spin::u64 locks_offset = 64;
 constexpr spin::u64 lock_count(spin::u64 elements) { return (elements + elements_per_lock - 1) / elements_per_lock; }
 constexpr spin::u64 accumulator_offset(spin::u64 elements) { return locks_offset + lock_count(elements) * 8; }
 constexpr spin::u64 handler_memory_bytes(spin::u64 elements) { return accumulator_offset(elements) + elements * 8; }
-
-#ifndef offsetof
-#define offsetof(type, member) __builtin_offsetof(type, member)
-#endif

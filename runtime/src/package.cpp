@@ -48,15 +48,6 @@ std::uint32_t crc_of(std::span<const std::byte> a, std::span<const std::byte> b)
   return static_cast<std::uint32_t>(crc);
 }
 
-const char* kind_name(handler_kind k) {
-  switch (k) {
-  case handler_kind::header: return "header";
-  case handler_kind::payload: return "payload";
-  case handler_kind::completion: return "completion";
-  }
-  return "?";
-}
-
 nlohmann::json to_json(const package_manifest& m) {
   nlohmann::json j;
   j["format"] = package_format_version;
@@ -70,7 +61,7 @@ nlohmann::json to_json(const package_manifest& m) {
   j["stack_limit_bytes"] = m.stack_limit_bytes;
   nlohmann::json hs = nlohmann::json::array();
   for (const auto& h : m.handlers)
-    hs.push_back({{"name", h.name}, {"kind", kind_name(h.kind)}, {"stack_bytes", h.stack_bytes}});
+    hs.push_back({{"name", h.name}, {"kind", std::string(to_string(h.kind))}, {"stack_bytes", h.stack_bytes}});
   j["handlers"] = hs;
   return j;
 }
@@ -195,6 +186,17 @@ std::string_view to_string(package_target t) {
   }
   return "unknown";
 }
+
+std::string_view to_string(handler_kind k) {
+  switch (k) {
+  case handler_kind::header: return "header";
+  case handler_kind::payload: return "payload";
+  case handler_kind::completion: return "completion";
+  }
+  return "unknown";
+}
+
+std::string handler_section(const package_handler& h) { return ".spin." + std::string(to_string(h.kind)) + "." + h.name; }
 
 std::string manifest_json(const package_manifest& m) { return to_json(m).dump(2) + "\n"; }
 

@@ -125,7 +125,14 @@ struct tally {
 };
 
 // The record an HPU sends back per task: 32 bytes.
-enum done_flag : std::uint8_t { ran_payload = 1, over_budget = 2, deposit_failed = 4, skipped_aborted = 8, skipped_proceed = 16 };
+enum done_flag : std::uint8_t {
+  ran_payload = 1,
+  over_budget = 2,  // a handler was stopped: over budget, or faulted (with `faulted`)
+  deposit_failed = 4,
+  skipped_aborted = 8,
+  skipped_proceed = 16,
+  faulted = 32,
+};
 struct done {
   std::uint32_t msg_idx;
   std::uint32_t payload_len;
@@ -254,7 +261,9 @@ struct hpu {
   std::atomic<std::uint64_t> run_wait{0};  // ticks this invocation waited for locks
   volatile sig_atomic_t in_handler = 0;
   volatile sig_atomic_t in_api = 0;
+  volatile sig_atomic_t fault_sig = 0;  // signal of the fault that stopped the last invocation
   sigjmp_buf jb;
+  bool last_faulted = false;            // the last invoke() ended in a fault
 
   detail::counter tasks, busy_ns, preempted;
   invocation inv;
@@ -274,6 +283,51 @@ void on_preempt(int) {
   if (h != nullptr && h->in_handler && !h->in_api && abort_requested(h)) siglongjmp(h->jb, 1);
 }
 
+// Synchronous faults (bad memory access, division trap, illegal instruction). In handler code
+// on an HPU they stop the invocation like an overrun does; anywhere else they go to whoever
+// handled them before us (the default action, or a sanitizer), so runtime bugs still crash.
+constexpr int fault_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL};
+struct sigaction previous_fault_action[std::size(fault_signals)];
+
+void on_fault(int sig, siginfo_t* info, void* uc) {
+  hpu* h = tls_hpu;
+  if (h != nullptr && h->in_handler && !h->in_api) {
+    h->fault_sig = sig;
+    siglongjmp(h->jb, 2);
+  }
+  for (std::size_t i = 0; i < std::size(fault_signals); ++i) {
+    if (fault_signals[i] != sig) continue;
+    const struct sigaction& prev = previous_fault_action[i];
+    if ((prev.sa_flags & SA_SIGINFO) && prev.sa_sigaction != nullptr) {
+      prev.sa_sigaction(sig, info, uc);
+      return;
+    }
+    if (prev.sa_handler != SIG_DFL && prev.sa_handler != SIG_IGN && prev.sa_handler != nullptr) {
+      prev.sa_handler(sig);
+      return;
+    }
+  }
+  // Default action: restore it; the faulting instruction runs again and the process dies as
+  // it would have without us.
+  signal(sig, SIG_DFL);
+}
+
+// Installed once per process, by the first runtime; never removed (other runtimes may rely on
+// it, and it passes every fault outside handler code on).
+bool install_fault_handler() {
+  static const bool ok = [] {
+    for (std::size_t i = 0; i < std::size(fault_signals); ++i) {
+      struct sigaction sa {};
+      sa.sa_sigaction = on_fault;
+      sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
+      sigemptyset(&sa.sa_mask);
+      if (sigaction(fault_signals[i], &sa, &previous_fault_action[i]) != 0) return false;
+    }
+    return true;
+  }();
+  return ok;
+}
+
 } // namespace
 
 class runtime_core {
@@ -287,6 +341,7 @@ public:
   std::uint32_t next_ec_id = 1;
   std::atomic<bool> running{true};
   bool preempt = false;
+  bool catch_faults = false;
   int preempt_sig = 0;
   alignas(detail::cache_line) api_table api{};  // read by HPUs on every API call
 
@@ -337,7 +392,7 @@ public:
   // HPU side
   void hpu_loop(hpu& h) noexcept;
   void run(hpu& h, const task& t) noexcept;
-  std::int32_t invoke(hpu& h, handler_fn fn, bool& over, std::uint32_t& ns) noexcept;
+  std::int32_t invoke(hpu& h, const handler_ref& fn, bool& over, std::uint32_t& ns) noexcept;
 
   void watchdog_loop();
   void free_ec(std::uint32_t slot);
@@ -582,7 +637,7 @@ std::int32_t api_unlock(spin::ctx* c, std::uint64_t off) {
 
 // ---- HPU loop ------------------------------------------------------------------------------
 
-std::int32_t runtime_core::invoke(hpu& h, handler_fn fn, bool& over, std::uint32_t& ns) noexcept {
+std::int32_t runtime_core::invoke(hpu& h, const handler_ref& fn, bool& over, std::uint32_t& ns) noexcept {
   invocation& i = h.inv;
   const std::uint64_t id = h.run_id.load(std::memory_order_relaxed) + 1;
   h.run_budget.store(i.e->budget_ticks, std::memory_order_relaxed);
@@ -592,15 +647,17 @@ std::int32_t runtime_core::invoke(hpu& h, handler_fn fn, bool& over, std::uint32
   h.run_start.store(start, std::memory_order_release);
   volatile std::int32_t r = -1;
   bool preempted = false;
+  bool faulted = false;
   h.in_handler = 1;
-  if (sigsetjmp(h.jb, 0) == 0) {
-    r = static_cast<std::int32_t>(fn(&i.c));
+  if (const int jumped = sigsetjmp(h.jb, 0); jumped == 0) {  // both signals use SA_NODEFER: no mask to restore
+    r = fn.native != nullptr ? static_cast<std::int32_t>(fn.native(&i.c)) : fn.engine(fn.prog, &i.c);
     h.in_handler = 0;
   } else {
     h.in_handler = 0;
     h.in_api = 0;
-    preempted = true;
+    (jumped == 2 ? faulted : preempted) = true;
   }
+  h.last_faulted = faulted;
   const std::uint64_t end = ticks();
   h.run_start.store(0, std::memory_order_release);
   // Locks a handler still holds when it returns or is stopped are released, so a stopped
@@ -608,18 +665,18 @@ std::int32_t runtime_core::invoke(hpu& h, handler_fn fn, bool& over, std::uint32
   for (std::uint32_t k = 0; k < i.nlocks; ++k) {
     std::uint64_t* w = i.c.handler_mem.at<std::uint64_t>(i.locks[k]);
     if (w != nullptr) std::atomic_ref<std::uint64_t>(*w).store(0, std::memory_order_release);
-    if (!preempted) i.t->api_errors.add(1);
+    if (!preempted && !faulted) i.t->api_errors.add(1);
   }
   i.nlocks = 0;
   for (std::uint32_t k = 0; k < i.dma_live; ++k) i.dma[k].live = false;
   i.dma_live = 0;
   ns = static_cast<std::uint32_t>(std::min<std::uint64_t>(ticks_to_ns(end - start), UINT32_MAX));
-  over = preempted || abort_requested(&h);
+  over = preempted || faulted || abort_requested(&h);
   if (preempted) h.preempted.add(1);
   if (over) {
     host_event ev;
     ev.type = host_event::kind::error;
-    ev.code = errc::aborted;
+    ev.code = faulted ? errc::fault : errc::aborted;
     ev.source_rank = i.c.msg.source_rank;
     ev.message_id = i.c.msg.message_id;
     ev.value = i.c.kind;
@@ -701,11 +758,11 @@ void runtime_core::run(hpu& h, const task& t) noexcept {
     c.kind = static_cast<u32>(handler_kind::header);
     d.ret_first = invoke(h, e.cfg.handlers.header, over, d.ns_first);
     if (over) {
-      d.flags |= over_budget;
+      d.flags |= over_budget | (h.last_faulted ? faulted : 0);
     } else if ((t.flags & then_payload) && continues(d.ret_first)) {
       c.kind = static_cast<u32>(handler_kind::payload);
       d.ret_payload = invoke(h, e.cfg.handlers.payload, over, d.ns_payload);
-      d.flags |= ran_payload | (over ? over_budget : 0);
+      d.flags |= ran_payload | (over ? over_budget : 0) | (over && h.last_faulted ? faulted : 0);
       if (over)
         e.skip[t.msg_idx].fetch_or(skip_aborted, std::memory_order_relaxed);
       else if (is_valid(d.ret_payload) && is_proceed(static_cast<ret>(d.ret_payload)))
@@ -721,7 +778,7 @@ void runtime_core::run(hpu& h, const task& t) noexcept {
     }
     c.kind = static_cast<u32>(handler_kind::payload);
     d.ret_first = invoke(h, e.cfg.handlers.payload, over, d.ns_first);
-    if (over) d.flags |= over_budget;
+    if (over) d.flags |= over_budget | (h.last_faulted ? faulted : 0);
     // Tell the other queued payload handlers of this message at once, without waiting for the
     // scheduler to see this record (the scheduler sets the same flags when it does).
     if (over)
@@ -732,7 +789,7 @@ void runtime_core::run(hpu& h, const task& t) noexcept {
   case task_kind::completion:
     c.kind = static_cast<u32>(handler_kind::completion);
     d.ret_first = invoke(h, e.cfg.handlers.completion, over, d.ns_first);
-    if (over) d.flags |= over_budget;
+    if (over) d.flags |= over_budget | (h.last_faulted ? faulted : 0);
     break;
   case task_kind::deposit: {
     const std::uint64_t t0 = ticks();
@@ -753,6 +810,18 @@ void runtime_core::run(hpu& h, const task& t) noexcept {
 
 void runtime_core::hpu_loop(hpu& h) noexcept {
   tls_hpu = &h;
+  // Faults (a handler's stack overflow among them) are handled on a stack of their own.
+  std::unique_ptr<std::byte[]> altstack;
+  if (catch_faults) {
+    constexpr std::size_t altstack_bytes = 64 * 1024;
+    altstack.reset(new (std::nothrow) std::byte[altstack_bytes]);
+    if (altstack != nullptr) {
+      stack_t ss{};
+      ss.ss_sp = altstack.get();
+      ss.ss_size = altstack_bytes;
+      if (sigaltstack(&ss, nullptr) != 0) altstack.reset();
+    }
+  }
   constexpr std::size_t burst = 16;
   task batch[burst];
   std::uint32_t idle = 0;
@@ -778,6 +847,11 @@ void runtime_core::hpu_loop(hpu& h) noexcept {
     if (h.in.empty() && running.load(std::memory_order_acquire)) h.doorbell.wait(bell, std::memory_order_acquire);
     h.sleeping.store(false, std::memory_order_relaxed);
     idle = 0;
+  }
+  if (altstack != nullptr) {
+    stack_t off{};
+    off.ss_flags = SS_DISABLE;
+    sigaltstack(&off, nullptr);
   }
   tls_hpu = nullptr;
 }
@@ -934,7 +1008,8 @@ std::uint32_t runtime_core::open_msg(ec& e, const wire::header& h) noexcept {
   m.scratch_slot = e.free_scratch.back();
   e.free_scratch.pop_back();
   if (e.cfg.scratchpad_bytes > 0)
-    std::memset(e.scratch_base + std::uint64_t{m.scratch_slot} * e.scratch_stride, 0, e.cfg.scratchpad_bytes);
+    std::memset(e.scratch_base + std::uint64_t{m.scratch_slot} * e.scratch_stride, 0,
+                e.cfg.scratchpad_bytes + e.cfg.handlers.guard_bytes);
   std::fill_n(e.bitmaps.begin() + static_cast<std::ptrdiff_t>(std::uint64_t{idx} * e.window_words), e.window_words, 0);
   std::uint32_t p = static_cast<std::uint32_t>(key_hash(m.source, m.id)) & e.index_mask;
   while (e.index[p] != 0) p = (p + 1) & e.index_mask;
@@ -1208,7 +1283,8 @@ void runtime_core::apply(const done& d) noexcept {
     if (is_pending(v)) m.pending = true;
   };
   auto abort_msg = [&](handler_kind k) {
-    e.ctr.kinds[static_cast<std::size_t>(k)].over_budget.add(1);
+    auto& kc = e.ctr.kinds[static_cast<std::size_t>(k)];
+    ((d.flags & faulted) ? kc.faults : kc.over_budget).add(1);
     if (m.result == outcome::ok) {
       m.result = outcome::aborted;
       e.skip[d.msg_idx].fetch_or(skip_aborted, std::memory_order_relaxed);
@@ -1417,6 +1493,13 @@ result<std::unique_ptr<runtime>> runtime::create(const runtime_config& cfg) {
   c.preempt = cfg.preempt;
 #endif
   c.preempt_sig = cfg.preempt_signal != 0 ? cfg.preempt_signal : SIGRTMIN + 4;
+#if defined(SPIN_TSAN)
+  c.catch_faults = false;
+#else
+  c.catch_faults = cfg.catch_faults;
+#endif
+  if (c.catch_faults && !install_fault_handler())
+    return fail(errc::invalid_argument, "runtime: cannot install the fault signal handlers");
   if (c.preempt) {
     struct sigaction sa {};
     sa.sa_handler = on_preempt;
@@ -1514,11 +1597,15 @@ result<ec_id> runtime::install(const ec_config& cfg) {
     return fail(errc::no_memory, "install \"" + cfg.name + "\": host memory for the EC's tables (" + std::to_string(entries) +
                                      " message entries, " + std::to_string(l.max_parked_packets) + " parking places)");
   }
-  const std::uint64_t stride = (cfg.scratchpad_bytes + 63) & ~std::uint64_t{63};
+  // Engine handlers (eBPF) may address up to guard bytes past a region's end: reserve them.
+  const std::uint64_t guard = cfg.handlers.guard_bytes;
+  if (guard > (1u << 20) || cfg.handler_mem_bytes > UINT64_MAX - guard || cfg.scratchpad_bytes > UINT64_MAX - guard - 63)
+    return fail(errc::invalid_argument, "install \"" + cfg.name + "\": handler memory, scratchpad or guard too large");
+  const std::uint64_t stride = cfg.scratchpad_bytes == 0 ? 0 : (cfg.scratchpad_bytes + guard + 63) & ~std::uint64_t{63};
   if (cfg.scratchpad_bytes != 0 && stride > UINT64_MAX / l.max_messages)
     return fail(errc::no_memory, "install \"" + cfg.name + "\": scratchpads overflow");
   std::unique_lock arena_lk(c.control_mu);  // stats() reads the arena's accounting
-  auto mem = c.arena.allocate(cfg.handler_mem_bytes);
+  auto mem = c.arena.allocate(cfg.handler_mem_bytes + guard);
   if (!mem) return fail(errc::no_memory, "install \"" + cfg.name + "\": handler memory: " + mem.err().message);
   auto scr = c.arena.allocate(stride * l.max_messages);
   if (!scr) {
@@ -1528,7 +1615,7 @@ result<ec_id> runtime::install(const ec_config& cfg) {
   }
   e->mem_block = *mem;
   e->scratch_block = *scr;
-  e->mem = cfg.handler_mem_bytes ? c.arena.data(*mem) : nullptr;
+  e->mem = cfg.handler_mem_bytes + guard ? c.arena.data(*mem) : nullptr;
   e->scratch_base = stride ? c.arena.data(*scr) : nullptr;
   e->scratch_stride = stride;
   e->host = host.data();

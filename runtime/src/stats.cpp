@@ -96,6 +96,7 @@ void ec_counters::snapshot(ec_stats& o) const {
     o.kinds[k].invocations = kinds[k].invocations.get();
     o.kinds[k].bytes = kinds[k].bytes.get();
     o.kinds[k].over_budget = kinds[k].over_budget.get();
+    o.kinds[k].faults = kinds[k].faults.get();
     o.kinds[k].time = kinds[k].time.summary();
   }
 }
@@ -144,7 +145,7 @@ std::string to_json(const runtime_stats& s) {
     nlohmann::json k = nlohmann::json::object();
     for (std::size_t i = 0; i < 3; ++i)
       k[kind_name(i)] = {{"invocations", e.kinds[i].invocations}, {"bytes", e.kinds[i].bytes},
-                         {"over_budget", e.kinds[i].over_budget}, {"time", latency_json(e.kinds[i].time)}};
+                         {"over_budget", e.kinds[i].over_budget}, {"faults", e.kinds[i].faults}, {"time", latency_json(e.kinds[i].time)}};
     je["handlers"] = k;
     j["ecs"].push_back(je);
   }
@@ -177,10 +178,11 @@ std::string to_text(const runtime_stats& s) {
     for (std::size_t i = 0; i < 3; ++i) {
       const auto& k = e.kinds[i];
       if (k.invocations == 0) continue;
-      add("  %-10s %llu calls, %llu bytes, time ns mean %.1f p50 %llu p99 %llu max %llu, over budget %llu\n",
+      add("  %-10s %llu calls, %llu bytes, time ns mean %.1f p50 %llu p99 %llu max %llu, over budget %llu, faults %llu\n",
           kind_name(i), static_cast<unsigned long long>(k.invocations), static_cast<unsigned long long>(k.bytes),
           k.time.mean_ns, static_cast<unsigned long long>(k.time.p50_ns), static_cast<unsigned long long>(k.time.p99_ns),
-          static_cast<unsigned long long>(k.time.max_ns), static_cast<unsigned long long>(k.over_budget));
+          static_cast<unsigned long long>(k.time.max_ns), static_cast<unsigned long long>(k.over_budget),
+          static_cast<unsigned long long>(k.faults));
     }
     if (e.dma_ops != 0)
       add("  DMA: %llu ops, %llu bytes to host, %llu from host\n", static_cast<unsigned long long>(e.dma_ops),

@@ -19,6 +19,11 @@
 // rte_bpf external symbols (docs/handler-guide.md, "The eBPF target").
 #pragma once
 
+// Handler sources are freestanding and include no <cstddef>; offsetof comes from the compiler.
+#ifndef offsetof
+#define offsetof(type, member) __builtin_offsetof(type, member)
+#endif
+
 #if defined(__bpf__)
 #define SPIN_BPF 1
 #else
@@ -54,6 +59,7 @@ enum class errc : i32 {
   aborted = -10,         ///< the handler exceeded its budget and was stopped
   not_supported = -11,   ///< the operation is not available (target, configuration)
   bad_state = -12,       ///< the call is not valid now (e.g. unlock of a lock not held)
+  fault = -13,           ///< the handler faulted (invalid memory access, trap) and was stopped
 };
 
 /// Returns a static, human-readable name for `e` ("out_of_bounds", ...).
@@ -72,6 +78,7 @@ constexpr const char* errc_name(errc e) {
   case errc::aborted: return "aborted";
   case errc::not_supported: return "not_supported";
   case errc::bad_state: return "bad_state";
+  case errc::fault: return "fault";
   }
   return "unknown";
 }
@@ -203,7 +210,6 @@ enum class atomic_op : u64 { fetch_add = 1, exchange = 2, fetch_min = 3, fetch_m
 // checks that at load time.
 extern "C" {
 #define SPIN_BPF_EXTERN_ __attribute__((section(".ksyms")))
-u64 spin_bpf_check(ctx* c, u64 region, u64 off, u64 bytes, u64 align) SPIN_BPF_EXTERN_;
 void* spin_bpf_ptr(ctx* c, u64 region, u64 off, u64 bytes, u64 align) SPIN_BPF_EXTERN_;
 i64 spin_bpf_dma_to_host(ctx* c, u64 host_off, u64 src, u64 len) SPIN_BPF_EXTERN_;
 i64 spin_bpf_dma_to_host_nb(ctx* c, u64 host_off, u64 src, u64 len, dma_handle* h) SPIN_BPF_EXTERN_;
@@ -606,17 +612,14 @@ private:
   }
   template <unsigned N> struct select_word;
 #if SPIN_BPF
-  // Two bridge calls: the check says whether the range is valid (null otherwise, as natively);
-  // the pointer call returns a window DPDK's validator knows to be bpf_window_bytes long. Even
-  // when clang drops a null check it may prove redundant, the pointer call never returns null:
-  // for an invalid range it returns a window of the EC's own guard memory.
+  // The bridge returns a pointer DPDK's validator knows to be bpf_window_bytes long, or null
+  // for a range outside the region. The validator cannot track "maybe null", so a handler
+  // that dereferences null without checking faults on the unmapped zero page, and the
+  // runtime stops it (errc::fault) instead of crashing.
   template <class T> T* bpf_at(region r, u64 off, u64 count) const {
     static_assert(sizeof(T) <= bpf_window_bytes, "type larger than the eBPF window");
-    ctx* self = const_cast<ctx*>(this);
     if (count > bpf_window_bytes / sizeof(T)) return nullptr;
-    const u64 bytes = count * sizeof(T);
-    if (spin_bpf_check(self, static_cast<u64>(r), off, bytes, alignof(T)) == 0) return nullptr;
-    return static_cast<T*>(spin_bpf_ptr(self, static_cast<u64>(r), off, bytes, alignof(T)));
+    return static_cast<T*>(spin_bpf_ptr(const_cast<ctx*>(this), static_cast<u64>(r), off, count * sizeof(T), alignof(T)));
   }
   template <class T> errc bpf_atomic(atomic_op op, u64 off, T v, T* old) {
     static_assert(detail::is_atomic_int<T>::value, "atomics take u32, u64, i32 or i64");

@@ -84,6 +84,13 @@ result<package> read_package_file(const std::string& path);
 /// written, with the OS reason.
 result<void> write_package_file(const std::string& path, const package& p);
 
+/// The ELF section that holds a handler's code: ".spin.<kind>.<name>" (what the handler API's
+/// SPIN_*_HANDLER macros produce).
+std::string handler_section(const package_handler& h);
+
+/// "header", "payload" or "completion".
+std::string_view to_string(handler_kind k);
+
 /// The manifest as JSON text (the same text the package stores), for `spinc --inspect`.
 std::string manifest_json(const package_manifest& m);
 

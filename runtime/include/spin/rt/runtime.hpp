@@ -40,11 +40,36 @@ struct match_rule {
   bool matches(std::uint64_t mb) const { return ((mb ^ bits) & ~ignore_mask) == 0; }
 };
 
+/// How the runtime calls one handler: native code, or a program that an engine runs (the
+/// eBPF engine of loader.hpp). Converts from a handler_fn; null when neither is set.
+struct handler_ref {
+  handler_fn native = nullptr;
+  /// Runs `prog` with the invocation's context on the calling HPU thread and returns the
+  /// handler's return code. Used when `native` is null.
+  std::int32_t (*engine)(const void* prog, spin::ctx* c) noexcept = nullptr;
+  const void* prog = nullptr;
+
+  handler_ref() = default;
+  handler_ref(handler_fn f) : native(f) {}
+  handler_ref(std::nullptr_t) {}
+  explicit operator bool() const { return native != nullptr || engine != nullptr; }
+  bool operator==(std::nullptr_t) const { return !*this; }
+};
+
 /// The handlers of an EC; any of them may be null.
 struct handler_set {
-  handler_fn header = nullptr;
-  handler_fn payload = nullptr;
-  handler_fn completion = nullptr;
+  handler_set() = default;
+  handler_set(handler_ref h, handler_ref p, handler_ref c) : header(h), payload(p), completion(c) {}
+
+  handler_ref header;
+  handler_ref payload;
+  handler_ref completion;
+  /// Bytes of zeroed memory that install reserves after the EC's handler memory and after each
+  /// scratchpad: an engine handler may address that far past a region's end (eBPF windows,
+  /// `spin::bpf_window_bytes`). The runtime never hands that memory to another EC.
+  std::uint64_t guard_bytes = 0;
+  /// Keeps the handlers' code loaded while any copy of this set exists (a loaded package).
+  std::shared_ptr<const void> owner;
 };
 
 /// Part of a registered host region that an EC's DMA may address: bytes
@@ -135,6 +160,12 @@ struct runtime_config {
   /// Ignored (off) in ThreadSanitizer builds, whose runtime defers asynchronous signals.
   bool preempt = true;
   int preempt_signal = 0;                   ///< 0: SIGRTMIN + 4
+  /// Stop a handler that faults (SIGSEGV, SIGBUS, SIGFPE, SIGILL in handler code, a stack
+  /// overflow included) instead of letting it kill the process: the invocation ends like an
+  /// overrun, counted as a fault (handler_stats::faults), with an error event (errc::fault).
+  /// The signal handlers are installed once per process and pass faults outside handler code
+  /// on to the previous handler. Ignored (off) in ThreadSanitizer builds.
+  bool catch_faults = true;
 };
 
 /// An event the host reads from an EC's queue.

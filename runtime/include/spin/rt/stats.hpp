@@ -51,6 +51,7 @@ struct handler_stats {
   std::uint64_t invocations = 0;
   std::uint64_t bytes = 0;        ///< payload bytes the invocations saw
   std::uint64_t over_budget = 0;  ///< invocations that exceeded the EC's budget
+  std::uint64_t faults = 0;       ///< invocations stopped by a fault (bad memory access, trap)
   latency_summary time;
 };
 
@@ -136,7 +137,7 @@ private:
 };
 
 struct kind_counters {
-  counter invocations, bytes, over_budget;
+  counter invocations, bytes, over_budget, faults;
   latency_histogram time;
 };
 

@@ -1,0 +1,182 @@
+#include <spin/rt/loader.hpp>
+
+#include "bpf_engine.hpp"
+#include "elf_scan.hpp"
+
+#include <dlfcn.h>
+#include <elf.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+namespace spin::rt {
+
+namespace detail {
+struct loaded_code {
+  package_manifest manifest;
+  handler_set handlers;
+};
+} // namespace detail
+
+namespace {
+
+// A dlopen'ed native object; closed when the last handler_set that uses it goes away.
+struct native_module {
+  void* handle = nullptr;
+  ~native_module() {
+    if (handle != nullptr) dlclose(handle);
+  }
+};
+
+// Whether this CPU runs code built with `march` (the x86-64 micro-architecture levels).
+result<void> cpu_runs(const std::string& march) {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  auto need = [&](bool ok, const char* feature) -> result<void> {
+    if (ok) return {};
+    return fail(errc::not_supported, "native package built with -march=" + march + " needs " + feature +
+                                         ", which this CPU lacks (rebuild it with spinc --march x86-64-v2 or lower)");
+  };
+  if (march.empty() || march == "x86-64") return {};
+  if (march == "x86-64-v2" || march == "x86-64-v3" || march == "x86-64-v4") {
+    if (auto r = need(__builtin_cpu_supports("sse4.2") && __builtin_cpu_supports("popcnt") && __builtin_cpu_supports("ssse3"), "SSE4.2/POPCNT"); !r) return r;
+  }
+  if (march == "x86-64-v3" || march == "x86-64-v4") {
+    if (auto r = need(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("fma"), "AVX2/BMI2/FMA"); !r) return r;
+  }
+  if (march == "x86-64-v4") {
+    if (auto r = need(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"), "AVX-512"); !r) return r;
+  }
+  if (march == "x86-64-v2" || march == "x86-64-v3" || march == "x86-64-v4") return {};
+  return fail(errc::not_supported, "native package has -march=" + march + ", which this runtime cannot check (spinc accepts x86-64, x86-64-v2, x86-64-v3, x86-64-v4)");
+#else
+  (void)march;
+  return fail(errc::not_supported, "native packages hold x86-64 code; this machine is not x86-64");
+#endif
+}
+
+// The object must be of the manifest's kind and hold exactly the manifest's handlers, each in
+// its section `.spin.<kind>.<name>`.
+result<void> check_object(const package& p) {
+  auto info = detail::scan_elf(p.object);
+  if (!info) return info.err();
+  const bool native = p.manifest.target == package_target::native_x86_64;
+  const std::uint16_t want_machine = native ? EM_X86_64 : EM_BPF;
+  const std::uint16_t want_type = native ? ET_DYN : ET_REL;
+  if (info->machine != want_machine)
+    return fail(errc::invalid_argument, std::string("object: ELF machine ") + std::to_string(info->machine) +
+                                            (info->machine == EM_BPF ? " (BPF)" : info->machine == EM_X86_64 ? " (x86-64)" : "") +
+                                            ", but the manifest says target " + std::string(to_string(p.manifest.target)));
+  if (info->type != want_type)
+    return fail(errc::invalid_argument, std::string("object: ELF type ") + std::to_string(info->type) + ", expected " +
+                                            (native ? "a shared object (3)" : "a relocatable object (1)"));
+  for (const auto& h : p.manifest.handlers) {
+    const std::string want = handler_section(h);
+    const bool found = std::any_of(info->sections.begin(), info->sections.end(),
+                                   [&](const detail::elf_section& s) { return s.name == want && (s.flags & SHF_EXECINSTR) != 0; });
+    if (!found) return fail(errc::invalid_argument, "object: handler '" + h.name + "' of the manifest is missing (no code section '" + want + "')");
+  }
+  for (const auto& s : info->sections) {
+    if ((s.flags & SHF_EXECINSTR) == 0 || s.name.rfind(".spin.", 0) != 0) continue;
+    const bool listed = std::any_of(p.manifest.handlers.begin(), p.manifest.handlers.end(),
+                                    [&](const package_handler& h) { return handler_section(h) == s.name; });
+    if (!listed) return fail(errc::invalid_argument, "object: handler section '" + s.name + "' is not listed in the manifest");
+  }
+  return {};
+}
+
+result<void> load_native(const package& p, handler_set& out, std::shared_ptr<const void>& owner) {
+  const int fd = memfd_create("spin-native-object", MFD_CLOEXEC);
+  if (fd < 0) return fail(errc::no_memory, std::string("native object: cannot create a memory file: ") + std::strerror(errno));
+  std::size_t done = 0;
+  while (done < p.object.size()) {
+    const ssize_t n = ::write(fd, p.object.data() + done, p.object.size() - done);
+    if (n <= 0) {
+      ::close(fd);
+      return fail(errc::no_memory, std::string("native object: cannot write the memory file: ") + std::strerror(errno));
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  const std::string path = "/proc/self/fd/" + std::to_string(fd);
+  auto module = std::make_shared<native_module>();
+  module->handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  ::close(fd);
+  if (module->handle == nullptr) {
+    const char* why = dlerror();
+    return fail(errc::invalid_argument, std::string("native object: dlopen refuses it: ") + (why != nullptr ? why : "unknown reason"));
+  }
+  for (const auto& h : p.manifest.handlers) {
+    void* sym = dlsym(module->handle, h.name.c_str());
+    if (sym == nullptr) return fail(errc::invalid_argument, "native object: handler '" + h.name + "' of the manifest is missing");
+    Dl_info info{};
+    if (dladdr(sym, &info) == 0 || info.dli_fbase == nullptr)
+      return fail(errc::invalid_argument, "native object: handler '" + h.name + "' does not lie in the object");
+    const auto fn = reinterpret_cast<handler_fn>(sym);
+    switch (h.kind) {
+    case handler_kind::header: out.header = fn; break;
+    case handler_kind::payload: out.payload = fn; break;
+    case handler_kind::completion: out.completion = fn; break;
+    }
+  }
+  owner = module;
+  return {};
+}
+
+} // namespace
+
+const package_manifest& loaded_package::manifest() const { return _code->manifest; }
+const handler_set& loaded_package::handlers() const { return _code->handlers; }
+
+result<void> loaded_package::bind(ec_config& cfg) const {
+  const package_manifest& m = _code->manifest;
+  auto raise = [&](std::uint64_t& have, std::uint64_t want, const char* what) -> result<void> {
+    if (have == 0) have = want;
+    if (have < want)
+      return fail(errc::invalid_argument, std::string("EC \"") + cfg.name + "\": " + what + " of " + std::to_string(have) +
+                                              " bytes is smaller than the " + std::to_string(want) + " bytes package '" +
+                                              m.source_name + "' declares");
+    return {};
+  };
+  std::uint64_t mem = cfg.handler_mem_bytes, scratch = cfg.scratchpad_bytes;
+  if (auto r = raise(mem, m.handler_mem_bytes, "handler memory"); !r) return r;
+  if (auto r = raise(scratch, m.scratchpad_bytes, "scratchpad"); !r) return r;
+  cfg.handler_mem_bytes = mem;
+  cfg.scratchpad_bytes = scratch;
+  cfg.handlers = _code->handlers;
+  return {};
+}
+
+result<loaded_package> load_package(const package& p, const load_options& opts) {
+  const package_manifest& m = p.manifest;
+  if (m.abi_version != spin::abi_version)
+    return fail(errc::not_supported, "package '" + m.source_name + "' was built for handler ABI " + std::to_string(m.abi_version) +
+                                         ", this runtime has ABI " + std::to_string(spin::abi_version) + " (rebuild it with this spinc)");
+  if (m.handlers.empty()) return fail(errc::invalid_argument, "package '" + m.source_name + "' has no handlers");
+  if (auto r = check_object(p); !r) return r.err();
+  auto code = std::make_shared<detail::loaded_code>();
+  code->manifest = m;
+  std::shared_ptr<const void> owner;
+  if (m.target == package_target::native_x86_64) {
+    if (auto r = cpu_runs(m.march); !r) return r.err();
+    if (auto r = load_native(p, code->handlers, owner); !r) return r.err();
+  } else {
+    if (auto r = detail::load_bpf_handlers(p, opts.bpf, code->handlers, owner); !r) return r.err();
+  }
+  code->handlers.owner = owner;
+  loaded_package lp;
+  lp._code = std::move(code);
+  return lp;
+}
+
+result<loaded_package> load_package_file(const std::string& path, const load_options& opts) {
+  auto p = read_package_file(path);
+  if (!p) return p.err();
+  auto lp = load_package(*p, opts);
+  if (!lp) return fail(lp.err().code, path + ": " + lp.err().message);
+  return lp;
+}
+
+} // namespace spin::rt
