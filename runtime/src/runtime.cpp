@@ -312,20 +312,25 @@ void on_fault(int sig, siginfo_t* info, void* uc) {
   signal(sig, SIG_DFL);
 }
 
-// Installed once per process, by the first runtime; never removed (other runtimes may rely on
-// it, and it passes every fault outside handler code on).
+// Installed by every runtime that is created, when a fault signal's handler is not already
+// ours (a test framework or an application may have replaced it since): the handler found is
+// kept and gets every fault outside handler code. Never removed: other runtimes may rely on it.
+std::mutex fault_install_mu;
+
 bool install_fault_handler() {
-  static const bool ok = [] {
-    for (std::size_t i = 0; i < std::size(fault_signals); ++i) {
-      struct sigaction sa {};
-      sa.sa_sigaction = on_fault;
-      sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
-      sigemptyset(&sa.sa_mask);
-      if (sigaction(fault_signals[i], &sa, &previous_fault_action[i]) != 0) return false;
-    }
-    return true;
-  }();
-  return ok;
+  std::lock_guard lk(fault_install_mu);
+  for (std::size_t i = 0; i < std::size(fault_signals); ++i) {
+    struct sigaction cur {};
+    if (sigaction(fault_signals[i], nullptr, &cur) != 0) return false;
+    if ((cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == on_fault) continue;
+    struct sigaction sa {};
+    sa.sa_sigaction = on_fault;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    previous_fault_action[i] = cur;
+    if (sigaction(fault_signals[i], &sa, nullptr) != 0) return false;
+  }
+  return true;
 }
 
 } // namespace

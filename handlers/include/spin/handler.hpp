@@ -237,37 +237,62 @@ i64 spin_bpf_cas(ctx* c, u64 width, u64 off, u64* expected, u64 desired) SPIN_BP
 //   u32 arithmetic wraps modulo 2^32 and widening a u32 to u64 gives zero upper bits.
 // spinc rejects `/` and `%` whose divisor is not a non-zero constant (docs/handler-guide.md).
 
+// Branch-free on purpose: BPF has no conditional move, and every branch doubles the paths
+// DPDK's validator explores.
+namespace detail {
+// Hides a value from the optimiser on eBPF, which would otherwise turn the arithmetic below
+// back into comparisons (and BPF branches).
+template <class T> constexpr T opaque(T v) {
+#if SPIN_BPF
+  if (!__builtin_is_constant_evaluated()) __asm__ volatile("" : "+r"(v));
+#endif
+  return v;
+}
+constexpr u64 nonzero(u64 b) { return opaque(b | (0 - b)) >> 63; }  // 1 when b != 0, else 0
+constexpr u32 nonzero(u32 b) { return opaque(b | (0u - b)) >> 31; }
+constexpr u64 sign_mask(i64 a) { return opaque(static_cast<u64>(a >> 63)); }  // all ones when a < 0
+constexpr u32 sign_mask(i32 a) { return opaque(static_cast<u32>(a >> 31)); }
+} // namespace detail
+
 /// Unsigned quotient; 0 when b == 0.
-constexpr u64 div(u64 a, u64 b) { return b == 0 ? 0 : a / b; }
-constexpr u32 div(u32 a, u32 b) { return b == 0 ? 0 : a / b; }
+constexpr u64 div(u64 a, u64 b) {
+  const u64 nz = detail::nonzero(b);
+  return (a / (b + (1 - nz))) * nz;
+}
+constexpr u32 div(u32 a, u32 b) {
+  const u32 nz = detail::nonzero(b);
+  return (a / (b + (1u - nz))) * nz;
+}
 /// Unsigned remainder; a when b == 0.
-constexpr u64 rem(u64 a, u64 b) { return b == 0 ? a : a % b; }
-constexpr u32 rem(u32 a, u32 b) { return b == 0 ? a : a % b; }
+constexpr u64 rem(u64 a, u64 b) {
+  const u64 nz = detail::nonzero(b);
+  return (a % (b + (1 - nz))) + a * (1 - nz);
+}
+constexpr u32 rem(u32 a, u32 b) {
+  const u32 nz = detail::nonzero(b);
+  return (a % (b + (1u - nz))) + a * (1u - nz);
+}
 /// Signed quotient, truncated toward zero; 0 when b == 0; min / -1 == min.
 constexpr i64 div(i64 a, i64 b) {
-  const u64 ua = a < 0 ? 0 - static_cast<u64>(a) : static_cast<u64>(a);
-  const u64 ub = b < 0 ? 0 - static_cast<u64>(b) : static_cast<u64>(b);
-  const u64 q = div(ua, ub);
-  return static_cast<i64>((a < 0) != (b < 0) ? 0 - q : q);
+  const u64 ma = detail::sign_mask(a), mb = detail::sign_mask(b);
+  const u64 q = div((static_cast<u64>(a) ^ ma) - ma, (static_cast<u64>(b) ^ mb) - mb);
+  return static_cast<i64>((q ^ (ma ^ mb)) - (ma ^ mb));
 }
 constexpr i32 div(i32 a, i32 b) {
-  const u32 ua = a < 0 ? 0u - static_cast<u32>(a) : static_cast<u32>(a);
-  const u32 ub = b < 0 ? 0u - static_cast<u32>(b) : static_cast<u32>(b);
-  const u32 q = div(ua, ub);
-  return static_cast<i32>((a < 0) != (b < 0) ? 0u - q : q);
+  const u32 ma = detail::sign_mask(a), mb = detail::sign_mask(b);
+  const u32 q = div((static_cast<u32>(a) ^ ma) - ma, (static_cast<u32>(b) ^ mb) - mb);
+  return static_cast<i32>((q ^ (ma ^ mb)) - (ma ^ mb));
 }
 /// Signed remainder with the sign of a; a when b == 0; min % -1 == 0.
 constexpr i64 rem(i64 a, i64 b) {
-  const u64 ua = a < 0 ? 0 - static_cast<u64>(a) : static_cast<u64>(a);
-  const u64 ub = b < 0 ? 0 - static_cast<u64>(b) : static_cast<u64>(b);
-  const u64 r = rem(ua, ub);
-  return static_cast<i64>(a < 0 ? 0 - r : r);
+  const u64 ma = detail::sign_mask(a), mb = detail::sign_mask(b);
+  const u64 r = rem((static_cast<u64>(a) ^ ma) - ma, (static_cast<u64>(b) ^ mb) - mb);
+  return static_cast<i64>((r ^ ma) - ma);
 }
 constexpr i32 rem(i32 a, i32 b) {
-  const u32 ua = a < 0 ? 0u - static_cast<u32>(a) : static_cast<u32>(a);
-  const u32 ub = b < 0 ? 0u - static_cast<u32>(b) : static_cast<u32>(b);
-  const u32 r = rem(ua, ub);
-  return static_cast<i32>(a < 0 ? 0u - r : r);
+  const u32 ma = detail::sign_mask(a), mb = detail::sign_mask(b);
+  const u32 r = rem((static_cast<u32>(a) ^ ma) - ma, (static_cast<u32>(b) ^ mb) - mb);
+  return static_cast<i32>((r ^ ma) - ma);
 }
 /// Shifts by s mod the width of the operand.
 constexpr u64 shl(u64 a, u64 s) { return a << (s & 63); }

@@ -1,0 +1,457 @@
+// Handler packages and the loader: the package format rejects damaged files, the loader checks
+// a package against the runtime, and native, eBPF-JIT and eBPF-interpreted builds of the same
+// handlers give the same results. Packages are built by spinc at build time (tests/meson.build).
+#include "test_util.hpp"
+
+#include <spin/rt/loader.hpp>
+#include <spin/rt/package.hpp>
+#include <spin/rt/runtime.hpp>
+
+#include "../../handlers/std/isum_layout.hpp"
+#include "handlers/corner_layout.hpp"
+
+#include <doctest/doctest.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <string>
+#include <vector>
+
+using namespace spin;
+using namespace spin::test;
+
+namespace {
+
+std::string pkg_path(const std::string& name) { return std::string(SPIN_TEST_PKG_DIR) + "/" + name + ".spkg"; }
+
+rt::package read_pkg(const std::string& name) {
+  auto p = rt::read_package_file(pkg_path(name));
+  REQUIRE_MESSAGE(p.ok(), p.err().message);
+  return std::move(p.value());
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// The three ways a package's handlers can run.
+struct variant {
+  const char* name;
+  const char* package;
+  rt::bpf_exec exec;
+};
+const variant variants[] = {
+    {"native", "native", rt::bpf_exec::jit},
+    {"ebpf-jit", "ebpf", rt::bpf_exec::jit},
+    {"ebpf-interpreter", "ebpf", rt::bpf_exec::interpreter},
+};
+
+rt::loaded_package load(const std::string& name, rt::bpf_exec exec = rt::bpf_exec::jit) {
+  rt::load_options o;
+  o.bpf = exec;
+  auto lp = rt::load_package_file(pkg_path(name), o);
+  REQUIRE_MESSAGE(lp.ok(), lp.err().message);
+  return std::move(lp.value());
+}
+
+// Assembles package bytes by the documented layout, with any manifest text (docs/handler-package.md).
+std::vector<std::byte> assemble(const std::string& manifest, const std::vector<std::byte>& object) {
+  const std::uint64_t m_off = 64, o_off = (m_off + manifest.size() + 15) / 16 * 16, total = o_off + object.size();
+  std::vector<std::byte> b(total);
+  auto put = [&](std::size_t off, std::uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) b[off + i] = static_cast<std::byte>(v >> (8 * i));
+  };
+  std::memcpy(b.data(), "SPINPKG", 8);
+  put(8, 1, 4);
+  put(12, 64, 4);
+  put(16, m_off, 8);
+  put(24, manifest.size(), 8);
+  put(32, o_off, 8);
+  put(40, object.size(), 8);
+  put(56, total, 8);
+  std::memcpy(b.data() + m_off, manifest.data(), manifest.size());
+  std::memcpy(b.data() + o_off, object.data(), object.size());
+  uLong crc = crc32(0L, Z_NULL, 0);
+  crc = crc32(crc, reinterpret_cast<const Bytef*>(manifest.data()), static_cast<uInt>(manifest.size()));
+  crc = crc32(crc, reinterpret_cast<const Bytef*>(object.data()), static_cast<uInt>(object.size()));
+  put(48, crc, 4);
+  return b;
+}
+
+std::string decode_error(std::span<const std::byte> b) {
+  auto r = rt::decode_package(b);
+  REQUIRE_FALSE(r.ok());
+  return r.err().message;
+}
+
+} // namespace
+
+TEST_SUITE("runtime") {
+
+TEST_CASE("a package decodes to what was encoded, and encoding is deterministic") {
+  rt::package p = read_pkg("isum.native");
+  const auto bytes = rt::encode_package(p);
+  auto back = rt::decode_package(bytes);
+  REQUIRE_MESSAGE(back.ok(), back.err().message);
+  CHECK(back->manifest == p.manifest);
+  CHECK(back->object == p.object);
+  CHECK(rt::encode_package(*back) == bytes);
+  CHECK(p.manifest.abi_version == spin::abi_version);
+  CHECK(p.manifest.handler_mem_bytes == sizeof(isum_state));
+  REQUIRE(p.manifest.handlers.size() == 3);
+  CHECK(p.manifest.handlers[0].name == "isum_header");
+  CHECK(p.manifest.handlers[1].kind == handler_kind::payload);
+}
+
+TEST_CASE("a truncated package is rejected with a message that says so, at every length") {
+  const auto bytes = rt::encode_package(read_pkg("isum.ebpf"));
+  for (std::size_t len = 0; len < bytes.size(); len += (len < 80 ? 1 : 97)) {
+    const std::string msg = decode_error(std::span(bytes).first(len));
+    CHECK_MESSAGE(contains(msg, "truncated"), len, ": ", msg);
+  }
+}
+
+TEST_CASE("a corrupted package is rejected naming the problem") {
+  const auto good = rt::encode_package(read_pkg("isum.native"));
+  SUBCASE("a flipped bit in the object or the manifest fails the CRC") {
+    for (std::size_t at : {std::size_t{70}, good.size() / 2, good.size() - 1}) {
+      auto bad = good;
+      bad[at] ^= std::byte{0x10};
+      CHECK(contains(decode_error(bad), "corrupted"));
+    }
+  }
+  SUBCASE("bad magic") {
+    auto bad = good;
+    bad[0] = std::byte{'X'};
+    CHECK(contains(decode_error(bad), "not a spinnic package"));
+  }
+  SUBCASE("unknown format version") {
+    auto bad = good;
+    bad[8] = std::byte{9};
+    auto r = rt::decode_package(bad);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.err().code == errc::not_supported);
+    CHECK(contains(r.err().message, "version 9"));
+  }
+  SUBCASE("trailing bytes") {
+    auto bad = good;
+    bad.push_back(std::byte{0});
+    CHECK(contains(decode_error(bad), "trailing"));
+  }
+  SUBCASE("a manifest range outside the file") {
+    auto bad = good;
+    bad[24 + 6] = std::byte{1};  // manifest length += 2^48
+    CHECK(contains(decode_error(bad), "outside"));
+  }
+}
+
+TEST_CASE("a manifest with a missing or mistyped key is rejected naming the key") {
+  const rt::package p = read_pkg("isum.native");
+  const std::string good = rt::manifest_json(p.manifest);
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string m = good;
+    const auto at = m.find(from);
+    REQUIRE(at != std::string::npos);
+    m.replace(at, from.size(), to);
+    return assemble(m, p.object);
+  };
+  CHECK(rt::decode_package(assemble(good, p.object)).ok());
+  CHECK(contains(decode_error(with("\"abi_version\"", "\"abi_versio\"")), "missing key 'abi_version'"));
+  CHECK(contains(decode_error(with("\"handler_mem_bytes\": " + std::to_string(p.manifest.handler_mem_bytes),
+                                   "\"handler_mem_bytes\": -1")),
+                 "'handler_mem_bytes' must be an integer"));
+  CHECK(contains(decode_error(with("\"x86_64\"", "\"sparc\"")), "unknown target 'sparc'"));
+  CHECK(contains(decode_error(with("\"kind\": \"payload\"", "\"kind\": \"header\"")), "two header handlers"));
+  CHECK(contains(decode_error(with("\"sha256\"", "\"sha\"")), "missing key 'source.sha256'"));
+  CHECK(contains(decode_error(assemble("{not json", p.object)), "not a JSON object"));
+}
+
+TEST_CASE("the loader refuses packages this runtime cannot run, with a clear error") {
+  SUBCASE("another handler ABI") {
+    rt::package p = read_pkg("isum.native");
+    p.manifest.abi_version = spin::abi_version + 1;
+    auto r = rt::load_package(p);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.err().code == errc::not_supported);
+    CHECK(contains(r.err().message, "ABI"));
+  }
+  SUBCASE("a target that does not match the object") {
+    rt::package p = read_pkg("isum.native");
+    p.manifest.target = rt::package_target::ebpf;
+    auto r = rt::load_package(p);
+    REQUIRE_FALSE(r.ok());
+    CHECK(contains(r.err().message, "x86-64"));
+    rt::package q = read_pkg("isum.ebpf");
+    q.manifest.target = rt::package_target::native_x86_64;
+    auto s = rt::load_package(q);
+    REQUIRE_FALSE(s.ok());
+    CHECK(contains(s.err().message, "BPF"));
+  }
+  SUBCASE("a -march this runtime cannot check") {
+    rt::package p = read_pkg("isum.native");
+    p.manifest.march = "znver9";
+    auto r = rt::load_package(p);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.err().code == errc::not_supported);
+    CHECK(contains(r.err().message, "znver9"));
+  }
+  for (const char* target : {"native", "ebpf"}) {
+    CAPTURE(target);
+    rt::package p = read_pkg(std::string("isum.") + target);
+    SUBCASE("a handler the object lacks") {
+      p.manifest.handlers[1].name = "isum_missing";
+      auto r = rt::load_package(p);
+      REQUIRE_FALSE(r.ok());
+      CHECK(contains(r.err().message, "'isum_missing'"));
+      CHECK(contains(r.err().message, "missing"));
+    }
+    SUBCASE("a handler the manifest does not list") {
+      p.manifest.handlers.pop_back();
+      auto r = rt::load_package(p);
+      REQUIRE_FALSE(r.ok());
+      CHECK(contains(r.err().message, "not listed"));
+    }
+    SUBCASE("an object cut short") {
+      p.object.resize(p.object.size() / 2);
+      auto r = rt::load_package(p);
+      REQUIRE_FALSE(r.ok());
+      CHECK(!r.err().message.empty());
+    }
+  }
+  SUBCASE("a missing file") {
+    auto r = rt::load_package_file(pkg_path("does-not-exist"));
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.err().code == errc::not_found);
+  }
+}
+
+TEST_CASE("bind gives an EC at least the memory the package declares") {
+  rt::loaded_package lp = load("isum.native");
+  rt::ec_config c;
+  c.name = "isum";
+  REQUIRE(lp.bind(c).ok());
+  CHECK(c.handler_mem_bytes == sizeof(isum_state));
+  CHECK(c.handlers.payload != nullptr);
+  rt::ec_config small;
+  small.handler_mem_bytes = 64;
+  auto r = lp.bind(small);
+  REQUIRE_FALSE(r.ok());
+  CHECK(contains(r.err().message, "handler memory of 64 bytes"));
+}
+
+TEST_CASE("native, eBPF-JIT and eBPF-interpreter builds of isum give identical results") {
+  constexpr std::uint32_t ranks = 3;
+  // Not a multiple of the 16-element blocks nor of the packet: every tail path runs.
+  constexpr std::uint64_t elements = 1000;
+  constexpr std::uint32_t pkt_bytes = 1020;
+  std::vector<std::vector<std::byte>> memories;
+  std::vector<std::vector<std::int64_t>> results;
+  for (const variant& v : variants) {
+    CAPTURE(std::string(v.name));
+    rt::loaded_package lp = load(std::string("isum.") + v.package, v.exec);
+    fixture f(2);
+    std::vector<std::byte> host(elements * sizeof(std::int64_t));
+    auto region = f.rt->register_host_memory(host);
+    REQUIRE(region.ok());
+    rt::ec_config c;
+    c.name = "isum";
+    c.window = rt::host_window{*region, 0, host.size()};
+    REQUIRE(lp.bind(c).ok());
+    const rt::ec_id ec = f.install(c);
+    auto mem = f.rt->handler_memory(ec);
+    isum_state init{};
+    init.elements = elements;
+    init.expected_messages = ranks;
+    std::memcpy(mem.data(), &init, offsetof(isum_state, messages));
+    std::vector<rt::packet> pkts;
+    for (std::uint32_t r = 0; r < ranks; ++r)
+      for (auto& p : message_packets(f.pool, 0, r, 7, elements * 4, pkt_bytes)) pkts.push_back(p);
+    // A contribution of the wrong length is refused by the header handler.
+    for (auto& p : message_packets(f.pool, 0, 9, 8, 40, pkt_bytes)) pkts.push_back(p);
+    REQUIRE(feed(*f.rt, pkts));
+    const rt::ec_stats st = f.ec_stats(ec);
+    CHECK(st.kinds[1].faults == 0);
+    CHECK(st.kinds[1].over_budget == 0);
+    rt::host_event ev[4];
+    REQUIRE(f.rt->poll_events(ec, ev) == 1);
+    CHECK(ev[0].value == ranks);
+    isum_state out;
+    std::memcpy(&out, mem.data(), sizeof out);
+    CHECK(out.messages == ranks);
+    CHECK(out.rejected == 1);
+    CHECK(out.packets == ranks * ((elements * 4 + pkt_bytes - 1) / pkt_bytes));
+    // The expected sum, from the payload pattern the test packets carry.
+    std::vector<std::int64_t> want(elements, 0);
+    for (std::uint32_t r = 0; r < ranks; ++r)
+      for (std::uint64_t e = 0; e < elements; ++e) {
+        std::byte b[4];
+        for (int k = 0; k < 4; ++k) b[k] = pattern(r, 7, e * 4 + k);
+        std::int32_t x;
+        std::memcpy(&x, b, 4);
+        want[e] += x;
+      }
+    std::vector<std::int64_t> got(elements);
+    std::memcpy(got.data(), host.data(), host.size());
+    CHECK(got == want);
+    CHECK(std::memcmp(out.acc, want.data(), elements * 8) == 0);
+    memories.emplace_back(mem.begin(), mem.end());
+    results.push_back(got);
+  }
+  CHECK(memories[0] == memories[1]);
+  CHECK(memories[0] == memories[2]);
+}
+
+TEST_CASE("integer corner cases agree on native, eBPF-JIT and eBPF-interpreter, and follow the API's rule") {
+  // Operand pairs: zero divisors, -1 with the minimum, shifts by the width and more, values
+  // with upper halves set.
+  const std::uint64_t specials[] = {0, 1, 2, 31, 32, 33, 63, 64, 65, 127, 0x7fffffff, 0x80000000, 0xffffffff,
+                                    0x100000000ull, 0x7fffffffffffffffull, 0x8000000000000000ull, ~0ull,
+                                    ~0ull - 1, 0xdeadbeefcafef00dull, 0x00000001ffffffffull};
+  std::vector<std::uint64_t> pairs;
+  for (std::uint64_t a : specials)
+    for (std::uint64_t b : specials) pairs.insert(pairs.end(), {a, b});
+  const std::size_t n_pairs = pairs.size() / 2;
+  REQUIRE(n_pairs <= corner_rows);
+  std::vector<std::byte> payload(pairs.size() * 8);
+  std::memcpy(payload.data(), pairs.data(), payload.size());
+
+  std::vector<std::vector<std::uint64_t>> rows;
+  for (const variant& v : variants) {
+    CAPTURE(std::string(v.name));
+    rt::loaded_package lp = load(std::string("corner.") + v.package, v.exec);
+    fixture f(1);
+    rt::ec_config c;
+    c.name = "corner";
+    REQUIRE(lp.bind(c).ok());
+    const rt::ec_id ec = f.install(c);
+    std::vector<rt::packet> pkts;
+    const std::uint32_t pkt_bytes = corner_pairs_per_packet * 16;
+    const std::uint32_t count = static_cast<std::uint32_t>((payload.size() + pkt_bytes - 1) / pkt_bytes);
+    for (std::uint32_t s = 0; s < count; ++s) {
+      const std::size_t off = std::size_t{s} * pkt_bytes, len = std::min<std::size_t>(pkt_bytes, payload.size() - off);
+      pkts.push_back(f.pool.add(data_header(0, 0, 1, s, count, payload.size(), pkt_bytes), std::span(payload).subspan(off, len)));
+    }
+    REQUIRE(feed(*f.rt, pkts));
+    CHECK(f.ec_stats(ec).kinds[1].faults == 0);
+    auto mem = f.rt->handler_memory(ec);
+    std::vector<std::uint64_t> r(n_pairs * corner_results);
+    std::memcpy(r.data(), mem.data(), r.size() * 8);
+    rows.push_back(r);
+  }
+  CHECK(rows[0] == rows[1]);
+  CHECK(rows[0] == rows[2]);
+  // The rule, evaluated by the host compiler from the same header.
+  for (std::size_t p = 0; p < n_pairs; ++p) {
+    const std::uint64_t a = pairs[2 * p], b = pairs[2 * p + 1];
+    const std::uint64_t* row = rows[1].data() + p * corner_results;
+    CAPTURE(a);
+    CAPTURE(b);
+    CHECK(row[0] == (b == 0 ? 0 : a / b));
+    CHECK(row[1] == (b == 0 ? a : a % b));
+    CHECK(row[2] == (static_cast<std::uint32_t>(b) == 0 ? 0 : static_cast<std::uint32_t>(a) / static_cast<std::uint32_t>(b)));
+    CHECK(row[8] == a << (b & 63));
+    CHECK(row[9] == a >> (b & 63));
+    CHECK(row[11] == static_cast<std::uint32_t>(static_cast<std::uint32_t>(a) << (b & 31)));
+    CHECK(row[14] == static_cast<std::uint32_t>(static_cast<std::uint32_t>(a) + static_cast<std::uint32_t>(b)));
+    CHECK(row[15] == static_cast<std::uint32_t>(static_cast<std::uint32_t>(a) * static_cast<std::uint32_t>(b)));
+    CHECK(row[17] == static_cast<std::uint64_t>(static_cast<std::int64_t>(static_cast<std::int32_t>(a))));
+    const auto sa = static_cast<std::int64_t>(a), sb = static_cast<std::int64_t>(b);
+    const std::int64_t q = b == 0 ? 0 : (sa == INT64_MIN && sb == -1) ? INT64_MIN : sa / sb;
+    const std::int64_t m = b == 0 ? sa : (sa == INT64_MIN && sb == -1) ? 0 : sa % sb;
+    CHECK(row[4] == static_cast<std::uint64_t>(q));
+    CHECK(row[5] == static_cast<std::uint64_t>(m));
+  }
+}
+
+TEST_CASE("an eBPF handler that reads past its window is rejected at load, quoting the validator") {
+  auto r = rt::load_package_file(pkg_path("bpf_window.ebpf"));
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.err().code == errc::invalid_argument);
+  CHECK(contains(r.err().message, "past_window"));
+  CHECK(contains(r.err().message, "memory boundary violation"));
+}
+
+TEST_CASE("a handler that uses a null pointer faults, is stopped, and the runtime goes on") {
+#if defined(SPIN_TSAN)
+  MESSAGE("fault catching is off under ThreadSanitizer (runtime_config::catch_faults)");
+#else
+  for (const variant& v : variants) {
+    CAPTURE(std::string(v.name));
+    rt::loaded_package lp = load(std::string("bpf_misuse.") + v.package, v.exec);
+    fixture f(2);
+    rt::ec_config c;
+    c.name = "misuse";
+    REQUIRE(lp.bind(c).ok());
+    c.handlers.header = nullptr;
+    c.handlers.completion = nullptr;
+    const rt::ec_id ec = f.install(c);
+    std::vector<rt::packet> pkts;
+    for (std::uint64_t m = 0; m < 4; ++m)
+      for (auto& p : message_packets(f.pool, 0, 1, m, 64, 64)) pkts.push_back(p);
+    REQUIRE(feed(*f.rt, pkts));
+    const rt::ec_stats st = f.ec_stats(ec);
+    CHECK(st.kinds[1].faults == 4);
+    CHECK(st.messages_aborted == 4);
+    rt::host_event ev[8];
+    const std::size_t n = f.rt->poll_events(ec, ev);
+    REQUIRE(n == 4);
+    CHECK(ev[0].code == errc::fault);
+  }
+#endif
+}
+
+TEST_CASE("an eBPF handler cannot widen its reach by writing to its context") {
+  for (const variant& v : variants) {
+    if (std::string(v.package) != "ebpf") continue;
+    CAPTURE(std::string(v.name));
+    rt::loaded_package lp = load("bpf_misuse.ebpf", v.exec);
+    fixture f(1);
+    rt::ec_config c;
+    c.name = "scribble";
+    REQUIRE(lp.bind(c).ok());
+    c.handlers.payload = nullptr;
+    const rt::ec_id ec = f.install(c);
+    REQUIRE(feed(*f.rt, message_packets(f.pool, 0, 1, 1, 32, 64)));
+    // The handler got null for the out-of-range request and wrote 42 through a valid pointer.
+    CHECK(f.word(ec, 0) == 42);
+    CHECK(f.ec_stats(ec).kinds[0].faults == 0);
+  }
+}
+
+TEST_CASE("atomics through the eBPF bridge match native atomics, signed values included") {
+  std::vector<std::vector<std::byte>> memories;
+  std::vector<std::vector<std::int64_t>> events;
+  for (const variant& v : variants) {
+    CAPTURE(std::string(v.name));
+    rt::loaded_package lp = load(std::string("bpf_misuse.") + v.package, v.exec);
+    fixture f(1);
+    rt::ec_config c;
+    c.name = "atomics";
+    REQUIRE(lp.bind(c).ok());
+    c.handlers.header = nullptr;
+    c.handlers.payload = nullptr;
+    const rt::ec_id ec = f.install(c);
+    std::vector<rt::packet> pkts;
+    for (std::uint64_t m = 0; m < 3; ++m)
+      for (auto& p : message_packets(f.pool, 0, 1, m, 16, 64)) pkts.push_back(p);
+    REQUIRE(feed(*f.rt, pkts));
+    CHECK(f.word(ec, 8) == 3);
+    auto mem = f.rt->handler_memory(ec);
+    std::int32_t low;
+    std::memcpy(&low, mem.data() + 16, 4);
+    CHECK(low == -3);
+    rt::host_event ev[8];
+    const std::size_t n = f.rt->poll_events(ec, ev);
+    REQUIRE(n == 3);
+    std::vector<std::int64_t> vals;
+    for (std::size_t i = 0; i < n; ++i) vals.push_back(static_cast<std::int64_t>(ev[i].value));
+    std::sort(vals.begin(), vals.end());
+    CHECK(vals == std::vector<std::int64_t>{-3, -2, -1});
+    memories.emplace_back(mem.begin(), mem.begin() + 64);
+    events.push_back(vals);
+  }
+  CHECK(memories[0] == memories[1]);
+  CHECK(memories[0] == memories[2]);
+}
+
+} // TEST_SUITE
