@@ -6,6 +6,7 @@
 #include <spin/rt/loader.hpp>
 #include <spin/rt/package.hpp>
 #include <spin/rt/runtime.hpp>
+#include <spin/rt/tx.hpp>
 
 #include "../../handlers/std/isum_layout.hpp"
 #include "handlers/corner_layout.hpp"
@@ -299,6 +300,36 @@ TEST_CASE("native, eBPF-JIT and eBPF-interpreter builds of isum give identical r
   }
   CHECK(memories[0] == memories[1]);
   CHECK(memories[0] == memories[2]);
+}
+
+TEST_CASE("native and eBPF builds of pingpong send back the same packets") {
+  std::vector<std::vector<std::vector<std::byte>>> sent;
+  for (const variant& v : variants) {
+    CAPTURE(std::string(v.name));
+    rt::loaded_package lp = load(std::string("pingpong.") + v.package, v.exec);
+    rt::memory_tx_port tx(1, 1 << 20, 0);
+    fixture f(1, &tx);
+    rt::ec_config c;
+    c.name = "pingpong";
+    REQUIRE(lp.bind(c).ok());
+    const rt::ec_id ec = f.install(c);
+    std::vector<rt::packet> pkts;
+    for (std::uint32_t src = 1; src <= 3; ++src)
+      for (auto& p : message_packets(f.pool, 0, src, 40 + src, 3000, 1024)) pkts.push_back(p);
+    REQUIRE(feed(*f.rt, pkts));
+    CHECK(f.word(ec, 0) == 9);  // echoed
+    CHECK(f.word(ec, 8) == 0);  // refused
+    std::vector<std::vector<std::byte>> frames;
+    for (auto& fr : tx.take_frames()) {
+      CHECK(fr.dest_rank >= 1);
+      frames.push_back(std::move(fr.bytes));
+    }
+    std::sort(frames.begin(), frames.end());
+    REQUIRE(frames.size() == 9);
+    sent.push_back(std::move(frames));
+  }
+  CHECK(sent[0] == sent[1]);
+  CHECK(sent[0] == sent[2]);
 }
 
 TEST_CASE("integer corner cases agree on native, eBPF-JIT and eBPF-interpreter, and follow the API's rule") {
