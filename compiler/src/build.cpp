@@ -265,6 +265,9 @@ std::vector<std::string> common_flags(const std::string& source_dir, const temp_
   std::vector<std::string> f = {
       "-std=c++20", "-O2", "-ffreestanding", "-nostdinc++", "-nostdlibinc", "-fno-exceptions", "-fno-rtti",
       "-fno-stack-protector",
+      // A handler's null checks stay even after a dereference clang could use to drop them: a
+      // null from ctx->mem and friends must not reach memory (docs/handler-guide.md).
+      "-fno-delete-null-pointer-checks",
       // Nothing of the build's directories may reach the object: the same source gives the same
       // bytes wherever it is built.
       "-ffile-prefix-map=" + source_dir + "=.", "-ffile-prefix-map=" + tmp.path() + "=.",

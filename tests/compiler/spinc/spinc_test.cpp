@@ -474,6 +474,7 @@ TEST_CASE("--check-only runs the checker and compiles nothing") {
   CHECK(v.exit_code == 0);
   CHECK(contains(v.err, "-ffreestanding"));
   CHECK(contains(v.err, "-fno-stack-protector"));
+  CHECK(contains(v.err, "-fno-delete-null-pointer-checks"));
 }
 
 TEST_CASE("clang's stack usage lines parse into function, line and bytes; malformed lines are named") {

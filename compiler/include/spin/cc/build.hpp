@@ -5,7 +5,7 @@
 //   1. the checker (check.hpp) rejects constructs outside the handler subset and lists the
 //      handlers;
 //   2. clang-16 compiles the file with flags spinc forces (freestanding, no exceptions, RTTI or
-//      stack protector, -O2, paths made relative with -ffile-prefix-map). Native: a PIC object
+//      stack protector, null checks kept, -O2, paths made relative with -ffile-prefix-map). Native: a PIC object
 //      linked by lld into a shared object that exports only the handlers, with spinc's own
 //      hidden memcpy/memmove/memset/memcmp for the calls clang emits for struct copies. eBPF:
 //      LLVM IR, in which spinc marks every non-handler function always_inline (rte_bpf cannot
