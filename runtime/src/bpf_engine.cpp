@@ -52,10 +52,12 @@ struct bpf_module {
 
 // State of the BPF call running on this thread.
 struct bpf_call {
-  spin::ctx* trusted = nullptr;  // the runtime's context of the invocation
-  spin::ctx view{};              // the program's copy
-  std::uint8_t* base[3] = {};    // packet (bounce), handler memory, scratchpad
-  std::uint64_t len[3] = {};
+  spin::ctx* trusted;            // the runtime's context of the invocation
+  spin::ctx view;                // the program's copy
+  std::uint8_t* base[3];         // packet (bounce buffer), handler memory, scratchpad
+  std::uint64_t len[3];
+  const std::uint8_t* frame;     // the received payload, copied into the bounce buffer on first use
+  bool bounced;
 };
 
 struct bounce_buffer {
@@ -75,6 +77,24 @@ bpf_call* current(spin::ctx* c) noexcept {
 
 constexpr std::int64_t bad = static_cast<std::int64_t>(errc::invalid_argument);
 
+// Copies the payload into the bounce buffer the first time the program reaches the packet
+// (a window, a send, a DMA): handlers that never look at their packet pay nothing for it.
+void ensure_bounced(bpf_call& k) noexcept {
+  if (k.bounced) return;
+  k.bounced = true;
+  bounce_buffer& bb = tls_bounce;
+  const std::uint64_t len = k.len[0];
+  // Bytes past the payload that a previous program could have written stay visible only to
+  // the same EC; when the EC changes, they are cleared.
+  if (bb.owner_ec != k.trusted->msg.ec_id) {
+    if (bb.dirty > len) std::memset(bb.data + len, 0, std::min(bb.dirty, max_payload + window) - len);
+    bb.owner_ec = k.trusted->msg.ec_id;
+    bb.dirty = 0;
+  }
+  if (len > 0) std::memcpy(bb.data, k.frame, len);
+  bb.dirty = std::max(bb.dirty, len + window);
+}
+
 bool range_ok(const bpf_call& k, std::uint64_t r, std::uint64_t off, std::uint64_t bytes, std::uint64_t align) noexcept {
   if (r > 2 || bytes > window || align == 0 || (align & (align - 1)) != 0) return false;
   if (off > k.len[r] || bytes > k.len[r] - off) return false;
@@ -83,27 +103,33 @@ bool range_ok(const bpf_call& k, std::uint64_t r, std::uint64_t off, std::uint64
 
 // ---- the bridge: what the extern symbols of the handler API's eBPF branch bind to ----------
 void* bridge_ptr(spin::ctx* c, std::uint64_t r, std::uint64_t off, std::uint64_t bytes, std::uint64_t align) {
-  const bpf_call* k = current(c);
-  return k != nullptr && range_ok(*k, r, off, bytes, align) ? k->base[r] + off : nullptr;
+  bpf_call* k = current(c);
+  if (k == nullptr || !range_ok(*k, r, off, bytes, align)) return nullptr;
+  if (r == 0) ensure_bounced(*k);
+  return k->base[r] + off;
 }
 std::int64_t bridge_dma_to_host(spin::ctx* c, std::uint64_t host_off, std::uint64_t src, std::uint64_t len) {
   bpf_call* k = current(c);
   if (k == nullptr) return bad;
+  ensure_bounced(*k);
   return k->trusted->api->dma_to_host(k->trusted, host_off, reinterpret_cast<const void*>(src), len, nullptr);
 }
 std::int64_t bridge_dma_to_host_nb(spin::ctx* c, std::uint64_t host_off, std::uint64_t src, std::uint64_t len, spin::dma_handle* h) {
   bpf_call* k = current(c);
   if (k == nullptr) return bad;
+  ensure_bounced(*k);
   return k->trusted->api->dma_to_host(k->trusted, host_off, reinterpret_cast<const void*>(src), len, h);
 }
 std::int64_t bridge_dma_from_host(spin::ctx* c, std::uint64_t dst, std::uint64_t host_off, std::uint64_t len) {
   bpf_call* k = current(c);
   if (k == nullptr) return bad;
+  ensure_bounced(*k);
   return k->trusted->api->dma_from_host(k->trusted, reinterpret_cast<void*>(dst), host_off, len, nullptr);
 }
 std::int64_t bridge_dma_from_host_nb(spin::ctx* c, std::uint64_t dst, std::uint64_t host_off, std::uint64_t len, spin::dma_handle* h) {
   bpf_call* k = current(c);
   if (k == nullptr) return bad;
+  ensure_bounced(*k);
   return k->trusted->api->dma_from_host(k->trusted, reinterpret_cast<void*>(dst), host_off, len, h);
 }
 std::int64_t bridge_dma_test(spin::ctx* c, std::uint64_t h) {
@@ -119,6 +145,7 @@ std::int64_t bridge_dma_wait(spin::ctx* c, std::uint64_t h) {
 std::int64_t bridge_send(spin::ctx* c, const spin::send_desc* d) {
   bpf_call* k = current(c);
   if (k == nullptr) return bad;
+  ensure_bounced(*k);
   return k->trusted->api->send(k->trusted, d);
 }
 std::int64_t bridge_post_event(spin::ctx* c, std::uint64_t v) {
@@ -201,27 +228,12 @@ std::int32_t run_bpf(const void* prog, spin::ctx* c) noexcept {
   }
   const std::uint64_t len = c->packet.len_bytes;
   if (len > max_payload) return static_cast<std::int32_t>(ret::drop);
-  // Bytes past the payload that a previous program could have written stay visible only to
-  // the same EC; when the EC changes, they are cleared.
-  if (bb.owner_ec != c->msg.ec_id) {
-    if (bb.dirty > len) std::memset(bb.data + len, 0, std::min(bb.dirty, max_payload + window) - len);
-    bb.owner_ec = c->msg.ec_id;
-    bb.dirty = 0;
-  }
-  if (len > 0) std::memcpy(bb.data, c->packet.data, len);
-  bb.dirty = std::max(bb.dirty, len + window);
-
-  bpf_call k;
+  // From here on the packet is the bounce buffer, for the program and for the runtime's checks
+  // of sends and DMAs; ensure_bounced fills it when the program first reaches it.
   const spin::byte_view frame_view = c->packet;
   c->packet = spin::byte_view{bb.data, len};
-  k.trusted = c;
-  k.view = *c;
-  k.base[0] = bb.data;
-  k.len[0] = len;
-  k.base[1] = c->handler_mem.data;
-  k.len[1] = c->handler_mem.len_bytes;
-  k.base[2] = c->scratch.data;
-  k.len[2] = c->scratch.data != nullptr ? c->scratch.len_bytes : 0;
+  bpf_call k{c, *c, {bb.data, c->handler_mem.data, c->scratch.data},
+             {len, c->handler_mem.len_bytes, c->scratch.data != nullptr ? c->scratch.len_bytes : 0}, frame_view.data, false};
   tls_call = &k;
   const std::uint64_t r = p.jit != nullptr ? p.jit(&k.view) : rte_bpf_exec(p.bpf, &k.view);
   tls_call = nullptr;
