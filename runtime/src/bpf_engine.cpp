@@ -102,11 +102,17 @@ bool range_ok(const bpf_call& k, std::uint64_t r, std::uint64_t off, std::uint64
 }
 
 // ---- the bridge: what the extern symbols of the handler API's eBPF branch bind to ----------
-void* bridge_ptr(spin::ctx* c, std::uint64_t r, std::uint64_t off, std::uint64_t bytes, std::uint64_t align) {
+// A window of N bytes (the validator's view of the returned pointer) for the checked range
+// [off, off + bytes). Handler memory and scratchpads have a guard of `window` bytes after them.
+// A packet window that lies inside the payload points at the received frame; one that reaches
+// past its end needs the bounce buffer's slack.
+template <std::uint64_t N> void* bridge_ptr(spin::ctx* c, std::uint64_t r, std::uint64_t off, std::uint64_t bytes, std::uint64_t align) {
   bpf_call* k = current(c);
-  if (k == nullptr || !range_ok(*k, r, off, bytes, align)) return nullptr;
-  if (r == 0) ensure_bounced(*k);
-  return k->base[r] + off;
+  if (k == nullptr || bytes > N || !range_ok(*k, r, off, bytes, align)) return nullptr;
+  if (r != 0) return k->base[r] + off;
+  if (!k->bounced && N <= k->len[0] && off <= k->len[0] - N) return const_cast<std::uint8_t*>(k->frame) + off;
+  ensure_bounced(*k);
+  return k->base[0] + off;
 }
 std::int64_t bridge_dma_to_host(spin::ctx* c, std::uint64_t host_off, std::uint64_t src, std::uint64_t len) {
   bpf_call* k = current(c);
@@ -237,6 +243,8 @@ std::int32_t run_bpf(const void* prog, spin::ctx* c) noexcept {
   tls_call = &k;
   const std::uint64_t r = p.jit != nullptr ? p.jit(&k.view) : rte_bpf_exec(p.bpf, &k.view);
   tls_call = nullptr;
+  // In-place packet changes reach the received frame, as for native handlers.
+  if (k.bounced && len > 0) std::memcpy(frame_view.data, bb.data, len);
   c->packet = frame_view;
   return static_cast<std::int32_t>(static_cast<std::int64_t>(r));
 }
@@ -261,7 +269,16 @@ rte_bpf_xsym func(const char* name, void* fn, std::initializer_list<rte_bpf_arg>
 std::vector<rte_bpf_xsym> bridge_symbols() {
   const rte_bpf_arg c = ptr(sizeof(spin::ctx));
   return {
-      func("spin_bpf_ptr", reinterpret_cast<void*>(&bridge_ptr), {c, raw(), raw(), raw(), raw()}, ptr(window)),
+      func("spin_bpf_ptr", reinterpret_cast<void*>(&bridge_ptr<window>), {c, raw(), raw(), raw(), raw()}, ptr(window)),
+      func("spin_bpf_ptr_8", reinterpret_cast<void*>(&bridge_ptr<8>), {c, raw(), raw(), raw(), raw()}, ptr(8)),
+      func("spin_bpf_ptr_16", reinterpret_cast<void*>(&bridge_ptr<16>), {c, raw(), raw(), raw(), raw()}, ptr(16)),
+      func("spin_bpf_ptr_32", reinterpret_cast<void*>(&bridge_ptr<32>), {c, raw(), raw(), raw(), raw()}, ptr(32)),
+      func("spin_bpf_ptr_64", reinterpret_cast<void*>(&bridge_ptr<64>), {c, raw(), raw(), raw(), raw()}, ptr(64)),
+      func("spin_bpf_ptr_128", reinterpret_cast<void*>(&bridge_ptr<128>), {c, raw(), raw(), raw(), raw()}, ptr(128)),
+      func("spin_bpf_ptr_256", reinterpret_cast<void*>(&bridge_ptr<256>), {c, raw(), raw(), raw(), raw()}, ptr(256)),
+      func("spin_bpf_ptr_512", reinterpret_cast<void*>(&bridge_ptr<512>), {c, raw(), raw(), raw(), raw()}, ptr(512)),
+      func("spin_bpf_ptr_1024", reinterpret_cast<void*>(&bridge_ptr<1024>), {c, raw(), raw(), raw(), raw()}, ptr(1024)),
+      func("spin_bpf_ptr_2048", reinterpret_cast<void*>(&bridge_ptr<2048>), {c, raw(), raw(), raw(), raw()}, ptr(2048)),
       func("spin_bpf_dma_to_host", reinterpret_cast<void*>(&bridge_dma_to_host), {c, raw(), raw(), raw()}, raw()),
       func("spin_bpf_dma_to_host_nb", reinterpret_cast<void*>(&bridge_dma_to_host_nb), {c, raw(), raw(), raw(), ptr(sizeof(spin::dma_handle))}, raw()),
       func("spin_bpf_dma_from_host", reinterpret_cast<void*>(&bridge_dma_from_host), {c, raw(), raw(), raw()}, raw()),

@@ -332,6 +332,46 @@ TEST_CASE("native and eBPF builds of pingpong send back the same packets") {
   CHECK(sent[0] == sent[2]);
 }
 
+TEST_CASE("packet changes an eBPF handler makes in place are sent and reach the frame, as natively") {
+  std::vector<std::vector<std::vector<std::byte>>> sent;
+  std::vector<std::vector<std::byte>> frames_after;
+  for (const variant& v : variants) {
+    CAPTURE(std::string(v.name));
+    rt::loaded_package lp = load(std::string("rewrite.") + v.package, v.exec);
+    rt::memory_tx_port tx(1, 1 << 20, 0);
+    rt::runtime_config cfg;
+    cfg.hpus = 1;
+    cfg.tx = &tx;
+    fixture f(cfg);
+    rt::ec_config c;
+    c.name = "rewrite";
+    REQUIRE(lp.bind(c).ok());
+    f.install(c);
+    // 1000 bytes: 15 whole 64-byte blocks inside the payload, and a 4 KiB window past its end.
+    auto pkts = message_packets(f.pool, 0, 2, 5, 1000, 1024);
+    REQUIRE(pkts.size() == 1);
+    const std::byte* frame = pkts[0].frame;
+    const std::uint32_t frame_len = pkts[0].frame_len;
+    std::vector<std::byte> before(frame, frame + frame_len);
+    REQUIRE(feed(*f.rt, pkts));
+    std::vector<std::byte> after(frame, frame + frame_len);  // the pool keeps frames alive
+    CHECK(after != before);
+    frames_after.push_back(after);
+    std::vector<std::vector<std::byte>> out;
+    for (auto& fr : tx.take_frames()) out.push_back(std::move(fr.bytes));
+    REQUIRE(out.size() == 1);
+    // The echo carries the payload as the frame now holds it.
+    const std::size_t payload_off = frame_len - 1000;
+    CHECK(std::equal(after.begin() + static_cast<std::ptrdiff_t>(payload_off), after.end(),
+                     out[0].end() - 1000));
+    sent.push_back(std::move(out));
+  }
+  CHECK(sent[0] == sent[1]);
+  CHECK(sent[0] == sent[2]);
+  CHECK(frames_after[0] == frames_after[1]);
+  CHECK(frames_after[0] == frames_after[2]);
+}
+
 TEST_CASE("integer corner cases agree on native, eBPF-JIT and eBPF-interpreter, and follow the API's rule") {
   // Operand pairs: zero divisors, -1 with the minimum, shifts by the width and more, values
   // with upper halves set.

@@ -210,7 +210,16 @@ enum class atomic_op : u64 { fetch_add = 1, exchange = 2, fetch_min = 3, fetch_m
 // checks that at load time.
 extern "C" {
 #define SPIN_BPF_EXTERN_ __attribute__((section(".ksyms")))
-void* spin_bpf_ptr(ctx* c, u64 region, u64 off, u64 bytes, u64 align) SPIN_BPF_EXTERN_;
+void* spin_bpf_ptr(ctx* c, u64 region, u64 off, u64 bytes, u64 align) SPIN_BPF_EXTERN_;  // 4096-byte window
+void* spin_bpf_ptr_8(ctx* c, u64 region, u64 off, u64 bytes, u64 align) SPIN_BPF_EXTERN_;
+void* spin_bpf_ptr_16(ctx* c, u64 region, u64 off, u64 bytes, u64 align) SPIN_BPF_EXTERN_;
+void* spin_bpf_ptr_32(ctx* c, u64 region, u64 off, u64 bytes, u64 align) SPIN_BPF_EXTERN_;
+void* spin_bpf_ptr_64(ctx* c, u64 region, u64 off, u64 bytes, u64 align) SPIN_BPF_EXTERN_;
+void* spin_bpf_ptr_128(ctx* c, u64 region, u64 off, u64 bytes, u64 align) SPIN_BPF_EXTERN_;
+void* spin_bpf_ptr_256(ctx* c, u64 region, u64 off, u64 bytes, u64 align) SPIN_BPF_EXTERN_;
+void* spin_bpf_ptr_512(ctx* c, u64 region, u64 off, u64 bytes, u64 align) SPIN_BPF_EXTERN_;
+void* spin_bpf_ptr_1024(ctx* c, u64 region, u64 off, u64 bytes, u64 align) SPIN_BPF_EXTERN_;
+void* spin_bpf_ptr_2048(ctx* c, u64 region, u64 off, u64 bytes, u64 align) SPIN_BPF_EXTERN_;
 i64 spin_bpf_dma_to_host(ctx* c, u64 host_off, u64 src, u64 len) SPIN_BPF_EXTERN_;
 i64 spin_bpf_dma_to_host_nb(ctx* c, u64 host_off, u64 src, u64 len, dma_handle* h) SPIN_BPF_EXTERN_;
 i64 spin_bpf_dma_from_host(ctx* c, u64 dst, u64 host_off, u64 len) SPIN_BPF_EXTERN_;
@@ -641,10 +650,28 @@ private:
   // for a range outside the region. The validator cannot track "maybe null", so a handler
   // that dereferences null without checking faults on the unmapped zero page, and the
   // runtime stops it (errc::fault) instead of crashing.
+  //
+  // The window is the smallest power of two (8 bytes to 4 KiB) that holds the request when its
+  // size is a compile-time constant (it folds away), else 4 KiB. A packet window that lies
+  // inside the payload points at the received frame; one that reaches past the payload's end
+  // moves the packet to a copy with slack (docs/architecture.md, "Native and eBPF handlers").
   template <class T> T* bpf_at(region r, u64 off, u64 count) const {
     static_assert(sizeof(T) <= bpf_window_bytes, "type larger than the eBPF window");
     if (count > bpf_window_bytes / sizeof(T)) return nullptr;
-    return static_cast<T*>(spin_bpf_ptr(const_cast<ctx*>(this), static_cast<u64>(r), off, count * sizeof(T), alignof(T)));
+    ctx* self = const_cast<ctx*>(this);
+    const u64 rr = static_cast<u64>(r), bytes = count * sizeof(T), al = alignof(T);
+    void* p;
+    if (__builtin_constant_p(bytes) && bytes <= 8) p = spin_bpf_ptr_8(self, rr, off, bytes, al);
+    else if (__builtin_constant_p(bytes) && bytes <= 16) p = spin_bpf_ptr_16(self, rr, off, bytes, al);
+    else if (__builtin_constant_p(bytes) && bytes <= 32) p = spin_bpf_ptr_32(self, rr, off, bytes, al);
+    else if (__builtin_constant_p(bytes) && bytes <= 64) p = spin_bpf_ptr_64(self, rr, off, bytes, al);
+    else if (__builtin_constant_p(bytes) && bytes <= 128) p = spin_bpf_ptr_128(self, rr, off, bytes, al);
+    else if (__builtin_constant_p(bytes) && bytes <= 256) p = spin_bpf_ptr_256(self, rr, off, bytes, al);
+    else if (__builtin_constant_p(bytes) && bytes <= 512) p = spin_bpf_ptr_512(self, rr, off, bytes, al);
+    else if (__builtin_constant_p(bytes) && bytes <= 1024) p = spin_bpf_ptr_1024(self, rr, off, bytes, al);
+    else if (__builtin_constant_p(bytes) && bytes <= 2048) p = spin_bpf_ptr_2048(self, rr, off, bytes, al);
+    else p = spin_bpf_ptr(self, rr, off, bytes, al);
+    return static_cast<T*>(p);
   }
   template <class T> errc bpf_atomic(atomic_op op, u64 off, T v, T* old) {
     static_assert(detail::is_atomic_int<T>::value, "atomics take u32, u64, i32 or i64");

@@ -10,7 +10,7 @@ SPIN_MEMORY(4096, 64);
 // null; native and eBPF handlers both fault and are stopped.
 SPIN_PAYLOAD_HANDLER(null_use) {
   u64* p = ctx->mem<u64>(1u << 20);
-  p[1] = 7;
+  *p = 7;
   return ret::success;
 }
 
