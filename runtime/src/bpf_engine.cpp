@@ -101,6 +101,21 @@ bool range_ok(const bpf_call& k, std::uint64_t r, std::uint64_t off, std::uint64
   return (reinterpret_cast<std::uintptr_t>(k.base[r]) + off) % align == 0;
 }
 
+// A pointer a program passes to a send or a DMA may point into the received frame (a window
+// inside the payload) or into the bounce buffer: both mean the packet, which the runtime's
+// checks know as the bounce buffer. Returns the address to hand to the runtime.
+std::uint64_t packet_addr(bpf_call& k, std::uint64_t a) noexcept {
+  const std::uint64_t n = k.len[0];
+  const auto f = reinterpret_cast<std::uintptr_t>(k.frame), b = reinterpret_cast<std::uintptr_t>(k.base[0]);
+  if (n == 0) return a;
+  if (a >= f && a - f < n) {
+    ensure_bounced(k);
+    return b + (a - f);
+  }
+  if (a >= b && a - b < n + window) ensure_bounced(k);
+  return a;
+}
+
 // ---- the bridge: what the extern symbols of the handler API's eBPF branch bind to ----------
 // A window of N bytes (the validator's view of the returned pointer) for the checked range
 // [off, off + bytes). Handler memory and scratchpads have a guard of `window` bytes after them.
@@ -117,26 +132,22 @@ template <std::uint64_t N> void* bridge_ptr(spin::ctx* c, std::uint64_t r, std::
 std::int64_t bridge_dma_to_host(spin::ctx* c, std::uint64_t host_off, std::uint64_t src, std::uint64_t len) {
   bpf_call* k = current(c);
   if (k == nullptr) return bad;
-  ensure_bounced(*k);
-  return k->trusted->api->dma_to_host(k->trusted, host_off, reinterpret_cast<const void*>(src), len, nullptr);
+  return k->trusted->api->dma_to_host(k->trusted, host_off, reinterpret_cast<const void*>(packet_addr(*k, src)), len, nullptr);
 }
 std::int64_t bridge_dma_to_host_nb(spin::ctx* c, std::uint64_t host_off, std::uint64_t src, std::uint64_t len, spin::dma_handle* h) {
   bpf_call* k = current(c);
   if (k == nullptr) return bad;
-  ensure_bounced(*k);
-  return k->trusted->api->dma_to_host(k->trusted, host_off, reinterpret_cast<const void*>(src), len, h);
+  return k->trusted->api->dma_to_host(k->trusted, host_off, reinterpret_cast<const void*>(packet_addr(*k, src)), len, h);
 }
 std::int64_t bridge_dma_from_host(spin::ctx* c, std::uint64_t dst, std::uint64_t host_off, std::uint64_t len) {
   bpf_call* k = current(c);
   if (k == nullptr) return bad;
-  ensure_bounced(*k);
-  return k->trusted->api->dma_from_host(k->trusted, reinterpret_cast<void*>(dst), host_off, len, nullptr);
+  return k->trusted->api->dma_from_host(k->trusted, reinterpret_cast<void*>(packet_addr(*k, dst)), host_off, len, nullptr);
 }
 std::int64_t bridge_dma_from_host_nb(spin::ctx* c, std::uint64_t dst, std::uint64_t host_off, std::uint64_t len, spin::dma_handle* h) {
   bpf_call* k = current(c);
   if (k == nullptr) return bad;
-  ensure_bounced(*k);
-  return k->trusted->api->dma_from_host(k->trusted, reinterpret_cast<void*>(dst), host_off, len, h);
+  return k->trusted->api->dma_from_host(k->trusted, reinterpret_cast<void*>(packet_addr(*k, dst)), host_off, len, h);
 }
 std::int64_t bridge_dma_test(spin::ctx* c, std::uint64_t h) {
   bpf_call* k = current(c);
@@ -151,8 +162,9 @@ std::int64_t bridge_dma_wait(spin::ctx* c, std::uint64_t h) {
 std::int64_t bridge_send(spin::ctx* c, const spin::send_desc* d) {
   bpf_call* k = current(c);
   if (k == nullptr) return bad;
-  ensure_bounced(*k);
-  return k->trusted->api->send(k->trusted, d);
+  spin::send_desc local = *d;
+  local.data = reinterpret_cast<const void*>(packet_addr(*k, reinterpret_cast<std::uint64_t>(d->data)));
+  return k->trusted->api->send(k->trusted, &local);
 }
 std::int64_t bridge_post_event(spin::ctx* c, std::uint64_t v) {
   bpf_call* k = current(c);

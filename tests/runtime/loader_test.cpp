@@ -343,8 +343,12 @@ TEST_CASE("packet changes an eBPF handler makes in place are sent and reach the 
     cfg.hpus = 1;
     cfg.tx = &tx;
     fixture f(cfg);
+    std::vector<std::byte> host(64);
+    auto region = f.rt->register_host_memory(host);
+    REQUIRE(region.ok());
     rt::ec_config c;
     c.name = "rewrite";
+    c.window = rt::host_window{*region, 0, host.size()};
     REQUIRE(lp.bind(c).ok());
     f.install(c);
     // 1000 bytes: 15 whole 64-byte blocks inside the payload, and a 4 KiB window past its end.
@@ -356,6 +360,12 @@ TEST_CASE("packet changes an eBPF handler makes in place are sent and reach the 
     REQUIRE(feed(*f.rt, pkts));
     std::vector<std::byte> after(frame, frame + frame_len);  // the pool keeps frames alive
     CHECK(after != before);
+    // The DMA saw the inverted words but not the later change of the first byte.
+    const std::size_t payload_at = frame_len - 1000;
+    std::vector<std::byte> want_host(after.begin() + static_cast<std::ptrdiff_t>(payload_at),
+                                     after.begin() + static_cast<std::ptrdiff_t>(payload_at + 64));
+    want_host[0] ^= std::byte{0x5a};
+    CHECK(host == want_host);
     frames_after.push_back(after);
     std::vector<std::vector<std::byte>> out;
     for (auto& fr : tx.take_frames()) out.push_back(std::move(fr.bytes));

@@ -1,5 +1,6 @@
 // Rewrites its packet in place and sends it back: the first word of every 64-byte block is
-// inverted through a 64-byte window, then the first byte through a 4 KiB window (which on eBPF
+// inverted through a 64-byte window, the first 64 bytes go to the host by DMA, then the first
+// byte is changed through a 4 KiB window (which on eBPF
 // reaches past a short payload and so moves the packet to the bounce buffer). The echo and the
 // received frame must show both changes on every target.
 #include <spin/handler.hpp>
@@ -16,6 +17,9 @@ SPIN_PAYLOAD_HANDLER(rewrite_payload) {
     if (w == nullptr) return ret::drop;
     w[0] = ~w[0];
   }
+  // A DMA from a window inside the payload (on eBPF: a pointer into the received frame).
+  const u8* head = ctx->payload<u8>(0, 64);
+  if (head == nullptr || ctx->dma_to_host(0, head, 64) != errc::ok) return ret::drop;
   u8* all = ctx->payload<u8>(0, len < bpf_window_bytes ? len : bpf_window_bytes);
   if (all == nullptr) return ret::drop;
   all[0] ^= 0x5a;
