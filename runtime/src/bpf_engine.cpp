@@ -101,82 +101,76 @@ bool range_ok(const bpf_call& k, std::uint64_t r, std::uint64_t off, std::uint64
   return (reinterpret_cast<std::uintptr_t>(k.base[r]) + off) % align == 0;
 }
 
-// A pointer a program passes to a send or a DMA may point into the received frame (a window
-// inside the payload) or into the bounce buffer: both mean the packet, which the runtime's
-// checks know as the bounce buffer. Returns the address to hand to the runtime.
+// A pointer a program passes to a send or a DMA may point into the packet (the bounce buffer,
+// where every packet window and ctx->packet.data point): the packet must be there first.
 std::uint64_t packet_addr(bpf_call& k, std::uint64_t a) noexcept {
-  const std::uint64_t n = k.len[0];
-  const auto f = reinterpret_cast<std::uintptr_t>(k.frame), b = reinterpret_cast<std::uintptr_t>(k.base[0]);
-  if (n == 0) return a;
-  if (a >= f && a - f < n) {
-    ensure_bounced(k);
-    return b + (a - f);
-  }
-  if (a >= b && a - b < n + window) ensure_bounced(k);
+  const auto b = reinterpret_cast<std::uintptr_t>(k.base[0]);
+  if (k.len[0] != 0 && a >= b && a - b < k.len[0] + window) ensure_bounced(k);
   return a;
 }
 
 // ---- the bridge: what the extern symbols of the handler API's eBPF branch bind to ----------
+// rte_bpf's JIT calls external functions with a stack that is not 16-byte aligned, which the
+// x86-64 ABI requires (SSE spills fault otherwise): every bridge function realigns it.
+#define SPIN_BRIDGE __attribute__((force_align_arg_pointer))
 // A window of N bytes (the validator's view of the returned pointer) for the checked range
-// [off, off + bytes). Handler memory and scratchpads have a guard of `window` bytes after them.
-// A packet window that lies inside the payload points at the received frame; one that reaches
-// past its end needs the bounce buffer's slack.
-template <std::uint64_t N> void* bridge_ptr(spin::ctx* c, std::uint64_t r, std::uint64_t off, std::uint64_t bytes, std::uint64_t align) {
+// [off, off + bytes). Handler memory and scratchpads have a guard of `window` bytes after them;
+// the packet is the bounce buffer, which has the same slack. Every packet pointer of an
+// invocation points into the bounce buffer, so all of them see the same bytes.
+template <std::uint64_t N> SPIN_BRIDGE void* bridge_ptr(spin::ctx* c, std::uint64_t r, std::uint64_t off, std::uint64_t bytes, std::uint64_t align) {
   bpf_call* k = current(c);
   if (k == nullptr || bytes > N || !range_ok(*k, r, off, bytes, align)) return nullptr;
-  if (r != 0) return k->base[r] + off;
-  if (!k->bounced && N <= k->len[0] && off <= k->len[0] - N) return const_cast<std::uint8_t*>(k->frame) + off;
-  ensure_bounced(*k);
-  return k->base[0] + off;
+  if (r == 0) ensure_bounced(*k);
+  return k->base[r] + off;
 }
-std::int64_t bridge_dma_to_host(spin::ctx* c, std::uint64_t host_off, std::uint64_t src, std::uint64_t len) {
+SPIN_BRIDGE std::int64_t bridge_dma_to_host(spin::ctx* c, std::uint64_t host_off, std::uint64_t src, std::uint64_t len) {
   bpf_call* k = current(c);
   if (k == nullptr) return bad;
   return k->trusted->api->dma_to_host(k->trusted, host_off, reinterpret_cast<const void*>(packet_addr(*k, src)), len, nullptr);
 }
-std::int64_t bridge_dma_to_host_nb(spin::ctx* c, std::uint64_t host_off, std::uint64_t src, std::uint64_t len, spin::dma_handle* h) {
+SPIN_BRIDGE std::int64_t bridge_dma_to_host_nb(spin::ctx* c, std::uint64_t host_off, std::uint64_t src, std::uint64_t len, spin::dma_handle* h) {
   bpf_call* k = current(c);
   if (k == nullptr) return bad;
   return k->trusted->api->dma_to_host(k->trusted, host_off, reinterpret_cast<const void*>(packet_addr(*k, src)), len, h);
 }
-std::int64_t bridge_dma_from_host(spin::ctx* c, std::uint64_t dst, std::uint64_t host_off, std::uint64_t len) {
+SPIN_BRIDGE std::int64_t bridge_dma_from_host(spin::ctx* c, std::uint64_t dst, std::uint64_t host_off, std::uint64_t len) {
   bpf_call* k = current(c);
   if (k == nullptr) return bad;
   return k->trusted->api->dma_from_host(k->trusted, reinterpret_cast<void*>(packet_addr(*k, dst)), host_off, len, nullptr);
 }
-std::int64_t bridge_dma_from_host_nb(spin::ctx* c, std::uint64_t dst, std::uint64_t host_off, std::uint64_t len, spin::dma_handle* h) {
+SPIN_BRIDGE std::int64_t bridge_dma_from_host_nb(spin::ctx* c, std::uint64_t dst, std::uint64_t host_off, std::uint64_t len, spin::dma_handle* h) {
   bpf_call* k = current(c);
   if (k == nullptr) return bad;
   return k->trusted->api->dma_from_host(k->trusted, reinterpret_cast<void*>(packet_addr(*k, dst)), host_off, len, h);
 }
-std::int64_t bridge_dma_test(spin::ctx* c, std::uint64_t h) {
+SPIN_BRIDGE std::int64_t bridge_dma_test(spin::ctx* c, std::uint64_t h) {
   bpf_call* k = current(c);
   if (k == nullptr) return bad;
   return k->trusted->api->dma_test(k->trusted, spin::dma_handle{h});
 }
-std::int64_t bridge_dma_wait(spin::ctx* c, std::uint64_t h) {
+SPIN_BRIDGE std::int64_t bridge_dma_wait(spin::ctx* c, std::uint64_t h) {
   bpf_call* k = current(c);
   if (k == nullptr) return bad;
   return k->trusted->api->dma_wait(k->trusted, spin::dma_handle{h});
 }
-std::int64_t bridge_send(spin::ctx* c, const spin::send_desc* d) {
+SPIN_BRIDGE std::int64_t bridge_send(spin::ctx* c, const spin::send_desc* d) {
   bpf_call* k = current(c);
   if (k == nullptr) return bad;
   spin::send_desc local = *d;
   local.data = reinterpret_cast<const void*>(packet_addr(*k, reinterpret_cast<std::uint64_t>(d->data)));
   return k->trusted->api->send(k->trusted, &local);
 }
-std::int64_t bridge_post_event(spin::ctx* c, std::uint64_t v) {
+SPIN_BRIDGE std::int64_t bridge_post_event(spin::ctx* c, std::uint64_t v) {
   bpf_call* k = current(c);
   if (k == nullptr) return bad;
   return k->trusted->api->post_event(k->trusted, v);
 }
-std::int64_t bridge_lock(spin::ctx* c, std::uint64_t off) {
+SPIN_BRIDGE std::int64_t bridge_lock(spin::ctx* c, std::uint64_t off) {
   bpf_call* k = current(c);
   if (k == nullptr) return bad;
   return k->trusted->api->lock(k->trusted, off);
 }
-std::int64_t bridge_unlock(spin::ctx* c, std::uint64_t off) {
+SPIN_BRIDGE std::int64_t bridge_unlock(spin::ctx* c, std::uint64_t off) {
   bpf_call* k = current(c);
   if (k == nullptr) return bad;
   return k->trusted->api->unlock(k->trusted, off);
@@ -198,7 +192,7 @@ template <class T> std::int64_t atomic_on(spin::ctx* t, std::uint64_t op, std::u
   return static_cast<std::int64_t>(e);
 }
 
-std::int64_t bridge_atomic(spin::ctx* c, std::uint64_t code, std::uint64_t off, std::uint64_t value, std::uint64_t* old) {
+SPIN_BRIDGE std::int64_t bridge_atomic(spin::ctx* c, std::uint64_t code, std::uint64_t off, std::uint64_t value, std::uint64_t* old) {
   bpf_call* k = current(c);
   if (k == nullptr) return bad;
   const std::uint64_t op = code & 0xff, width = (code >> 8) & 0xff, is_signed = (code >> 16) & 1;
@@ -215,7 +209,7 @@ std::int64_t bridge_atomic(spin::ctx* c, std::uint64_t code, std::uint64_t off, 
   return bad;
 }
 
-std::int64_t bridge_cas(spin::ctx* c, std::uint64_t width, std::uint64_t off, std::uint64_t* expected, std::uint64_t desired) {
+SPIN_BRIDGE std::int64_t bridge_cas(spin::ctx* c, std::uint64_t width, std::uint64_t off, std::uint64_t* expected, std::uint64_t desired) {
   bpf_call* k = current(c);
   if (k == nullptr) return bad;
   if (width == 4) {

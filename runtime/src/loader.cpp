@@ -4,6 +4,7 @@
 #include "elf_scan.hpp"
 
 #include <dlfcn.h>
+#include <link.h>
 #include <elf.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -24,10 +25,15 @@ struct loaded_code {
 namespace {
 
 // A dlopen'ed native object; closed when the last handler_set that uses it goes away.
+// The memory file stays open while the object is loaded: glibc recognises an object it has
+// loaded by its path, and a closed descriptor's number (so its /proc/self/fd path) would be
+// reused by the next load, which dlopen would then answer with the old object.
 struct native_module {
   void* handle = nullptr;
+  int fd = -1;
   ~native_module() {
     if (handle != nullptr) dlclose(handle);
+    if (fd >= 0) ::close(fd);
   }
 };
 
@@ -102,8 +108,8 @@ result<void> load_native(const package& p, handler_set& out, std::shared_ptr<con
   }
   const std::string path = "/proc/self/fd/" + std::to_string(fd);
   auto module = std::make_shared<native_module>();
+  module->fd = fd;
   module->handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  ::close(fd);
   if (module->handle == nullptr) {
     const char* why = dlerror();
     return fail(errc::invalid_argument, std::string("native object: dlopen refuses it: ") + (why != nullptr ? why : "unknown reason"));
@@ -111,8 +117,11 @@ result<void> load_native(const package& p, handler_set& out, std::shared_ptr<con
   for (const auto& h : p.manifest.handlers) {
     void* sym = dlsym(module->handle, h.name.c_str());
     if (sym == nullptr) return fail(errc::invalid_argument, "native object: handler '" + h.name + "' of the manifest is missing");
+    // The symbol must come from this object, not from one loaded earlier or from the process.
     Dl_info info{};
-    if (dladdr(sym, &info) == 0 || info.dli_fbase == nullptr)
+    link_map* lm = nullptr;
+    if (dladdr(sym, &info) == 0 || dlinfo(module->handle, RTLD_DI_LINKMAP, &lm) != 0 || lm == nullptr ||
+        info.dli_fbase != reinterpret_cast<void*>(lm->l_addr))
       return fail(errc::invalid_argument, "native object: handler '" + h.name + "' does not lie in the object");
     const auto fn = reinterpret_cast<handler_fn>(sym);
     switch (h.kind) {

@@ -226,6 +226,25 @@ TEST_CASE("the loader refuses packages this runtime cannot run, with a clear err
   }
 }
 
+TEST_CASE("native packages loaded side by side each run their own code") {
+  // Loaded one after the other, while the first stays loaded: same handler name, different code.
+  rt::loaded_package v1 = load("version1.native");
+  rt::loaded_package v2 = load("version2.native");
+  rt::loaded_package other = load("pingpong.native");
+  CHECK(other.handlers().payload != nullptr);
+  for (auto [pkg, want] : {std::pair{&v1, 1u}, std::pair{&v2, 2u}}) {
+    fixture f(1);
+    rt::ec_config c;
+    c.name = "version";
+    REQUIRE(pkg->bind(c).ok());
+    const rt::ec_id ec = f.install(c);
+    REQUIRE(feed(*f.rt, message_packets(f.pool, 0, 1, 1, 8, 64)));
+    rt::host_event ev[2];
+    REQUIRE(f.rt->poll_events(ec, ev) == 1);
+    CHECK(ev[0].value == want);
+  }
+}
+
 TEST_CASE("bind gives an EC at least the memory the package declares") {
   rt::loaded_package lp = load("isum.native");
   rt::ec_config c;
@@ -365,6 +384,7 @@ TEST_CASE("packet changes an eBPF handler makes in place are sent and reach the 
     std::vector<std::byte> want_host(after.begin() + static_cast<std::ptrdiff_t>(payload_at),
                                      after.begin() + static_cast<std::ptrdiff_t>(payload_at + 64));
     want_host[0] ^= std::byte{0x5a};
+    want_host[9] ^= std::byte{0x33};
     CHECK(host == want_host);
     frames_after.push_back(after);
     std::vector<std::vector<std::byte>> out;

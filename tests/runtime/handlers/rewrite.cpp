@@ -20,8 +20,13 @@ SPIN_PAYLOAD_HANDLER(rewrite_payload) {
   // A DMA from a window inside the payload (on eBPF: a pointer into the received frame).
   const u8* head = ctx->payload<u8>(0, 64);
   if (head == nullptr || ctx->dma_to_host(0, head, 64) != errc::ok) return ret::drop;
+  u64* first = ctx->payload<u64>(0);
   u8* all = ctx->payload<u8>(0, len < bpf_window_bytes ? len : bpf_window_bytes);
-  if (all == nullptr) return ret::drop;
+  if (first == nullptr || all == nullptr) return ret::drop;
   all[0] ^= 0x5a;
+  // Both pointers see the same packet: the change through one shows through the other.
+  if ((*first & 0xff) != all[0]) return ret::drop;
+  all[9] ^= 0x33;
+  if (((*first >> 8) & 0xff) != all[1]) return ret::drop;
   return ctx->forward(ctx->msg.source_rank) == errc::ok ? ret::success : ret::drop;
 }
