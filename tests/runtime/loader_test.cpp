@@ -402,6 +402,28 @@ TEST_CASE("packet changes an eBPF handler makes in place are sent and reach the 
   CHECK(frames_after[0] == frames_after[2]);
 }
 
+TEST_CASE("runtime calls from JIT-compiled handlers do not fault, whatever the handler's stack frame") {
+  for (const variant& v : variants) {
+    if (std::string(v.package) != "ebpf") continue;
+    CAPTURE(std::string(v.name));
+    rt::loaded_package lp = load("sendalign.ebpf", v.exec);
+    rt::memory_tx_port tx(1, 1 << 20, 0);
+    fixture f(1, &tx);
+    rt::ec_config c;
+    c.name = "sendalign";
+    REQUIRE(lp.bind(c).ok());
+    const rt::ec_id ec = f.install(c);
+    REQUIRE(feed(*f.rt, message_packets(f.pool, 0, 1, 1, 32, 64)));
+    CHECK(f.ec_stats(ec).kinds[1].faults == 0);
+    CHECK(f.word(ec, 56) == 0x600d);
+    rt::host_event ev[8];
+    REQUIRE(f.rt->poll_events(ec, ev) == 5);
+    CHECK(static_cast<errc>(static_cast<std::int64_t>(ev[0].value)) == errc::invalid_argument);  // op code 0
+    CHECK(static_cast<errc>(static_cast<std::int64_t>(ev[1].value)) == errc::out_of_bounds);  // data in runtime memory
+    CHECK(static_cast<errc>(static_cast<std::int64_t>(ev[2].value)) == errc::out_of_bounds);  // data past handler memory
+  }
+}
+
 TEST_CASE("integer corner cases agree on native, eBPF-JIT and eBPF-interpreter, and follow the API's rule") {
   // Operand pairs: zero divisors, -1 with the minimum, shifts by the width and more, values
   // with upper halves set.
