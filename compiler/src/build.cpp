@@ -450,6 +450,13 @@ result<compiled> build_native(const std::string& source, const std::string& sour
 
   for (const std::string& u : facts->undefined)
     errors += diag(source, 0, 0, "error", "the handler object has the undefined symbol '" + u + "'") + "\n";
+  // Code that would run when the runtime loads the object (constructors, destructors, static
+  // initialisers) is not a handler and runs outside any budget or fault handling.
+  for (const std::string& sec : facts->sections)
+    if (sec == ".init_array" || sec == ".fini_array" || sec == ".preinit_array" || sec == ".init" || sec == ".fini" ||
+        sec == ".ctors" || sec == ".dtors")
+      errors += diag(source, 0, 0, "error", "the handler object has load-time code (section '" + sec +
+                                                "': a constructor, destructor or dynamic initialiser); handlers may not run code when loaded") + "\n";
   std::map<std::string, const elf_symbol*> exported;
   for (const elf_symbol& s : facts->exported) exported[s.name] = &s;
   for (const handler_info& h : chk.handlers) {

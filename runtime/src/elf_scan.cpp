@@ -34,6 +34,25 @@ result<elf_info> scan_elf(std::span<const std::byte> o) {
       return bad("section '" + std::string(names + s.sh_name, len) + "' lies outside the file (truncated?)");
     info.sections.push_back(elf_section{std::string(names + s.sh_name, len), s.sh_type, s.sh_flags, s.sh_size});
   }
+  for (const auto& s : sh) {
+    if (s.sh_type != SHT_DYNSYM) continue;
+    if (s.sh_link >= sh.size()) return bad("dynamic symbol table names a string table that does not exist");
+    const Elf64_Shdr& str = sh[s.sh_link];
+    if (str.sh_offset > o.size() || str.sh_size > o.size() - str.sh_offset) return bad("dynamic string table lies outside the file");
+    const char* strs = reinterpret_cast<const char*>(o.data() + str.sh_offset);
+    const std::size_t n = s.sh_size / sizeof(Elf64_Sym);
+    for (std::size_t i = 1; i < n; ++i) {
+      Elf64_Sym sym;
+      std::memcpy(&sym, o.data() + s.sh_offset + i * sizeof(Elf64_Sym), sizeof sym);
+      if (sym.st_name >= str.sh_size) return bad("a dynamic symbol name lies outside its string table");
+      const std::size_t max = str.sh_size - sym.st_name;
+      const std::size_t len = strnlen(strs + sym.st_name, max);
+      if (len == max) return bad("a dynamic symbol name is not terminated");
+      info.dynsyms.push_back(elf_dynsym{std::string(strs + sym.st_name, len), static_cast<std::uint8_t>(ELF64_ST_TYPE(sym.st_info)),
+                                        static_cast<std::uint8_t>(ELF64_ST_BIND(sym.st_info)),
+                                        static_cast<std::uint8_t>(ELF64_ST_VISIBILITY(sym.st_other)), sym.st_shndx != SHN_UNDEF});
+    }
+  }
   return info;
 }
 

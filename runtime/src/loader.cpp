@@ -85,6 +85,24 @@ result<void> check_object(const package& p) {
                                    [&](const detail::elf_section& s) { return s.name == want && (s.flags & SHF_EXECINSTR) != 0; });
     if (!found) return fail(errc::invalid_argument, "object: handler '" + h.name + "' of the manifest is missing (no code section '" + want + "')");
   }
+  if (native) {
+    // What spinc guarantees, checked again: a package may come from anywhere. dlopen would run
+    // load-time code and bind undefined symbols to the process (libc).
+    for (const auto& s : info->sections)
+      if (s.name == ".init_array" || s.name == ".fini_array" || s.name == ".preinit_array" || s.name == ".init" ||
+          s.name == ".fini" || s.name == ".ctors" || s.name == ".dtors")
+        return fail(errc::invalid_argument, "object: has load-time code (section '" + s.name + "'); handler objects may not");
+    for (const auto& d : info->dynsyms) {
+      if (d.type == STT_GNU_IFUNC) return fail(errc::invalid_argument, "object: symbol '" + d.name + "' is an indirect function (ifunc)");
+      if (!d.defined && !d.name.empty())
+        return fail(errc::invalid_argument, "object: undefined symbol '" + d.name + "' (handler objects are self-contained)");
+      if (!d.defined || d.bind == STB_LOCAL || d.visibility != STV_DEFAULT || d.type == STT_SECTION || d.type == STT_FILE) continue;
+      const bool handler = std::any_of(p.manifest.handlers.begin(), p.manifest.handlers.end(),
+                                       [&](const package_handler& h) { return h.name == d.name; });
+      if (!(handler && d.type == STT_FUNC) && !(d.name == "spin_memory_decl" && d.type == STT_OBJECT))
+        return fail(errc::invalid_argument, "object: exports '" + d.name + "', which is not a handler of the manifest");
+    }
+  }
   for (const auto& s : info->sections) {
     if ((s.flags & SHF_EXECINSTR) == 0 || s.name.rfind(".spin.", 0) != 0) continue;
     const bool listed = std::any_of(p.manifest.handlers.begin(), p.manifest.handlers.end(),
