@@ -15,6 +15,7 @@
 #include <clang/Basic/SourceManager.h>
 #include <llvm/ADT/DenseMap.h>
 #include <llvm/ADT/DenseSet.h>
+#include <llvm/Support/FileSystem.h>
 #include <llvm/Support/raw_ostream.h>
 
 #include <algorithm>
@@ -35,7 +36,6 @@ using namespace clang;
 
 __extension__ typedef __int128 i128;  // trip counts of loops over the whole u64 range
 
-constexpr std::string_view api_header_suffix = "spin/handler.hpp";
 
 /// Custom diagnostics, created once per run in the translation unit's DiagnosticsEngine so that
 /// clang -verify sees them like clang's own.
@@ -160,9 +160,6 @@ enum class float_decl_kind { variable = 0, parameter = 1, field = 2, function = 
 enum class float_op_kind { literal = 0, arithmetic = 1, comparison = 2, conversion = 3, operation = 4 };
 enum class loop_kind { while_loop = 0, do_loop = 1, for_loop = 2, range_for = 3 };
 
-bool ends_with(std::string_view s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
 
 bool is_heap_function(std::string_view name) {
   static const std::set<std::string_view> names = {
@@ -570,7 +567,10 @@ public:
     if (v->getType()->isDependentType()) return true;
     QualType t = v->getType();
     if (t->isReferenceType()) t = t->getPointeeType();
-    const bool is_mutable = !v->isConstexpr() && !t.isConstant(_ctx);
+    // A const object of a class with mutable members can still be written.
+    const CXXRecordDecl* rec = t->getBaseElementTypeUnsafe()->getAsCXXRecordDecl();
+    const bool has_mutable_member = rec != nullptr && rec->hasDefinition() && rec->hasMutableFields();
+    const bool is_mutable = has_mutable_member || (!v->isConstexpr() && !t.isConstant(_ctx));
     std::optional<mutable_kind> kind;
     if (v->isStaticDataMember()) {
       if (v->isFirstDecl()) kind = mutable_kind::static_member;
@@ -738,30 +738,42 @@ private:
     return e != nullptr ? evaluated(e) : _state.dependent == 0 && _state.unevaluated == 0;
   }
 
-  bool is_user(SourceLocation loc) {
-    if (loc.isInvalid()) return false;
+  // Where a file comes from, by its real path: a file that merely ends in spin/handler.hpp, or
+  // marks itself a system header, is user code like any other.
+  enum class origin : std::uint8_t { user, api, builtin };
+  static std::string real(llvm::StringRef path) {
+    llvm::SmallString<256> out;
+    if (llvm::sys::fs::real_path(path, out)) return path.str();
+    return std::string(out.str());
+  }
+  origin origin_of(SourceLocation loc) {
+    if (loc.isInvalid()) return origin::builtin;
     loc = _sm.getExpansionLoc(loc);
     const FileID file = _sm.getFileID(loc);
-    if (auto it = _user_files.find(file); it != _user_files.end()) return it->second;
-    bool user = !_sm.isInSystemHeader(loc);
-    if (user) {
-      const OptionalFileEntryRef entry = _sm.getFileEntryRefForID(file);
-      user = entry && !ends_with(entry->getName(), api_header_suffix) && entry->getName() != prelude_path;
+    if (auto it = _origins.find(file); it != _origins.end()) return it->second;
+    static const std::string api_path = real(std::string(SPINC_HANDLERS_INCLUDE_DIR) + "/spin/handler.hpp");
+    static const std::string resource_dir = real(SPINC_CLANG_RESOURCE_DIR) + "/";
+    origin o = origin::builtin;  // no file: the command line, a built-in buffer
+    if (const OptionalFileEntryRef entry = _sm.getFileEntryRefForID(file)) {
+      const std::string path = real(entry->getName());
+      if (entry->getName() == prelude_path || path.rfind(resource_dir, 0) == 0)
+        o = origin::builtin;
+      else if (path == api_path)
+        o = origin::api;
+      else
+        o = origin::user;
     }
-    _user_files.try_emplace(file, user);
-    return user;
+    _origins.try_emplace(file, o);
+    return o;
   }
+
+  bool is_user(SourceLocation loc) { return origin_of(loc) == origin::user; }
 
   // Declared by the spin API header.
-  bool is_api(const Decl* d) {
-    const SourceLocation loc = _sm.getExpansionLoc(d->getLocation());
-    if (loc.isInvalid()) return false;
-    const OptionalFileEntryRef entry = _sm.getFileEntryRefForID(_sm.getFileID(loc));
-    return entry && ends_with(entry->getName(), api_header_suffix);
-  }
+  bool is_api(const Decl* d) { return origin_of(d->getLocation()) == origin::api; }
 
-  // A variable the rules may complain about (not the API's or a system header's).
-  bool is_rule_free_decl(const Decl* d) { return !is_api(d) && !_sm.isInSystemHeader(d->getLocation()); }
+  // A variable the rules may complain about (not the API's or a compiler header's).
+  bool is_rule_free_decl(const Decl* d) { return is_user(d->getLocation()); }
 
   bool float_decl_reported_here(const VarDecl* v) const {
     if (const auto* p = dyn_cast<ParmVarDecl>(v)) {
@@ -791,9 +803,10 @@ private:
   }
 
   // Functions that get code of their own: defined, not a template pattern, not trivial, not in
-  // a system header (the prelude is one).
-  bool in_graph(const FunctionDecl* fn) const {
-    return fn->isDefined() && !fn->isDependentContext() && !fn->isConsteval() && !fn->isTrivial() && !_sm.isInSystemHeader(fn->getLocation());
+  // a compiler header or the prelude.
+  bool in_graph(const FunctionDecl* fn) {
+    return fn->isDefined() && !fn->isDependentContext() && !fn->isConsteval() && !fn->isTrivial() &&
+           origin_of(fn->getLocation()) != origin::builtin;
   }
 
   void edge_to(const FunctionDecl* callee, SourceLocation loc) {
@@ -1028,7 +1041,7 @@ private:
   call_graph _graph;
   std::set<std::pair<unsigned, unsigned>> _seen;
   llvm::DenseSet<const Expr*> _float_reported;  // initializers of reported float variables
-  llvm::DenseMap<FileID, bool> _user_files;
+  llvm::DenseMap<FileID, origin> _origins;  // cache of origin_of
 };
 
 } // namespace
