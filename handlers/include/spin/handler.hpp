@@ -652,9 +652,8 @@ private:
   // runtime stops it (errc::fault) instead of crashing.
   //
   // The window is the smallest power of two (8 bytes to 4 KiB) that holds the request when its
-  // size is a compile-time constant (it folds away), else 4 KiB. A packet window that lies
-  // inside the payload points at the received frame; one that reaches past the payload's end
-  // moves the packet to a copy with slack (docs/architecture.md, "Native and eBPF handlers").
+  // size is a compile-time constant (it folds away), else 4 KiB (docs/architecture.md, "Native
+  // and eBPF handlers").
   template <class T> T* bpf_at(region r, u64 off, u64 count) const {
     static_assert(sizeof(T) <= bpf_window_bytes, "type larger than the eBPF window");
     if (count > bpf_window_bytes / sizeof(T)) return nullptr;
