@@ -99,6 +99,24 @@ struct reader {
   }
 };
 
+// A C identifier of at most 255 characters: what a handler's symbol can be.
+bool identifier(const std::string& n) {
+  if (n.empty() || n.size() > 255) return false;
+  for (std::size_t i = 0; i < n.size(); ++i) {
+    const char c = n[i];
+    const bool alpha = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+    if (!alpha && !(i > 0 && c >= '0' && c <= '9')) return false;
+  }
+  return true;
+}
+
+// A name from a manifest as it may appear in a message: printable, at most 64 characters.
+std::string shown(const std::string& n) {
+  std::string out;
+  for (char c : n.substr(0, 64)) out += (c >= 0x20 && c < 0x7f) ? c : '?';
+  return n.size() > 64 ? out + "..." : out;
+}
+
 result<package_manifest> parse_manifest(std::string_view text) {
   nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object())
@@ -117,7 +135,7 @@ result<package_manifest> parse_manifest(std::string_view text) {
     else if (target == to_string(package_target::ebpf))
       m.target = package_target::ebpf;
     else
-      r.problem = "manifest: unknown target '" + target + "' (expected x86_64 or ebpf)";
+      r.problem = "manifest: unknown target '" + shown(target) + "' (expected x86_64 or ebpf)";
   }
   m.march = r.str(j, "march");
   m.compiler = r.str(j, "compiler");
@@ -155,11 +173,11 @@ result<package_manifest> parse_manifest(std::string_view text) {
         else if (kind == "completion")
           ph.kind = handler_kind::completion;
         else {
-          r.problem = "manifest: handler '" + ph.name + "' has unknown kind '" + kind + "'";
+          r.problem = "manifest: handler '" + shown(ph.name) + "' has unknown kind '" + shown(kind) + "'";
           break;
         }
-        if (ph.name.empty()) {
-          r.problem = "manifest: a handler has an empty name";
+        if (!identifier(ph.name)) {
+          r.problem = "manifest: handler name '" + shown(ph.name) + "' is not a C identifier of at most 255 characters";
           break;
         }
         if (seen[static_cast<unsigned>(ph.kind)]) {
@@ -173,6 +191,9 @@ result<package_manifest> parse_manifest(std::string_view text) {
       }
     }
   }
+  if (r.problem.empty() && (m.source_sha256.size() != 64 ||
+                            m.source_sha256.find_first_not_of("0123456789abcdef") != std::string::npos))
+    r.problem = "manifest: 'source.sha256' must be 64 lowercase hex digits";
   if (!r.problem.empty()) return fail(errc::invalid_argument, r.problem);
   return m;
 }

@@ -167,6 +167,12 @@ TEST_CASE("a manifest with a missing or mistyped key is rejected naming the key"
   CHECK(contains(decode_error(with("\"kind\": \"payload\"", "\"kind\": \"header\"")), "two header handlers"));
   CHECK(contains(decode_error(with("\"sha256\"", "\"sha\"")), "missing key 'source.sha256'"));
   CHECK(contains(decode_error(assemble("{not json", p.object)), "not a JSON object"));
+  // Names are identifiers, and messages never echo raw or huge names.
+  CHECK(contains(decode_error(with("\"isum_payload\"", "\"isum\\u0000payload\"")), "not a C identifier"));
+  const std::string huge = decode_error(with("\"isum_payload\"", "\"" + std::string(100000, 'x') + "\""));
+  CHECK(contains(huge, "not a C identifier"));
+  CHECK(huge.size() < 300);
+  CHECK(contains(decode_error(with("\"sha256\": \"", "\"sha256\": \"zz")), "64 lowercase hex digits"));
 }
 
 TEST_CASE("the loader refuses packages this runtime cannot run, with a clear error") {
