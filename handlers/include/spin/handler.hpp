@@ -204,10 +204,10 @@ enum class atomic_op : u64 { fetch_add = 1, exchange = 2, fetch_min = 3, fetch_m
 
 #if SPIN_BPF
 // The eBPF bridge: extern functions the runtime binds by name (rte_bpf_xsym, at most 5 64-bit
-// arguments). They live in ".ksyms", where libbpf expects extern functions. Handlers call the
-// ctx methods below, never these directly. Pointer arguments that the runtime writes through
-// (`h`, `old`, `expected`, `d`) must point to the BPF stack or a window; DPDK's validator
-// checks that at load time.
+// arguments). They live in ".ksyms", where libbpf (spinc's object check) expects extern
+// functions. Handlers call the ctx methods below, never these directly. Pointer arguments that
+// the runtime writes through (`h`, `old`, `expected`, `d`) must point to the BPF stack or a
+// window; DPDK's validator checks that at load time.
 extern "C" {
 #define SPIN_BPF_EXTERN_ __attribute__((section(".ksyms")))
 void* spin_bpf_ptr(ctx* c, u64 region, u64 off, u64 bytes, u64 align) SPIN_BPF_EXTERN_;  // 4096-byte window

@@ -1,7 +1,7 @@
 // Loading handler packages: checks a package against this runtime and makes its handlers
-// callable, as native code (dlopen of the x86-64 shared object) or as eBPF programs (libbpf
-// opens the object, DPDK's rte_bpf relocates, validates and JIT-compiles each handler; the
-// handler API reaches the runtime through rte_bpf external symbols). docs/handler-package.md
+// callable, as native code (dlopen of the x86-64 shared object) or as eBPF programs (DPDK's
+// rte_bpf_elf_load relocates, validates and JIT-compiles each handler; the handler API reaches
+// the runtime through rte_bpf external symbols; spinc has checked the object with libbpf). docs/handler-package.md
 // describes the checks; docs/handler-guide.md the eBPF rules.
 //
 // Control path. load_package may be called from any thread; a loaded_package is immutable and
@@ -55,8 +55,9 @@ private:
 ///     is for another machine (not x86-64, or a -march level whose instructions this CPU
 ///     lacks); the eBPF JIT is unavailable and `opts.bpf` asks for it.
 ///   invalid_argument: the object is not what the manifest says (not an ELF object of the
-///     target's kind, dlopen or libbpf refuses it, a handler of the manifest is missing or has
-///     the wrong section, the object has handlers the manifest does not list); rte_bpf's
+///     target's kind, a handler of the manifest is missing or has the wrong section, the object
+///     has handlers the manifest does not list); a native object has load-time code, an ifunc,
+///     an undefined symbol or an export that is not a handler, or dlopen refuses it; rte_bpf's
 ///     validator rejects a handler (its log is quoted: out-of-window access, loop, unknown
 ///     external symbol).
 ///   no_memory: the code cannot be mapped.
