@@ -1,0 +1,64 @@
+// The control surface of one emulated NIC: what the control socket, the host library and an
+// embedding application may ask of it. emu::nic implements it; the control server and the
+// cluster only see this interface.
+#pragma once
+
+#include <spin/rt/result.hpp>
+#include <spin/rt/runtime.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <span>
+#include <string>
+
+namespace spin::emu {
+
+/// A message the host asks its NIC to send: `len_bytes` bytes from registered host region
+/// `region` at `offset_bytes`, cut into packets of at most the port's payload size, to rank
+/// `dest_rank` with `match_bits` and `message_id` (wire format v1, docs/wire-format.md).
+struct message_send {
+  std::uint32_t dest_rank = 0;
+  std::uint64_t match_bits = 0;
+  std::uint64_t message_id = 0;
+  rt::region_id region = 0;
+  std::uint64_t offset_bytes = 0;
+  std::uint64_t len_bytes = 0;
+};
+
+/// One NIC's control operations. Every member is thread-safe: the implementation runs the
+/// operation on the NIC's scheduler thread between bursts and waits for it (control path; may
+/// allocate and block). Errors are those of the runtime call named, plus `timeout` when the NIC's
+/// loop did not take the request within `control_timeout` (a stopped or stuck NIC).
+class nic_control {
+public:
+  virtual ~nic_control() = default;
+
+  /// This NIC's rank (its address in the emulated network, wire::rank_endpoint).
+  virtual std::uint32_t rank() const noexcept = 0;
+  /// Name from the topology or command line ("host0", ...).
+  virtual const std::string& name() const noexcept = 0;
+
+  /// runtime::register_host_memory. The memory stays mapped by the caller until
+  /// unregister_host_memory succeeded or the NIC is destroyed.
+  virtual result<rt::region_id> register_host_memory(std::span<std::byte> mem) = 0;
+  /// Forgets a region. Errors: not_found (unknown region), bad_state (an installed EC's window
+  /// lies in it, or a send from it is in progress).
+  virtual result<void> unregister_host_memory(rt::region_id region) = 0;
+  /// runtime::install.
+  virtual result<rt::ec_id> install(const rt::ec_config& cfg) = 0;
+  /// runtime::uninstall.
+  virtual result<void> uninstall(rt::ec_id ec) = 0;
+  /// runtime::poll_events (any thread; does not go through the scheduler thread).
+  virtual std::size_t poll_events(rt::ec_id ec, std::span<rt::host_event> out) noexcept = 0;
+  /// Sends a message. Returns once every packet was copied into the NIC's transmit queue (the
+  /// host buffer may then be reused). Errors: not_found (unknown region), out_of_bounds (range
+  /// outside the region), invalid_argument (length above 2^32 packets), timeout (the transmit
+  /// queue stayed full for `timeout`; packets already queued are sent, the rest are not).
+  virtual result<void> send(const message_send& m, std::chrono::milliseconds timeout) = 0;
+  /// Snapshot of the runtime's counters.
+  virtual rt::runtime_stats runtime_stats() const = 0;
+  /// Every counter of the NIC (port, drops by reason, runtime) as one JSON object.
+  virtual std::string stats_json() const = 0;
+};
+
+} // namespace spin::emu
