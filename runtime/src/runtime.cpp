@@ -347,6 +347,8 @@ public:
   std::atomic<bool> running{true};
   bool preempt = false;
   bool catch_faults = false;
+  hpu_thread_fn thread_start = nullptr, thread_stop = nullptr;
+  void* thread_user = nullptr;
   int preempt_sig = 0;
   alignas(detail::cache_line) api_table api{};  // read by HPUs on every API call
 
@@ -815,6 +817,7 @@ void runtime_core::run(hpu& h, const task& t) noexcept {
 
 void runtime_core::hpu_loop(hpu& h) noexcept {
   tls_hpu = &h;
+  if (thread_start != nullptr) thread_start(thread_user, h.index);
   // Faults (a handler's stack overflow among them) are handled on a stack of their own.
   std::unique_ptr<std::byte[]> altstack;
   if (catch_faults) {
@@ -858,6 +861,7 @@ void runtime_core::hpu_loop(hpu& h) noexcept {
     off.ss_flags = SS_DISABLE;
     sigaltstack(&off, nullptr);
   }
+  if (thread_stop != nullptr) thread_stop(thread_user, h.index);
   tls_hpu = nullptr;
 }
 
@@ -1503,6 +1507,9 @@ result<std::unique_ptr<runtime>> runtime::create(const runtime_config& cfg) {
 #else
   c.catch_faults = cfg.catch_faults;
 #endif
+  c.thread_start = cfg.hpu_thread_start;
+  c.thread_stop = cfg.hpu_thread_stop;
+  c.thread_user = cfg.hpu_thread_user;
   if (c.catch_faults && !install_fault_handler())
     return fail(errc::invalid_argument, "runtime: cannot install the fault signal handlers");
   if (c.preempt) {
@@ -1552,6 +1559,18 @@ result<region_id> runtime::register_host_memory(std::span<std::byte> mem) {
   return static_cast<region_id>(_impl->regions.size() - 1);
 }
 
+result<void> runtime::unregister_host_memory(region_id region) {
+  runtime_core& c = *_impl;
+  if (region >= c.regions.size() || c.regions[region].empty())
+    return fail(errc::not_found, "unregister_host_memory: host region " + std::to_string(region) + " is not registered");
+  for (const auto& e : c.ecs)
+    if (e && e->cfg.window && e->cfg.window->region == region)
+      return fail(errc::bad_state, "unregister_host_memory: host region " + std::to_string(region) + " is the window of EC \"" +
+                                       e->cfg.name + "\"");
+  c.regions[region] = {};
+  return {};
+}
+
 result<ec_id> runtime::install(const ec_config& cfg) {
   runtime_core& c = *_impl;
   const ec_limits& l = cfg.limits;
@@ -1564,7 +1583,7 @@ result<ec_id> runtime::install(const ec_config& cfg) {
     return fail(errc::invalid_argument, "install \"" + cfg.name + "\": a limit exceeds its maximum (ec_limits_max)");
   std::span<std::byte> host;
   if (cfg.window) {
-    if (cfg.window->region >= c.regions.size())
+    if (cfg.window->region >= c.regions.size() || c.regions[cfg.window->region].empty())
       return fail(errc::not_found, "install \"" + cfg.name + "\": host region " + std::to_string(cfg.window->region) + " is not registered");
     const auto r = c.regions[cfg.window->region];
     if (cfg.window->offset_bytes > r.size() || cfg.window->len_bytes > r.size() - cfg.window->offset_bytes)

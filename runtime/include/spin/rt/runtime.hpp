@@ -141,6 +141,9 @@ struct packet {
 /// Called when the runtime is done with a packet (`user` is runtime_config::release_user).
 using release_fn = void (*)(void* user, std::uint64_t cookie) noexcept;
 
+/// Called on an HPU thread (`hpu` is its index) when it starts and before it ends.
+using hpu_thread_fn = void (*)(void* user, std::uint32_t hpu) noexcept;
+
 /// How a runtime is built.
 struct runtime_config {
   std::uint32_t rank = 0;                   ///< this NIC's rank: source rank of packets handlers send
@@ -166,6 +169,11 @@ struct runtime_config {
   /// The signal handlers are installed once per process and pass faults outside handler code
   /// on to the previous handler. Ignored (off) in ThreadSanitizer builds.
   bool catch_faults = true;
+  /// Optional per-thread set-up and tear-down of HPU threads (the emulator registers them as
+  /// DPDK lcores so that they get mbuf caches). Called with `hpu_thread_user`.
+  hpu_thread_fn hpu_thread_start = nullptr;
+  hpu_thread_fn hpu_thread_stop = nullptr;
+  void* hpu_thread_user = nullptr;
 };
 
 /// An event the host reads from an EC's queue.
@@ -196,6 +204,11 @@ public:
   /// Registers host memory that EC windows may refer to. The caller keeps it alive and does not
   /// move it until the runtime is destroyed. Errors: invalid_argument (null or empty).
   result<region_id> register_host_memory(std::span<std::byte> mem);
+
+  /// Forgets a registered region; the caller may unmap it afterwards. Region ids are never
+  /// reused. Errors: not_found (never registered, or already unregistered), bad_state (the window
+  /// of an installed EC, including one still draining after a timed-out uninstall, lies in it).
+  result<void> unregister_host_memory(region_id region);
 
   /// Installs an EC: reserves its handler memory, scratchpads (max_messages x scratchpad_bytes)
   /// and tables. Errors: invalid_argument (window outside its region, a zero limit or one above

@@ -1,0 +1,139 @@
+// An emulated sPIN NIC on DPDK ports: receive bursts go to the runtime's HPUs, packets that
+// handlers send and messages the host sends leave through transmit bursts (docs/emulator.md,
+// "Data path").
+//
+// Threads. One thread at a time drives a NIC through poll() or run() (its scheduler thread, an
+// EAL lcore in spin-emu). The runtime's HPU threads register with EAL as lcores (they get mbuf
+// caches) and hand the packets they send to the scheduler through one single-producer ring per
+// HPU and port: no lock on the per-packet path. The nic_control operations may come from any
+// thread; they run serialised with poll() (docs/emulator.md, "Control path").
+#pragma once
+
+#include <spin/emu/nic_control.hpp>
+#include <spin/emu/port.hpp>
+#include <spin/rt/runtime.hpp>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace spin::emu {
+
+class pcap_writer;
+
+/// Why the NIC dropped a frame or a packet before or after the runtime (the runtime counts its
+/// own reasons: rt::drop_reason). Every drop counts under exactly one reason.
+enum class nic_drop : std::uint8_t {
+  no_mbuf,        ///< no mbuf to receive into (DPDK's rx_nombuf), to linearise a chained frame, or to build a packet to send
+  oversize,       ///< received frame longer than port_options::max_frame_bytes
+  malformed,      ///< frame the wire parser rejected (the runtime's wire::reject counters say why)
+  unknown_ec,     ///< spin packet that matched no installed EC
+  rx_queue_full,  ///< the port's RX queue overflowed while the NIC was busy (DPDK's imissed)
+  tx_queue_full,  ///< a handler's send found its transmit ring full (the handler gets no_space)
+  unroutable,     ///< frame for another rank with no route to it from this NIC
+  count_
+};
+inline constexpr std::size_t nic_drop_count = static_cast<std::size_t>(nic_drop::count_);
+/// Static name of a reason ("no_mbuf", ...).
+const char* nic_drop_name(nic_drop d);
+
+/// Counters of one port of a NIC.
+struct nic_port_stats {
+  std::string name;
+  std::uint64_t rx_packets = 0, rx_bytes = 0;  ///< frames taken from the port (before any drop)
+  std::uint64_t tx_packets = 0, tx_bytes = 0;  ///< frames the port accepted for sending
+  std::uint64_t forwarded = 0;                 ///< transit frames sent on towards another rank
+  port_hw_stats hw;                            ///< DPDK's own counters
+};
+
+/// Snapshot of a NIC's counters.
+struct nic_stats {
+  std::string name;
+  std::uint32_t rank = 0;
+  std::vector<nic_port_stats> ports;
+  std::array<std::uint64_t, nic_drop_count> drops{};
+  std::uint64_t host_messages_sent = 0, host_packets_sent = 0, host_bytes_sent = 0;
+  std::uint64_t mbufs_in_use = 0;  ///< mbufs of the NIC's pools not in their pool right now
+  rt::runtime_stats runtime;
+};
+/// JSON object with every counter (zeros included).
+std::string to_json(const nic_stats& s);
+/// Human-readable text (zero counters omitted).
+std::string to_text(const nic_stats& s);
+
+/// How a NIC is built.
+struct nic_config {
+  std::string name = "nic0";
+  std::uint32_t rank = 0;                 ///< address of this NIC (wire::rank_endpoint)
+  std::vector<std::uint16_t> ports;       ///< DPDK port ids, at least one; the NIC opens them
+  port_options port;                      ///< applied to every port
+  /// Egress port (index into `ports`) for each destination rank; -1: no route. Empty: every
+  /// destination goes out of port 0.
+  std::vector<std::int32_t> routes;
+  /// The runtime's configuration; rank, tx, release and the HPU thread hooks are set by the NIC.
+  rt::runtime_config runtime;
+  std::uint32_t burst = 32;               ///< RX/TX burst size (packets), 1..512
+  std::uint32_t tx_ring_packets = 1024;   ///< per HPU and port; a power of two
+  /// Payload bytes per packet of host messages; 0: the largest that fits a frame of
+  /// port.max_frame_bytes with the collective extension.
+  std::uint32_t payload_bytes = 1024;
+  bool register_hpu_lcores = true;        ///< HPU threads call rte_thread_register
+  std::chrono::milliseconds control_timeout{5000};  ///< wait for the scheduler thread
+  /// Capture every frame received and sent on the NIC's ports (nanosecond pcap). Empty: off.
+  std::string capture_path;
+};
+
+/// An emulated NIC.
+class nic final : public nic_control {
+public:
+  /// Opens the ports and starts the runtime. Errors: those of port::open and runtime::create,
+  /// invalid_argument (no port, burst or ring size out of range, payload size that does not fit
+  /// a frame), no_memory (rings or pools).
+  static result<std::unique_ptr<nic>> create(const nic_config& cfg);
+  /// Stops the runtime, frees every mbuf the NIC holds and closes its ports. The thread that
+  /// drove poll() must have stopped.
+  ~nic() override;
+
+  /// One round of the data path: take RX bursts (unless the HPUs are still full from the last
+  /// one), run finished handlers' follow-ups, advance host messages, and send TX bursts. Returns
+  /// the number of frames and packets moved. Returns 0 at once while a control operation waits
+  /// for the NIC. Scheduler thread only; noexcept, no allocation.
+  std::uint32_t poll() noexcept;
+  /// Calls poll() until `stop` becomes true.
+  void run(const std::atomic<bool>& stop) noexcept;
+  /// Feeds a frame (a replayed capture, a test) into the receive path as if port 0 had received
+  /// it. Copies the bytes. Returns no_memory when no mbuf is free, invalid_argument when it is
+  /// longer than the maximum frame. Scheduler thread only, or while no thread polls.
+  errc inject(std::span<const std::byte> frame) noexcept;
+  /// Polls until no handler runs, no host message is pending and every transmit ring and stage
+  /// is empty, or `timeout` passes. Returns true when quiet. While no thread polls.
+  bool quiesce(std::chrono::milliseconds timeout);
+
+  nic_stats stats() const;
+  /// The runtime (scheduler thread, or while no thread polls).
+  rt::runtime& runtime() noexcept;
+
+  // nic_control
+  std::uint32_t rank() const noexcept override;
+  const std::string& name() const noexcept override;
+  result<rt::region_id> register_host_memory(std::span<std::byte> mem) override;
+  result<void> unregister_host_memory(rt::region_id region) override;
+  result<rt::ec_id> install(const rt::ec_config& cfg) override;
+  result<void> uninstall(rt::ec_id ec) override;
+  std::size_t poll_events(rt::ec_id ec, std::span<rt::host_event> out) noexcept override;
+  result<void> send(const message_send& m, std::chrono::milliseconds timeout) override;
+  rt::runtime_stats runtime_stats() const override;
+  std::string stats_json() const override;
+
+  struct impl;
+
+private:
+  explicit nic(std::unique_ptr<impl> p);
+  std::unique_ptr<impl> _p;
+};
+
+} // namespace spin::emu

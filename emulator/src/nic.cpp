@@ -1,0 +1,696 @@
+#include <spin/emu/nic.hpp>
+
+#include <spin/rt/stats.hpp>
+#include <spin/rt/tx.hpp>
+#include <spin/rt/wire.hpp>
+
+#include <rte_errno.h>
+#include <rte_ethdev.h>
+#include <rte_lcore.h>
+#include <rte_mbuf.h>
+#include <rte_ring.h>
+
+#include <nlohmann/json.hpp>
+
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+namespace spin::emu {
+
+const char* nic_drop_name(nic_drop d) {
+  switch (d) {
+    case nic_drop::no_mbuf: return "no_mbuf";
+    case nic_drop::oversize: return "oversize";
+    case nic_drop::malformed: return "malformed";
+    case nic_drop::unknown_ec: return "unknown_ec";
+    case nic_drop::rx_queue_full: return "rx_queue_full";
+    case nic_drop::tx_queue_full: return "tx_queue_full";
+    case nic_drop::unroutable: return "unroutable";
+    case nic_drop::count_: break;
+  }
+  return "?";
+}
+
+namespace {
+
+using rt::detail::counter;
+
+// Copies `len` bytes into a new frame of one or (when `chain`) several mbufs of `pool`.
+rte_mbuf* frame_to_mbufs(rte_mempool* pool, const std::byte* src, std::uint32_t len, bool chain) noexcept {
+  rte_mbuf* head = rte_pktmbuf_alloc(pool);
+  if (head == nullptr) return nullptr;
+  const std::uint32_t room = rte_pktmbuf_tailroom(head);
+  if (len <= room) {
+    std::memcpy(rte_pktmbuf_append(head, static_cast<std::uint16_t>(len)), src, len);
+    return head;
+  }
+  if (!chain) {
+    rte_pktmbuf_free(head);
+    return nullptr;
+  }
+  std::uint32_t done = 0;
+  rte_mbuf* cur = head;
+  while (true) {
+    const std::uint32_t n = std::min<std::uint32_t>(len - done, rte_pktmbuf_tailroom(cur));
+    std::memcpy(rte_pktmbuf_mtod(cur, std::byte*), src + done, n);
+    cur->data_len = static_cast<std::uint16_t>(n);
+    done += n;
+    if (cur != head) {
+      if (rte_pktmbuf_chain(head, cur) != 0) {
+        rte_pktmbuf_free(cur);
+        rte_pktmbuf_free(head);
+        return nullptr;
+      }
+    } else {
+      head->pkt_len = n;
+    }
+    if (done == len) break;
+    cur = rte_pktmbuf_alloc(pool);
+    if (cur == nullptr) {
+      rte_pktmbuf_free(head);
+      return nullptr;
+    }
+  }
+  return head;
+}
+
+// A destination MAC of the emulated network (02:53:50:00:hi:lo) names a rank.
+bool mac_rank(const std::byte* frame, std::uint32_t& rank) noexcept {
+  const auto* b = reinterpret_cast<const std::uint8_t*>(frame);
+  if (b[0] != 0x02 || b[1] != 0x53 || b[2] != 0x50 || b[3] != 0x00) return false;
+  rank = (std::uint32_t{b[4]} << 8) | b[5];
+  return true;
+}
+
+}  // namespace
+
+// One host message in progress (nic_control::send).
+struct send_job {
+  message_send m;
+  std::span<const std::byte> data;
+  std::uint64_t next_offset = 0;
+  std::uint32_t seq = 0;
+  std::uint32_t packets = 0;
+  bool done = false, cancelled = false;
+  error err;
+  std::mutex mu;
+  std::condition_variable cv;
+};
+
+struct nic::impl {
+  struct port_state {
+    std::unique_ptr<port> p;
+    std::vector<rte_mbuf*> stage;   // frames waiting for rte_eth_tx_burst (scheduler thread)
+    std::vector<rt::packet> rx_pending;  // accepted from the port, not yet taken by the runtime
+    std::uint32_t rx_head = 0;
+    counter rx_packets, rx_bytes, tx_packets, tx_bytes, forwarded;
+  };
+
+  class tx final : public rt::tx_port {
+  public:
+    explicit tx(impl& n) : _n(n) {}
+    errc send(std::uint32_t hpu, std::uint32_t dest_rank, const rt::wire::header& h,
+              std::span<const std::byte> payload) noexcept override {
+      return _n.hpu_send(hpu, dest_rank, h, payload);
+    }
+    std::uint32_t max_payload_bytes() const noexcept override { return _n.max_payload; }
+
+  private:
+    impl& _n;
+  };
+
+  nic_config cfg;
+  rt::wire::endpoint self;
+  std::deque<port_state> ports;  // deque: port_state holds atomics and never moves
+  std::vector<rte_ring*> hpu_rings;  // [hpu * ports + port]
+  struct hpu_scratch {
+    std::vector<std::byte> buf;
+    counter tx_full, no_mbuf;
+  };
+  std::unique_ptr<hpu_scratch[]> scratch;
+  rte_mempool* lin_pool = nullptr;  // whole-frame mbufs for linearising chained RX frames
+  rte_mempool* tx_pool = nullptr;   // the first port's pool
+  std::uint32_t max_payload = 0;
+  std::uint32_t host_payload = 0;
+  tx tx_port{*this};
+  std::unique_ptr<rt::runtime> rt;
+  std::vector<rt::packet> rx_buf;
+  std::vector<rte_mbuf*> mbuf_buf;
+  std::vector<std::byte> host_frame;  // encode buffer for host messages (scheduler thread)
+
+  std::array<counter, nic_drop_count> drops;
+  counter host_messages, host_packets, host_bytes;
+
+  // Control path.
+  std::timed_mutex sched_mu;
+  std::atomic<int> ctl_waiting{0};
+  std::deque<std::shared_ptr<send_job>> jobs;
+  struct region_entry {
+    std::span<std::byte> mem;
+    std::uint32_t active_sends = 0;
+  };
+  std::vector<region_entry> regions;  // indexed by region id
+
+  ~impl();
+  result<void> init();
+  errc hpu_send(std::uint32_t hpu, std::uint32_t dest, const rt::wire::header& h, std::span<const std::byte> payload) noexcept;
+  std::int32_t route(std::uint32_t dest) const noexcept {
+    if (cfg.routes.empty()) return 0;
+    return dest < cfg.routes.size() ? cfg.routes[dest] : -1;
+  }
+  std::uint32_t poll_locked() noexcept;
+  std::uint32_t rx(port_state& ps, std::uint32_t index) noexcept;
+  std::uint32_t tx_drain(port_state& ps, std::uint32_t index) noexcept;
+  std::uint32_t advance_jobs() noexcept;
+  void finish_job(send_job& j, error e) noexcept;
+  bool stage_push(std::uint32_t port_index, rte_mbuf* m) noexcept;
+  bool idle() const noexcept;
+  template <class F> auto on_scheduler(const char* what, F&& f) -> decltype(f());
+  void count_drop(nic_drop d, std::uint64_t n = 1) noexcept { drops[static_cast<std::size_t>(d)].add(n); }
+  std::uint64_t mbufs_in_use() const noexcept;
+};
+
+namespace {
+void release_mbuf(void*, std::uint64_t cookie) noexcept { rte_pktmbuf_free(reinterpret_cast<rte_mbuf*>(cookie)); }
+void hpu_start(void* user, std::uint32_t) noexcept {
+  if (*static_cast<const bool*>(user)) (void)rte_thread_register();
+}
+void hpu_stop(void* user, std::uint32_t) noexcept {
+  if (*static_cast<const bool*>(user) && rte_lcore_id() != LCORE_ID_ANY) rte_thread_unregister();
+}
+}  // namespace
+
+result<void> nic::impl::init() {
+  const std::uint32_t nports = static_cast<std::uint32_t>(cfg.ports.size());
+  if (nports == 0) return fail(errc::invalid_argument, "nic " + cfg.name + ": no port");
+  if (cfg.burst == 0 || cfg.burst > 512) return fail(errc::invalid_argument, "nic " + cfg.name + ": burst must be 1..512");
+  if (cfg.tx_ring_packets < 2 || cfg.tx_ring_packets > (1u << 20) || (cfg.tx_ring_packets & (cfg.tx_ring_packets - 1)) != 0)
+    return fail(errc::invalid_argument, "nic " + cfg.name + ": tx_ring_packets must be a power of two in 2..2^20");
+  if (cfg.runtime.hpus == 0 || cfg.runtime.hpus > 256) return fail(errc::invalid_argument, "nic " + cfg.name + ": hpus must be 1..256");
+  for (auto r : cfg.routes)
+    if (r >= static_cast<std::int32_t>(nports))
+      return fail(errc::invalid_argument, "nic " + cfg.name + ": a route names port " + std::to_string(r) + " of " + std::to_string(nports));
+  const std::uint32_t overhead = rt::wire::min_overhead + rt::wire::spin_coll_len;
+  if (cfg.port.max_frame_bytes <= overhead)
+    return fail(errc::invalid_argument, "nic " + cfg.name + ": maximum frame of " + std::to_string(cfg.port.max_frame_bytes) +
+                                            " bytes leaves no room for payload");
+  max_payload = std::min<std::uint32_t>(cfg.port.max_frame_bytes - overhead, 65535 - 20 - 8 - 62);
+  host_payload = cfg.payload_bytes == 0 ? max_payload : cfg.payload_bytes;
+  if (host_payload > max_payload)
+    return fail(errc::invalid_argument, "nic " + cfg.name + ": payload of " + std::to_string(host_payload) +
+                                            " bytes per packet does not fit frames of " + std::to_string(cfg.port.max_frame_bytes) +
+                                            " bytes (at most " + std::to_string(max_payload) + ")");
+  self = rt::wire::rank_endpoint(cfg.rank, cfg.runtime.udp_port);
+
+  for (std::uint32_t i = 0; i < nports; ++i) {
+    auto p = port::open(cfg.ports[i], cfg.port, cfg.name + ".p" + std::to_string(i));
+    if (!p) return p.err();
+    ports.emplace_back();
+    ports.back().p = std::move(p.value());
+    ports.back().stage.reserve(4 * cfg.burst);
+    ports.back().rx_pending.resize(cfg.burst);
+  }
+  tx_pool = ports[0].p->pool();
+  if (cfg.port.max_frame_bytes > cfg.port.mbuf_data_bytes) {
+    static std::atomic<unsigned> seq{0};
+    const std::string nm = "spin_lin" + std::to_string(seq.fetch_add(1));
+    const std::uint32_t n = std::max<std::uint32_t>(cfg.port.pool_mbufs / 4, 256);
+    lin_pool = rte_pktmbuf_pool_create(nm.c_str(), n, 0, 0, static_cast<std::uint16_t>(cfg.port.max_frame_bytes + RTE_PKTMBUF_HEADROOM),
+                                       SOCKET_ID_ANY);
+    if (lin_pool == nullptr)
+      return fail(errc::no_memory, "nic " + cfg.name + ": cannot create the pool for chained frames: " + rte_strerror(rte_errno));
+  }
+  const std::uint32_t hpus = cfg.runtime.hpus;
+  scratch = std::make_unique<hpu_scratch[]>(hpus);
+  for (std::uint32_t h = 0; h < hpus; ++h) scratch[h].buf.resize(cfg.port.max_frame_bytes);
+  static std::atomic<unsigned> ring_seq{0};
+  for (std::uint32_t h = 0; h < hpus; ++h)
+    for (std::uint32_t p = 0; p < nports; ++p) {
+      const std::string nm = "spin_tx" + std::to_string(ring_seq.fetch_add(1));
+      rte_ring* r = rte_ring_create(nm.c_str(), cfg.tx_ring_packets, SOCKET_ID_ANY, RING_F_SP_ENQ | RING_F_SC_DEQ);
+      if (r == nullptr) return fail(errc::no_memory, "nic " + cfg.name + ": cannot create a transmit ring: " + rte_strerror(rte_errno));
+      hpu_rings.push_back(r);
+    }
+  rx_buf.resize(cfg.burst);
+  mbuf_buf.resize(cfg.burst);
+  host_frame.resize(cfg.port.max_frame_bytes);
+
+  rt::runtime_config rc = cfg.runtime;
+  rc.rank = cfg.rank;
+  rc.tx = &tx_port;
+  rc.release = release_mbuf;
+  rc.release_user = nullptr;
+  rc.hpu_thread_start = hpu_start;
+  rc.hpu_thread_stop = hpu_stop;
+  rc.hpu_thread_user = &cfg.register_hpu_lcores;
+  auto r = rt::runtime::create(rc);
+  if (!r) return r.err();
+  rt = std::move(r.value());
+  return {};
+}
+
+nic::impl::~impl() {
+  rt.reset();  // drains and returns every packet it holds
+  for (auto& j : jobs) finish_job(*j, fail(errc::aborted, "the NIC was destroyed"));
+  for (auto& ps : ports) {
+    for (std::uint32_t i = ps.rx_head; i < ps.rx_pending.size() && ps.rx_pending[i].frame != nullptr; ++i) {
+      rte_pktmbuf_free(reinterpret_cast<rte_mbuf*>(ps.rx_pending[i].cookie));
+      ps.rx_pending[i] = {};
+    }
+    for (rte_mbuf* m : ps.stage) rte_pktmbuf_free(m);
+    ps.stage.clear();
+  }
+  for (rte_ring* r : hpu_rings) {
+    void* m = nullptr;
+    while (rte_ring_sc_dequeue(r, &m) == 0) rte_pktmbuf_free(static_cast<rte_mbuf*>(m));
+    rte_ring_free(r);
+  }
+  ports.clear();
+  if (lin_pool != nullptr) rte_mempool_free(lin_pool);
+}
+
+errc nic::impl::hpu_send(std::uint32_t hpu, std::uint32_t dest, const rt::wire::header& h,
+                         std::span<const std::byte> payload) noexcept {
+  const std::int32_t pi = route(dest);
+  if (pi < 0) {
+    count_drop(nic_drop::unroutable);
+    return errc::not_found;
+  }
+  hpu_scratch& s = scratch[hpu];
+  const rt::wire::endpoint dst = rt::wire::rank_endpoint(dest, cfg.runtime.udp_port);
+  const std::size_t len = rt::wire::encode(self, dst, h, payload, s.buf);
+  if (len == 0) return errc::invalid_argument;
+  port_state& ps = ports[static_cast<std::uint32_t>(pi)];
+  rte_mbuf* m = frame_to_mbufs(tx_pool, s.buf.data(), static_cast<std::uint32_t>(len), ps.p->tx_multi_seg());
+  if (m == nullptr) {
+    s.no_mbuf.add(1);
+    return errc::no_space;
+  }
+  rte_ring* r = hpu_rings[std::size_t{hpu} * ports.size() + static_cast<std::uint32_t>(pi)];
+  if (rte_ring_sp_enqueue(r, m) != 0) {
+    rte_pktmbuf_free(m);
+    s.tx_full.add(1);
+    return errc::no_space;
+  }
+  return errc::ok;
+}
+
+bool nic::impl::stage_push(std::uint32_t port_index, rte_mbuf* m) noexcept {
+  auto& st = ports[port_index].stage;
+  if (st.size() >= st.capacity()) return false;
+  st.push_back(m);
+  return true;
+}
+
+std::uint32_t nic::impl::rx(port_state& ps, std::uint32_t index) noexcept {
+  std::uint32_t moved = 0;
+  // Frames the runtime could not take last time (all HPU queues full) go first; no new burst
+  // is taken until they are in: the port's RX queue then fills and DPDK counts imissed.
+  std::uint32_t pending = 0;
+  while (ps.rx_head + pending < ps.rx_pending.size() && ps.rx_pending[ps.rx_head + pending].frame != nullptr) ++pending;
+  if (pending > 0) {
+    const std::uint32_t k = rt->rx_burst(&ps.rx_pending[ps.rx_head], pending);
+    for (std::uint32_t i = 0; i < k; ++i) ps.rx_pending[ps.rx_head + i] = {};
+    ps.rx_head += k;
+    if (k < pending) return k;
+    ps.rx_head = 0;
+    moved += k;
+  }
+  const std::uint16_t n = rte_eth_rx_burst(ps.p->id(), 0, mbuf_buf.data(), static_cast<std::uint16_t>(cfg.burst));
+  if (n == 0) return moved;
+  std::uint32_t out = 0;
+  const std::uint32_t max_frame = cfg.port.max_frame_bytes;
+  for (std::uint16_t i = 0; i < n; ++i) {
+    rte_mbuf* m = mbuf_buf[i];
+    ps.rx_packets.add(1);
+    ps.rx_bytes.add(m->pkt_len);
+    if (m->pkt_len > max_frame) {
+      count_drop(nic_drop::oversize);
+      rte_pktmbuf_free(m);
+      continue;
+    }
+    if (m->nb_segs > 1) {
+      // Handlers see one contiguous frame: copy the chain into one large mbuf.
+      // Without scatter configured (a PMD that passes chains through, like net_ring) the frame
+      // still fits one mbuf of the port's size.
+      rte_mbuf* lin = rte_pktmbuf_alloc(lin_pool != nullptr ? lin_pool : tx_pool);
+      if (lin == nullptr || rte_pktmbuf_tailroom(lin) < m->pkt_len) {
+        if (lin != nullptr) rte_pktmbuf_free(lin);
+        count_drop(nic_drop::no_mbuf);
+        rte_pktmbuf_free(m);
+        continue;
+      }
+      auto* dst = reinterpret_cast<std::byte*>(rte_pktmbuf_append(lin, static_cast<std::uint16_t>(m->pkt_len)));
+      std::uint32_t off = 0;
+      for (rte_mbuf* s = m; s != nullptr; s = s->next) {
+        std::memcpy(dst + off, rte_pktmbuf_mtod(s, const std::byte*), s->data_len);
+        off += s->data_len;
+      }
+      rte_pktmbuf_free(m);
+      m = lin;
+    }
+    auto* frame = rte_pktmbuf_mtod(m, std::byte*);
+    std::uint32_t dest = 0;
+    if (m->pkt_len >= 14 && mac_rank(frame, dest) && dest != cfg.rank) {
+      // Transit frame (a multi-port NIC on the path between two other ranks).
+      const std::int32_t pi = route(dest);
+      if (pi < 0 || static_cast<std::uint32_t>(pi) == index || !stage_push(static_cast<std::uint32_t>(pi), m)) {
+        count_drop(pi < 0 || static_cast<std::uint32_t>(pi) == index ? nic_drop::unroutable : nic_drop::tx_queue_full);
+        rte_pktmbuf_free(m);
+      } else {
+        ps.forwarded.add(1);
+      }
+      continue;
+    }
+    rx_buf[out++] = rt::packet{frame, m->pkt_len, reinterpret_cast<std::uint64_t>(m)};
+  }
+  const std::uint32_t k = out == 0 ? 0 : rt->rx_burst(rx_buf.data(), out);
+  if (k < out) {
+    for (std::uint32_t i = k; i < out; ++i) ps.rx_pending[i - k] = rx_buf[i];
+    ps.rx_head = 0;
+  }
+  return moved + n;
+}
+
+std::uint32_t nic::impl::tx_drain(port_state& ps, std::uint32_t index) noexcept {
+  auto& st = ps.stage;
+  const std::size_t hpus = cfg.runtime.hpus;
+  for (std::size_t h = 0; h < hpus && st.capacity() - st.size() >= cfg.burst; ++h) {
+    rte_ring* r = hpu_rings[h * ports.size() + index];
+    const std::size_t old = st.size();
+    st.resize(old + cfg.burst);
+    const unsigned got = rte_ring_sc_dequeue_burst(r, reinterpret_cast<void**>(st.data() + old), cfg.burst, nullptr);
+    st.resize(old + got);
+  }
+  if (st.empty()) return 0;
+  const std::uint16_t sent = rte_eth_tx_burst(ps.p->id(), 0, st.data(), static_cast<std::uint16_t>(std::min<std::size_t>(st.size(), 65535)));
+  for (std::uint16_t i = 0; i < sent; ++i) ps.tx_bytes.add(st[i]->pkt_len);
+  ps.tx_packets.add(sent);
+  // The unsent rest waits for the next round (the port's queue is full); nothing is dropped here.
+  st.erase(st.begin(), st.begin() + sent);
+  return sent;
+}
+
+void nic::impl::finish_job(send_job& j, error e) noexcept {
+  std::lock_guard lk(j.mu);
+  j.done = true;
+  j.err = std::move(e);
+  j.cv.notify_all();
+}
+
+std::uint32_t nic::impl::advance_jobs() noexcept {
+  std::uint32_t built = 0;
+  while (!jobs.empty()) {
+    send_job& j = *jobs.front();
+    bool finished = j.cancelled;
+    while (!finished) {
+      const std::int32_t pi = route(j.m.dest_rank);
+      auto& st = ports[static_cast<std::uint32_t>(pi)].stage;
+      if (st.size() >= st.capacity()) return built;  // port busy: continue next round
+      const std::uint64_t left = j.m.len_bytes - j.next_offset;
+      const std::uint32_t n = static_cast<std::uint32_t>(std::min<std::uint64_t>(left, host_payload));
+      rt::wire::header h;
+      h.type = rt::wire::packet_type::data;
+      h.source_rank = cfg.rank;
+      h.match_bits = j.m.match_bits;
+      h.message_id = j.m.message_id;
+      h.seq = j.seq;
+      h.message_len = j.m.len_bytes;
+      h.offset = j.next_offset;
+      h.flags = static_cast<std::uint16_t>((j.seq == 0 ? rt::wire::flag_start : 0) | (n == left ? rt::wire::flag_end : 0));
+      const std::size_t len = rt::wire::encode(self, rt::wire::rank_endpoint(j.m.dest_rank, cfg.runtime.udp_port), h,
+                                               j.data.subspan(j.next_offset, n), host_frame);
+      rte_mbuf* m = len == 0 ? nullptr
+                             : frame_to_mbufs(tx_pool, host_frame.data(), static_cast<std::uint32_t>(len),
+                                              ports[static_cast<std::uint32_t>(pi)].p->tx_multi_seg());
+      if (m == nullptr) {
+        count_drop(nic_drop::no_mbuf);
+        return built;  // retry when mbufs come back
+      }
+      st.push_back(m);
+      ++built;
+      host_packets.add(1);
+      host_bytes.add(n);
+      j.next_offset += n;
+      ++j.seq;
+      finished = j.next_offset == j.m.len_bytes;
+      if (built >= cfg.burst) break;
+    }
+    if (!finished) return built;
+    if (!j.cancelled) host_messages.add(1);
+    regions[j.m.region].active_sends--;
+    auto keep = jobs.front();
+    jobs.pop_front();
+    if (!keep->cancelled) finish_job(*keep, error{});
+  }
+  return built;
+}
+
+std::uint32_t nic::impl::poll_locked() noexcept {
+  std::uint32_t work = 0;
+  for (std::uint32_t i = 0; i < ports.size(); ++i) work += rx(ports[i], i);
+  if (work == 0) work += rt->poll();
+  if (!jobs.empty()) work += advance_jobs();
+  for (std::uint32_t i = 0; i < ports.size(); ++i) work += tx_drain(ports[i], i);
+  return work;
+}
+
+bool nic::impl::idle() const noexcept {
+  if (!jobs.empty()) return false;
+  for (const auto& ps : ports) {
+    if (!ps.stage.empty()) return false;
+    if (ps.rx_head < ps.rx_pending.size() && ps.rx_pending[ps.rx_head].frame != nullptr) return false;
+  }
+  for (rte_ring* r : hpu_rings)
+    if (rte_ring_count(r) != 0) return false;
+  return true;
+}
+
+template <class F> auto nic::impl::on_scheduler(const char* what, F&& f) -> decltype(f()) {
+  ctl_waiting.fetch_add(1, std::memory_order_relaxed);
+  std::unique_lock lk(sched_mu, std::defer_lock);
+  const bool got = lk.try_lock_for(cfg.control_timeout);
+  ctl_waiting.fetch_sub(1, std::memory_order_relaxed);
+  if (!got)
+    return fail(errc::timeout, std::string(what) + " on " + cfg.name + ": the NIC's scheduler thread did not take the request within " +
+                                   std::to_string(cfg.control_timeout.count()) + " ms");
+  return f();
+}
+
+std::uint64_t nic::impl::mbufs_in_use() const noexcept {
+  std::uint64_t n = 0;
+  for (const auto& ps : ports) n += rte_mempool_in_use_count(ps.p->pool());
+  if (lin_pool != nullptr) n += rte_mempool_in_use_count(lin_pool);
+  return n;
+}
+
+// ---- nic ----
+
+nic::nic(std::unique_ptr<impl> p) : _p(std::move(p)) {}
+nic::~nic() = default;
+
+result<std::unique_ptr<nic>> nic::create(const nic_config& cfg) {
+  if (!cfg.capture_path.empty())
+    return fail(errc::not_supported, "nic " + cfg.name + ": capture is not available yet");
+  auto p = std::make_unique<impl>();
+  p->cfg = cfg;
+  if (auto r = p->init(); !r) return r.err();
+  return std::unique_ptr<nic>(new nic(std::move(p)));
+}
+
+std::uint32_t nic::poll() noexcept {
+  if (_p->ctl_waiting.load(std::memory_order_relaxed) != 0) {
+    std::this_thread::yield();
+    return 0;
+  }
+  std::unique_lock lk(_p->sched_mu, std::try_to_lock);
+  if (!lk) return 0;
+  return _p->poll_locked();
+}
+
+void nic::run(const std::atomic<bool>& stop) noexcept {
+  while (!stop.load(std::memory_order_relaxed)) poll();
+}
+
+errc nic::inject(std::span<const std::byte> frame) noexcept {
+  if (frame.size() > _p->cfg.port.max_frame_bytes) return errc::invalid_argument;
+  rte_mempool* pool = _p->lin_pool != nullptr ? _p->lin_pool : _p->tx_pool;
+  rte_mbuf* m = frame_to_mbufs(pool, frame.data(), static_cast<std::uint32_t>(frame.size()), false);
+  if (m == nullptr) return errc::no_memory;
+  rt::packet pk{rte_pktmbuf_mtod(m, std::byte*), m->pkt_len, reinterpret_cast<std::uint64_t>(m)};
+  std::unique_lock lk(_p->sched_mu);
+  auto& ps = _p->ports[0];
+  ps.rx_packets.add(1);
+  ps.rx_bytes.add(pk.frame_len);
+  while (_p->rt->rx_burst(&pk, 1) == 0) _p->poll_locked();
+  return errc::ok;
+}
+
+bool nic::quiesce(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::unique_lock lk(_p->sched_mu);
+  while (std::chrono::steady_clock::now() < deadline) {
+    _p->poll_locked();
+    if (_p->idle() && _p->rt->drain(std::chrono::milliseconds(0)) && _p->idle()) return true;
+    std::this_thread::yield();
+  }
+  return false;
+}
+
+rt::runtime& nic::runtime() noexcept { return *_p->rt; }
+std::uint32_t nic::rank() const noexcept { return _p->cfg.rank; }
+const std::string& nic::name() const noexcept { return _p->cfg.name; }
+
+result<rt::region_id> nic::register_host_memory(std::span<std::byte> mem) {
+  return _p->on_scheduler("register_host_memory", [&]() -> result<rt::region_id> {
+    auto r = _p->rt->register_host_memory(mem);
+    if (!r) return r;
+    if (_p->regions.size() <= r.value()) _p->regions.resize(r.value() + 1);
+    _p->regions[r.value()] = {mem, 0};
+    return r;
+  });
+}
+
+result<void> nic::unregister_host_memory(rt::region_id region) {
+  return _p->on_scheduler("unregister_host_memory", [&]() -> result<void> {
+    if (region < _p->regions.size() && _p->regions[region].active_sends > 0)
+      return fail(errc::bad_state, "unregister_host_memory: a message from host region " + std::to_string(region) + " is being sent");
+    auto r = _p->rt->unregister_host_memory(region);
+    if (r) _p->regions[region] = {};
+    return r;
+  });
+}
+
+result<rt::ec_id> nic::install(const rt::ec_config& cfg) {
+  return _p->on_scheduler("install", [&]() { return _p->rt->install(cfg); });
+}
+
+result<void> nic::uninstall(rt::ec_id ec) {
+  // uninstall waits for running handlers, which needs poll(): run it here, we own the scheduler.
+  return _p->on_scheduler("uninstall", [&]() { return _p->rt->uninstall(ec, _p->cfg.control_timeout); });
+}
+
+std::size_t nic::poll_events(rt::ec_id ec, std::span<rt::host_event> out) noexcept { return _p->rt->poll_events(ec, out); }
+
+result<void> nic::send(const message_send& m, std::chrono::milliseconds timeout) {
+  auto job = std::make_shared<send_job>();
+  job->m = m;
+  auto queued = _p->on_scheduler("send", [&]() -> result<void> {
+    if (m.region >= _p->regions.size() || _p->regions[m.region].mem.empty())
+      return fail(errc::not_found, "send: host region " + std::to_string(m.region) + " is not registered");
+    auto& reg = _p->regions[m.region];
+    if (m.offset_bytes > reg.mem.size() || m.len_bytes > reg.mem.size() - m.offset_bytes)
+      return fail(errc::out_of_bounds, "send: bytes [" + std::to_string(m.offset_bytes) + ", +" + std::to_string(m.len_bytes) +
+                                           ") lie outside host region " + std::to_string(m.region) + " of " + std::to_string(reg.mem.size()) + " bytes");
+    if (_p->route(m.dest_rank) < 0) return fail(errc::not_found, "send: no route from " + _p->cfg.name + " to rank " + std::to_string(m.dest_rank));
+    if (m.len_bytes / _p->host_payload >= (1ull << 32)) return fail(errc::invalid_argument, "send: message needs more than 2^32 packets");
+    job->data = reg.mem.subspan(m.offset_bytes, m.len_bytes);
+    reg.active_sends++;
+    _p->jobs.push_back(job);
+    return {};
+  });
+  if (!queued) return queued;
+  std::unique_lock lk(job->mu);
+  if (job->cv.wait_for(lk, timeout, [&] { return job->done; })) return job->err.code == errc::ok ? result<void>() : result<void>(job->err);
+  lk.unlock();
+  // Timed out: take the rest of the message back (packets already staged are sent).
+  std::unique_lock sl(_p->sched_mu);
+  std::unique_lock jl(job->mu);
+  if (job->done) return job->err.code == errc::ok ? result<void>() : result<void>(job->err);
+  job->cancelled = true;
+  return fail(errc::timeout, "send to rank " + std::to_string(m.dest_rank) + ": the transmit queue stayed full for " +
+                                 std::to_string(timeout.count()) + " ms; " + std::to_string(job->next_offset) + " of " +
+                                 std::to_string(m.len_bytes) + " bytes were queued");
+}
+
+nic_stats nic::stats() const {
+  nic_stats s;
+  const impl& p = *_p;
+  s.name = p.cfg.name;
+  s.rank = p.cfg.rank;
+  for (const auto& ps : p.ports) {
+    nic_port_stats o;
+    o.name = ps.p->name();
+    o.rx_packets = ps.rx_packets.get();
+    o.rx_bytes = ps.rx_bytes.get();
+    o.tx_packets = ps.tx_packets.get();
+    o.tx_bytes = ps.tx_bytes.get();
+    o.forwarded = ps.forwarded.get();
+    o.hw = ps.p->hw_stats();
+    s.drops[static_cast<std::size_t>(nic_drop::no_mbuf)] += o.hw.rx_nombuf;
+    s.drops[static_cast<std::size_t>(nic_drop::rx_queue_full)] += o.hw.imissed;
+    s.ports.push_back(std::move(o));
+  }
+  for (std::size_t d = 0; d < nic_drop_count; ++d) s.drops[d] += p.drops[d].get();
+  for (std::uint32_t h = 0; h < p.cfg.runtime.hpus; ++h) {
+    s.drops[static_cast<std::size_t>(nic_drop::tx_queue_full)] += p.scratch[h].tx_full.get();
+    s.drops[static_cast<std::size_t>(nic_drop::no_mbuf)] += p.scratch[h].no_mbuf.get();
+  }
+  s.runtime = p.rt->stats();
+  std::uint64_t rejected = 0;
+  for (auto v : s.runtime.frames_rejected) rejected += v;
+  s.drops[static_cast<std::size_t>(nic_drop::malformed)] = rejected;
+  s.drops[static_cast<std::size_t>(nic_drop::unknown_ec)] = s.runtime.unknown_ec;
+  s.host_messages_sent = p.host_messages.get();
+  s.host_packets_sent = p.host_packets.get();
+  s.host_bytes_sent = p.host_bytes.get();
+  s.mbufs_in_use = p.mbufs_in_use();
+  return s;
+}
+
+rt::runtime_stats nic::runtime_stats() const { return _p->rt->stats(); }
+std::string nic::stats_json() const { return to_json(stats()); }
+
+std::string to_json(const nic_stats& s) {
+  nlohmann::ordered_json j;
+  j["name"] = s.name;
+  j["rank"] = s.rank;
+  auto& ports = j["ports"] = nlohmann::ordered_json::array();
+  for (const auto& p : s.ports)
+    ports.push_back({{"name", p.name},
+                     {"rx_packets", p.rx_packets},
+                     {"rx_bytes", p.rx_bytes},
+                     {"tx_packets", p.tx_packets},
+                     {"tx_bytes", p.tx_bytes},
+                     {"forwarded", p.forwarded},
+                     {"hw", {{"ipackets", p.hw.ipackets},
+                             {"ibytes", p.hw.ibytes},
+                             {"opackets", p.hw.opackets},
+                             {"obytes", p.hw.obytes},
+                             {"imissed", p.hw.imissed},
+                             {"rx_nombuf", p.hw.rx_nombuf},
+                             {"ierrors", p.hw.ierrors},
+                             {"oerrors", p.hw.oerrors}}}});
+  auto& d = j["drops"] = nlohmann::ordered_json::object();
+  for (std::size_t i = 0; i < nic_drop_count; ++i) d[nic_drop_name(static_cast<nic_drop>(i))] = s.drops[i];
+  j["host_messages_sent"] = s.host_messages_sent;
+  j["host_packets_sent"] = s.host_packets_sent;
+  j["host_bytes_sent"] = s.host_bytes_sent;
+  j["mbufs_in_use"] = s.mbufs_in_use;
+  j["runtime"] = nlohmann::ordered_json::parse(rt::to_json(s.runtime));
+  return j.dump();
+}
+
+std::string to_text(const nic_stats& s) {
+  std::string out = "nic " + s.name + " (rank " + std::to_string(s.rank) + ")\n";
+  for (const auto& p : s.ports) {
+    out += "  port " + p.name + ": rx " + std::to_string(p.rx_packets) + " pkts " + std::to_string(p.rx_bytes) + " B, tx " +
+           std::to_string(p.tx_packets) + " pkts " + std::to_string(p.tx_bytes) + " B";
+    if (p.forwarded != 0) out += ", forwarded " + std::to_string(p.forwarded);
+    out += "\n";
+  }
+  std::string drops;
+  for (std::size_t i = 0; i < nic_drop_count; ++i)
+    if (s.drops[i] != 0) drops += std::string(drops.empty() ? "" : ", ") + nic_drop_name(static_cast<nic_drop>(i)) + " " + std::to_string(s.drops[i]);
+  if (!drops.empty()) out += "  drops: " + drops + "\n";
+  if (s.host_messages_sent != 0)
+    out += "  host sends: " + std::to_string(s.host_messages_sent) + " messages, " + std::to_string(s.host_packets_sent) + " packets, " +
+           std::to_string(s.host_bytes_sent) + " B\n";
+  out += rt::to_text(s.runtime);
+  return out;
+}
+
+}  // namespace spin::emu
