@@ -2,6 +2,7 @@
 
 #include <pcap/pcap.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -167,6 +168,9 @@ result<pcap_reader> pcap_reader::open(const std::string& path) {
     }
     if (S_ISDIR(st.st_mode)) {
       return fail(errc::invalid_argument, "cannot read capture file " + quoted(path) + ": it is a directory");
+    }
+    if (::access(path.c_str(), R_OK) != 0) {
+      return fail(errc::invalid_argument, "cannot read capture file " + quoted(path) + ": " + std::strerror(errno));
     }
   }
   char errbuf[PCAP_ERRBUF_SIZE] = {};

@@ -31,7 +31,8 @@ inline constexpr std::uint32_t pcap_max_snaplen_bytes = 262144;
 /// close() to see it).
 class pcap_writer {
 public:
-  /// Creates (or truncates) `path` and writes the pcap file header.
+  /// Creates (or truncates) `path` and writes the pcap file header. As in libpcap, the path "-"
+  /// means standard output (closed by close()).
   /// `snaplen_bytes`: bytes kept of each frame, 1 to pcap_max_snaplen_bytes; a buffer of this
   /// size is allocated here so write() never allocates.
   /// Control path; may allocate and block. Errors: invalid_argument (snaplen_bytes is 0 or above
@@ -40,11 +41,13 @@ public:
   /// not allocate its handle).
   static result<pcap_writer> open(const std::string& path, std::uint32_t snaplen_bytes = 65535);
 
+  /// Takes over `other`'s file and counters; `other` is then closed (is_open() false).
   pcap_writer(pcap_writer&& other) noexcept;
   /// Closes this writer's file first (dropping a close error), then takes over `other`'s.
   pcap_writer& operator=(pcap_writer&& other) noexcept;
   pcap_writer(const pcap_writer&) = delete;
   pcap_writer& operator=(const pcap_writer&) = delete;
+  /// Flushes and closes the file if still open; a write error is dropped (call close() first).
   ~pcap_writer();
 
   /// Appends one frame split over `segs` (mbuf chain order; segments may have length 0) with
@@ -116,24 +119,28 @@ struct frame_view {
 /// file; move-only; the destructor closes it.
 class pcap_reader {
 public:
-  /// Opens `path` and reads its file header. Control path. Errors (each message names the file
-  /// and the problem): not_found (no such file, or it cannot be accessed), invalid_argument (a
-  /// directory or other non-regular file, or not a pcap/pcapng file libpcap can read — e.g. bad
-  /// magic or a header cut short), not_supported (the capture's link type is not Ethernet; the
-  /// message gives the link type's name).
+  /// Opens `path` and reads its file header. As in libpcap, the path "-" means standard input.
+  /// Control path. Errors (each message names the file and the problem): not_found (no such file,
+  /// or a directory on its path cannot be searched), invalid_argument (a directory; a file we may
+  /// not read — the message gives the system's reason; not a pcap/pcapng file libpcap can read,
+  /// e.g. an empty file, bad magic or a file header cut short), not_supported (the capture's link
+  /// type is not Ethernet; the message gives the link type's number and name).
   static result<pcap_reader> open(const std::string& path);
 
+  /// Takes over `other`'s file, position, error and counters; `other` then returns no frames.
   pcap_reader(pcap_reader&& other) noexcept;
+  /// Closes this reader's file, then takes over `other`'s as the move constructor does.
   pcap_reader& operator=(pcap_reader&& other) noexcept;
   pcap_reader(const pcap_reader&) = delete;
   pcap_reader& operator=(const pcap_reader&) = delete;
+  /// Closes the file.
   ~pcap_reader();
 
   /// Reads the next frame into `out` (see frame_view for how long it stays valid). Frames stored
   /// cut (caplen < len) are returned like the others; `out.truncated()` tells them apart. Returns
   /// false at the end of the file or on a read error; after that it keeps returning false, and
   /// error() says which (a file cut in the middle of a record is an error; the frames before it
-  /// were returned). No allocation except for the error message.
+  /// were returned). We allocate only for the error message; libpcap reads into its own buffer.
   bool next(frame_view& out) noexcept;
 
   /// The read error that ended next(), if any: code invalid_argument, message naming the file
