@@ -10,7 +10,7 @@ namespace spin::emu {
 
 std::vector<std::string> default_eal_args(const std::string& file_prefix) {
   return {"spin-emu", "--no-huge", "-m", "1024", "--no-shconf", "--no-pci",
-          "--file-prefix=" + file_prefix, "--log-level=lib.eal:error", "--log-level=pmd.net:error"};
+          "--file-prefix=" + file_prefix, "--no-telemetry", "--log-level=lib.eal:error", "--log-level=pmd.net:error"};
 }
 
 namespace {

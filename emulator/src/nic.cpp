@@ -1,4 +1,5 @@
 #include <spin/emu/nic.hpp>
+#include <spin/emu/pcap.hpp>
 
 #include <spin/rt/stats.hpp>
 #include <spin/rt/tx.hpp>
@@ -16,6 +17,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 namespace spin::emu {
@@ -76,6 +78,9 @@ rte_mbuf* frame_to_mbufs(rte_mempool* pool, const std::byte* src, std::uint32_t 
   }
   return head;
 }
+
+// True when chain `m` has more than `n` segments (too many to capture).
+bool s_more(const rte_mbuf* m, std::uint32_t n) noexcept { return m->nb_segs > n; }
 
 // A destination MAC of the emulated network (02:53:50:00:hi:lo) names a rank.
 bool mac_rank(const std::byte* frame, std::uint32_t& rank) noexcept {
@@ -141,6 +146,20 @@ struct nic::impl {
   std::vector<rte_mbuf*> mbuf_buf;
   std::vector<std::byte> host_frame;  // encode buffer for host messages (scheduler thread)
 
+  std::optional<pcap_writer> capture;
+  std::uint64_t capture_ts = 0;  // one wall-clock reading per poll round
+  counter capture_frames, capture_errors;
+  void capture_mbuf(const rte_mbuf* m) noexcept {
+    rt::wire::segment segs[16];
+    std::uint32_t n = 0;
+    for (const rte_mbuf* s = m; s != nullptr && n < 16; s = s->next)
+      segs[n++] = {rte_pktmbuf_mtod(s, const std::byte*), s->data_len};
+    if (s_more(m, n) || capture->write(std::span<const rt::wire::segment>(segs, n), capture_ts) != errc::ok)
+      capture_errors.add(1);
+    else
+      capture_frames.add(1);
+  }
+
   std::array<counter, nic_drop_count> drops;
   counter host_messages, host_packets, host_bytes;
 
@@ -156,6 +175,7 @@ struct nic::impl {
 
   ~impl();
   result<void> init();
+  void stop() noexcept;
   errc hpu_send(std::uint32_t hpu, std::uint32_t dest, const rt::wire::header& h, std::span<const std::byte> payload) noexcept;
   std::int32_t route(std::uint32_t dest) const noexcept {
     if (cfg.routes.empty()) return 0;
@@ -253,8 +273,18 @@ result<void> nic::impl::init() {
 }
 
 nic::impl::~impl() {
+  stop();
+  ports.clear();
+  if (lin_pool != nullptr) rte_mempool_free(lin_pool);
+}
+
+void nic::impl::stop() noexcept {
   rt.reset();  // drains and returns every packet it holds
-  for (auto& j : jobs) finish_job(*j, fail(errc::aborted, "the NIC was destroyed"));
+  if (capture) {
+    if (auto r = capture->close(); !r) capture_errors.add(1);
+  }
+  for (auto& j : jobs) finish_job(*j, fail(errc::aborted, "the NIC was stopped"));
+  jobs.clear();
   for (auto& ps : ports) {
     for (std::uint32_t i = ps.rx_head; i < ps.rx_pending.size() && ps.rx_pending[i].frame != nullptr; ++i) {
       rte_pktmbuf_free(reinterpret_cast<rte_mbuf*>(ps.rx_pending[i].cookie));
@@ -268,8 +298,7 @@ nic::impl::~impl() {
     while (rte_ring_sc_dequeue(r, &m) == 0) rte_pktmbuf_free(static_cast<rte_mbuf*>(m));
     rte_ring_free(r);
   }
-  ports.clear();
-  if (lin_pool != nullptr) rte_mempool_free(lin_pool);
+  hpu_rings.clear();
 }
 
 errc nic::impl::hpu_send(std::uint32_t hpu, std::uint32_t dest, const rt::wire::header& h,
@@ -302,6 +331,7 @@ bool nic::impl::stage_push(std::uint32_t port_index, rte_mbuf* m) noexcept {
   auto& st = ports[port_index].stage;
   if (st.size() >= st.capacity()) return false;
   st.push_back(m);
+  if (capture) capture_mbuf(m);
   return true;
 }
 
@@ -327,6 +357,7 @@ std::uint32_t nic::impl::rx(port_state& ps, std::uint32_t index) noexcept {
     rte_mbuf* m = mbuf_buf[i];
     ps.rx_packets.add(1);
     ps.rx_bytes.add(m->pkt_len);
+    if (capture) capture_mbuf(m);
     if (m->pkt_len > max_frame) {
       count_drop(nic_drop::oversize);
       rte_pktmbuf_free(m);
@@ -384,6 +415,8 @@ std::uint32_t nic::impl::tx_drain(port_state& ps, std::uint32_t index) noexcept 
     st.resize(old + cfg.burst);
     const unsigned got = rte_ring_sc_dequeue_burst(r, reinterpret_cast<void**>(st.data() + old), cfg.burst, nullptr);
     st.resize(old + got);
+    if (capture)
+      for (std::size_t i = old; i < st.size(); ++i) capture_mbuf(st[i]);
   }
   if (st.empty()) return 0;
   const std::uint16_t sent = rte_eth_tx_burst(ps.p->id(), 0, st.data(), static_cast<std::uint16_t>(std::min<std::size_t>(st.size(), 65535)));
@@ -431,6 +464,7 @@ std::uint32_t nic::impl::advance_jobs() noexcept {
         return built;  // retry when mbufs come back
       }
       st.push_back(m);
+      if (capture) capture_mbuf(m);
       ++built;
       host_packets.add(1);
       host_bytes.add(n);
@@ -451,6 +485,11 @@ std::uint32_t nic::impl::advance_jobs() noexcept {
 
 std::uint32_t nic::impl::poll_locked() noexcept {
   std::uint32_t work = 0;
+  if (capture) {
+    timespec ts{};
+    clock_gettime(CLOCK_REALTIME, &ts);
+    capture_ts = std::uint64_t(ts.tv_sec) * 1000000000ull + std::uint64_t(ts.tv_nsec);
+  }
   for (std::uint32_t i = 0; i < ports.size(); ++i) work += rx(ports[i], i);
   if (work == 0) work += rt->poll();
   if (!jobs.empty()) work += advance_jobs();
@@ -474,6 +513,7 @@ template <class F> auto nic::impl::on_scheduler(const char* what, F&& f) -> decl
   std::unique_lock lk(sched_mu, std::defer_lock);
   const bool got = lk.try_lock_for(cfg.control_timeout);
   ctl_waiting.fetch_sub(1, std::memory_order_relaxed);
+  if (got && !rt) return fail(errc::bad_state, std::string(what) + " on " + cfg.name + ": the NIC is stopped");
   if (!got)
     return fail(errc::timeout, std::string(what) + " on " + cfg.name + ": the NIC's scheduler thread did not take the request within " +
                                    std::to_string(cfg.control_timeout.count()) + " ms");
@@ -493,12 +533,26 @@ nic::nic(std::unique_ptr<impl> p) : _p(std::move(p)) {}
 nic::~nic() = default;
 
 result<std::unique_ptr<nic>> nic::create(const nic_config& cfg) {
-  if (!cfg.capture_path.empty())
-    return fail(errc::not_supported, "nic " + cfg.name + ": capture is not available yet");
   auto p = std::make_unique<impl>();
   p->cfg = cfg;
+  if (!cfg.capture_path.empty()) {
+    auto w = pcap_writer::open(cfg.capture_path, cfg.port.max_frame_bytes);
+    if (!w) return fail(w.err().code, "nic " + cfg.name + ": " + w.err().message);
+    p->capture.emplace(std::move(w.value()));
+  }
   if (auto r = p->init(); !r) return r.err();
   return std::unique_ptr<nic>(new nic(std::move(p)));
+}
+
+void nic::stop() noexcept {
+  std::unique_lock lk(_p->sched_mu);
+  _p->stop();
+}
+
+bool nic::idle() noexcept {
+  std::unique_lock lk(_p->sched_mu);
+  if (!_p->rt) return true;
+  return _p->idle() && _p->rt->drain(std::chrono::milliseconds(0)) && _p->idle();
 }
 
 std::uint32_t nic::poll() noexcept {
@@ -507,7 +561,7 @@ std::uint32_t nic::poll() noexcept {
     return 0;
   }
   std::unique_lock lk(_p->sched_mu, std::try_to_lock);
-  if (!lk) return 0;
+  if (!lk || !_p->rt) return 0;
   return _p->poll_locked();
 }
 
@@ -522,7 +576,12 @@ errc nic::inject(std::span<const std::byte> frame) noexcept {
   if (m == nullptr) return errc::no_memory;
   rt::packet pk{rte_pktmbuf_mtod(m, std::byte*), m->pkt_len, reinterpret_cast<std::uint64_t>(m)};
   std::unique_lock lk(_p->sched_mu);
+  if (!_p->rt) {
+    rte_pktmbuf_free(m);
+    return errc::bad_state;
+  }
   auto& ps = _p->ports[0];
+  if (_p->capture) _p->capture_mbuf(m);
   ps.rx_packets.add(1);
   ps.rx_bytes.add(pk.frame_len);
   while (_p->rt->rx_burst(&pk, 1) == 0) _p->poll_locked();
@@ -532,6 +591,7 @@ errc nic::inject(std::span<const std::byte> frame) noexcept {
 bool nic::quiesce(std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::unique_lock lk(_p->sched_mu);
+  if (!_p->rt) return true;
   while (std::chrono::steady_clock::now() < deadline) {
     _p->poll_locked();
     if (_p->idle() && _p->rt->drain(std::chrono::milliseconds(0)) && _p->idle()) return true;
@@ -573,7 +633,9 @@ result<void> nic::uninstall(rt::ec_id ec) {
   return _p->on_scheduler("uninstall", [&]() { return _p->rt->uninstall(ec, _p->cfg.control_timeout); });
 }
 
-std::size_t nic::poll_events(rt::ec_id ec, std::span<rt::host_event> out) noexcept { return _p->rt->poll_events(ec, out); }
+std::size_t nic::poll_events(rt::ec_id ec, std::span<rt::host_event> out) noexcept {
+  return _p->rt ? _p->rt->poll_events(ec, out) : 0;
+}
 
 result<void> nic::send(const message_send& m, std::chrono::milliseconds timeout) {
   auto job = std::make_shared<send_job>();
@@ -629,7 +691,7 @@ nic_stats nic::stats() const {
     s.drops[static_cast<std::size_t>(nic_drop::tx_queue_full)] += p.scratch[h].tx_full.get();
     s.drops[static_cast<std::size_t>(nic_drop::no_mbuf)] += p.scratch[h].no_mbuf.get();
   }
-  s.runtime = p.rt->stats();
+  if (p.rt) s.runtime = p.rt->stats();
   std::uint64_t rejected = 0;
   for (auto v : s.runtime.frames_rejected) rejected += v;
   s.drops[static_cast<std::size_t>(nic_drop::malformed)] = rejected;
@@ -638,10 +700,12 @@ nic_stats nic::stats() const {
   s.host_packets_sent = p.host_packets.get();
   s.host_bytes_sent = p.host_bytes.get();
   s.mbufs_in_use = p.mbufs_in_use();
+  s.capture_frames = p.capture_frames.get();
+  s.capture_errors = p.capture_errors.get();
   return s;
 }
 
-rt::runtime_stats nic::runtime_stats() const { return _p->rt->stats(); }
+rt::runtime_stats nic::runtime_stats() const { return _p->rt ? _p->rt->stats() : rt::runtime_stats{}; }
 std::string nic::stats_json() const { return to_json(stats()); }
 
 std::string to_json(const nic_stats& s) {
@@ -670,6 +734,8 @@ std::string to_json(const nic_stats& s) {
   j["host_packets_sent"] = s.host_packets_sent;
   j["host_bytes_sent"] = s.host_bytes_sent;
   j["mbufs_in_use"] = s.mbufs_in_use;
+  j["capture_frames"] = s.capture_frames;
+  j["capture_errors"] = s.capture_errors;
   j["runtime"] = nlohmann::ordered_json::parse(rt::to_json(s.runtime));
   return j.dump();
 }
@@ -689,6 +755,8 @@ std::string to_text(const nic_stats& s) {
   if (s.host_messages_sent != 0)
     out += "  host sends: " + std::to_string(s.host_messages_sent) + " messages, " + std::to_string(s.host_packets_sent) + " packets, " +
            std::to_string(s.host_bytes_sent) + " B\n";
+  if (s.capture_frames != 0 || s.capture_errors != 0)
+    out += "  capture: " + std::to_string(s.capture_frames) + " frames, " + std::to_string(s.capture_errors) + " errors\n";
   out += rt::to_text(s.runtime);
   return out;
 }

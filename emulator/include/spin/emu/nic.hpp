@@ -58,6 +58,8 @@ struct nic_stats {
   std::array<std::uint64_t, nic_drop_count> drops{};
   std::uint64_t host_messages_sent = 0, host_packets_sent = 0, host_bytes_sent = 0;
   std::uint64_t mbufs_in_use = 0;  ///< mbufs of the NIC's pools not in their pool right now
+  std::uint64_t capture_frames = 0;  ///< frames written to the capture file
+  std::uint64_t capture_errors = 0;  ///< frames the capture could not write (disk full, > 16 segments)
   rt::runtime_stats runtime;
 };
 /// JSON object with every counter (zeros included).
@@ -83,7 +85,8 @@ struct nic_config {
   std::uint32_t payload_bytes = 1024;
   bool register_hpu_lcores = true;        ///< HPU threads call rte_thread_register
   std::chrono::milliseconds control_timeout{5000};  ///< wait for the scheduler thread
-  /// Capture every frame received and sent on the NIC's ports (nanosecond pcap). Empty: off.
+  /// Capture every frame received, injected, or queued for sending on the NIC's ports to this
+  /// pcap file (nanosecond timestamps, one wall-clock reading per poll round). Empty: off.
   std::string capture_path;
 };
 
@@ -109,6 +112,13 @@ public:
   /// it. Copies the bytes. Returns no_memory when no mbuf is free, invalid_argument when it is
   /// longer than the maximum frame. Scheduler thread only, or while no thread polls.
   errc inject(std::span<const std::byte> frame) noexcept;
+  /// True when no handler runs or is queued, no host message is pending and no frame waits in
+  /// a transmit ring or stage. Polls the runtime once. Scheduler thread, or while no thread polls.
+  bool idle() noexcept;
+  /// Stops the runtime and frees every mbuf the NIC holds, keeping its ports and pools (a
+  /// cluster stops every node before any pool goes away, since frames cross between nodes).
+  /// Afterwards poll() does nothing and control operations fail. While no thread polls.
+  void stop() noexcept;
   /// Polls until no handler runs, no host message is pending and every transmit ring and stage
   /// is empty, or `timeout` passes. Returns true when quiet. While no thread polls.
   bool quiesce(std::chrono::milliseconds timeout);

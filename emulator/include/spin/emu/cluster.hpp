@@ -1,0 +1,113 @@
+// Cluster mode: one process emulates every host's NIC and every switch of a topology, joined by
+// net_ring cables whose links run the link model (docs/emulator.md, "Cluster mode").
+//
+// Each link direction is a chain of two rte_rings: the sending node's port enqueues into the
+// first, the link stage (emu::link) applies bandwidth, latency, loss, duplication and
+// reordering and moves packets into the second, from which the receiving node's port dequeues.
+// Switches are NICs that forward frames by destination rank along the topology's shortest-path
+// routes; frames addressed to the switch itself go to its own runtime.
+//
+// Threads: one thread drives the whole cluster with poll() or run() (no lock on the data path);
+// the NICs' control operations (nic_control) may be called from any thread meanwhile.
+#pragma once
+
+#include <spin/emu/link.hpp>
+#include <spin/emu/nic.hpp>
+#include <spin/emu/topology.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace spin::emu {
+
+/// How a cluster is built (the topology says how many nodes, links and HPUs).
+struct cluster_options {
+  /// Per port of every node. The default pool is small (1023 mbufs) because a cluster has many
+  /// ports and EAL runs without hugepages in 1 GiB.
+  port_options port = [] {
+    port_options o;
+    o.pool_mbufs = 1023;
+    o.rx_desc = 512;
+    o.tx_desc = 512;
+    return o;
+  }();
+  /// Template of every host's runtime (hpus comes from the topology). Switches get 1 HPU.
+  rt::runtime_config runtime;
+  std::uint32_t payload_bytes = 1024;  ///< payload per packet of host messages
+  std::uint32_t burst = 32;
+  std::uint32_t cable_ring_packets = 1024;  ///< each of the two rings per link direction
+  std::uint32_t dup_pool_mbufs = 2047;      ///< mbufs for duplicated packets (all links)
+  /// When non-empty, every node captures its ports to `<capture_dir>/<node name>.pcap`.
+  std::string capture_dir;
+};
+
+/// Counters of one link direction.
+struct cluster_link_stats {
+  std::string from, to;  ///< node names
+  link_stats stats;
+};
+
+/// Snapshot of a cluster.
+struct cluster_stats {
+  std::vector<nic_stats> nodes;           ///< hosts, then switches, in topology order
+  std::vector<cluster_link_stats> links;  ///< two per topology link: a->b, then b->a
+};
+std::string to_json(const cluster_stats& s);
+std::string to_text(const cluster_stats& s);
+
+/// Rank of switch number `i` (0-based among switches) in emulated addresses: 65535 - i; no
+/// host may use it.
+constexpr std::uint32_t switch_rank(std::uint32_t i) { return max_rank - i; }
+
+/// An emulated cluster.
+class cluster {
+public:
+  /// Builds every node and link of `t`. Needs EAL. Errors: invalid_argument (an invalid
+  /// topology: validate()'s message; a host rank that collides with a switch's rank), and those
+  /// of nic::create and link::create (no_memory when EAL's memory cannot hold the pools: the
+  /// message says which).
+  static result<std::unique_ptr<cluster>> create(const topology& t, const cluster_options& o);
+  /// Stops every node and frees every mbuf (in NICs, cables and links). The thread that drove
+  /// poll() must have stopped.
+  ~cluster();
+  cluster(const cluster&) = delete;
+  cluster& operator=(const cluster&) = delete;
+
+  /// One round: every node polls once, every link direction moves what is due. Returns the
+  /// work done (0: nothing moved). Driving thread only.
+  std::uint32_t poll() noexcept;
+  /// Calls poll() until `stop` is true.
+  void run(const std::atomic<bool>& stop) noexcept;
+  /// Polls until every node is idle and no packet is in a cable or link, or `timeout` passes.
+  /// Returns true when quiet. Only while no other thread polls.
+  bool quiesce(std::chrono::milliseconds timeout);
+
+  const topology& topo() const noexcept { return _topo; }
+  /// Node `index` of the topology (hosts first).
+  nic& node(std::uint32_t index) noexcept { return *_nodes[index]; }
+  std::uint32_t node_count() const noexcept { return static_cast<std::uint32_t>(_nodes.size()); }
+  /// The NIC of host `rank`, or null.
+  nic* host(std::uint32_t rank) noexcept;
+  /// Every node's control interface, in topology order.
+  std::vector<nic_control*> controls();
+  cluster_stats stats() const;
+
+private:
+  cluster() = default;
+  struct direction {
+    std::uint32_t from = 0, to = 0;
+    rte_ring* tx = nullptr;  // sender's port enqueues here
+    rte_ring* rx = nullptr;  // receiver's port dequeues here
+    std::unique_ptr<link> stage;
+  };
+  topology _topo;
+  std::vector<std::unique_ptr<nic>> _nodes;
+  std::vector<direction> _dirs;
+  std::vector<std::uint16_t> _ports;  // ring ports we created
+  rte_mempool* _dup_pool = nullptr;
+};
+
+} // namespace spin::emu

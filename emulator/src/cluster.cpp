@@ -1,0 +1,197 @@
+#include <spin/emu/cluster.hpp>
+
+#include <rte_errno.h>
+#include <rte_ethdev.h>
+#include <rte_mbuf.h>
+#include <rte_ring.h>
+
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <thread>
+
+namespace spin::emu {
+
+namespace {
+std::atomic<unsigned> cluster_seq{0};
+
+void free_ring(rte_ring* r) noexcept {
+  if (r == nullptr) return;
+  void* m = nullptr;
+  while (rte_ring_dequeue(r, &m) == 0) rte_pktmbuf_free(static_cast<rte_mbuf*>(m));
+  rte_ring_free(r);
+}
+}  // namespace
+
+result<std::unique_ptr<cluster>> cluster::create(const topology& t, const cluster_options& o) {
+  if (auto v = validate(t); !v) return v.err();
+  std::uint32_t switches = 0;
+  for (const auto& n : t.nodes)
+    if (n.kind == node_kind::switch_) ++switches;
+  for (const auto& n : t.nodes)
+    if (n.kind == node_kind::host && n.rank > max_rank - switches)
+      return fail(errc::invalid_argument, "host " + n.name + " has rank " + std::to_string(n.rank) + ", which the cluster gives to switch " +
+                                              std::to_string(max_rank - n.rank) + " (host ranks must stay below " +
+                                              std::to_string(max_rank + 1 - switches) + ")");
+  std::unique_ptr<cluster> c(new cluster());
+  c->_topo = t;
+  const unsigned id = cluster_seq.fetch_add(1);
+  const std::string tag = "c" + std::to_string(id) + "_";
+
+  bool any_dup = false;
+  for (const auto& l : t.links) any_dup |= l.model.duplicate > 0;
+  if (any_dup) {
+    c->_dup_pool = rte_pktmbuf_pool_create((tag + "dup").c_str(), o.dup_pool_mbufs, 0, 0,
+                                           static_cast<std::uint16_t>(o.port.mbuf_data_bytes + RTE_PKTMBUF_HEADROOM), SOCKET_ID_ANY);
+    if (c->_dup_pool == nullptr)
+      return fail(errc::no_memory, "cluster: cannot create the pool for duplicated packets: " + std::string(rte_strerror(rte_errno)));
+  }
+
+  // Two directions per link; direction 2l is a->b, 2l+1 is b->a.
+  for (std::uint32_t l = 0; l < t.links.size(); ++l) {
+    const auto& ls = t.links[l];
+    for (int d = 0; d < 2; ++d) {
+      direction dir;
+      dir.from = d == 0 ? ls.a : ls.b;
+      dir.to = d == 0 ? ls.b : ls.a;
+      const std::string base = tag + std::to_string(l) + (d == 0 ? "f" : "r");
+      dir.tx = rte_ring_create((base + "t").c_str(), o.cable_ring_packets, SOCKET_ID_ANY, RING_F_SP_ENQ | RING_F_SC_DEQ);
+      dir.rx = rte_ring_create((base + "r").c_str(), o.cable_ring_packets, SOCKET_ID_ANY, RING_F_SP_ENQ | RING_F_SC_DEQ);
+      if (dir.tx == nullptr || dir.rx == nullptr) {
+        free_ring(dir.tx);
+        free_ring(dir.rx);
+        return fail(errc::no_memory, "cluster: cannot create the rings of link " + std::to_string(l) + ": " + rte_strerror(rte_errno));
+      }
+      link_model m = ls.model;
+      m.seed = ls.model.seed * 2 + static_cast<std::uint64_t>(d);  // each direction draws its own fates
+      auto st = link::create(dir.tx, dir.rx, c->_dup_pool, m);
+      if (!st) {
+        free_ring(dir.tx);
+        free_ring(dir.rx);
+        return fail(st.err().code, "link " + t.nodes[dir.from].name + " -> " + t.nodes[dir.to].name + ": " + st.err().message);
+      }
+      dir.stage = std::move(st.value());
+      c->_dirs.push_back(std::move(dir));
+    }
+  }
+
+  const routing_table routes = emu::routes(t);
+  std::uint32_t max_host_rank = 0;
+  for (const auto& n : t.nodes)
+    if (n.kind == node_kind::host) max_host_rank = std::max(max_host_rank, n.rank);
+  std::uint32_t sw = 0;
+  for (std::uint32_t i = 0; i < t.nodes.size(); ++i) {
+    const emu::node& n = t.nodes[i];
+    nic_config nc;
+    nc.name = n.name;
+    nc.rank = n.kind == node_kind::host ? n.rank : switch_rank(sw++);
+    nc.port = o.port;
+    nc.runtime = o.runtime;
+    nc.runtime.hpus = n.kind == node_kind::host ? n.hpus : 1;
+    nc.payload_bytes = o.payload_bytes;
+    nc.burst = o.burst;
+    if (!o.capture_dir.empty()) nc.capture_path = o.capture_dir + "/" + n.name + ".pcap";
+    // Port p of the node is the ring port of link n.ports[p], in the node's direction.
+    for (std::uint32_t p = 0; p < n.ports.size(); ++p) {
+      const std::uint32_t l = n.ports[p];
+      const bool is_a = t.links[l].a == i && t.links[l].a_port == p;
+      const direction& out = c->_dirs[2 * l + (is_a ? 0 : 1)];
+      const direction& in = c->_dirs[2 * l + (is_a ? 1 : 0)];
+      auto pid = port_from_rings(tag + n.name + "_" + std::to_string(p), in.rx, out.tx);
+      if (!pid) return pid.err();
+      c->_ports.push_back(*pid);
+      nc.ports.push_back(*pid);
+    }
+    nc.routes.assign(max_host_rank + 1, -1);
+    for (std::uint32_t r = 0; r <= max_host_rank; ++r)
+      if (auto np = routes.next_port(i, r)) nc.routes[r] = static_cast<std::int32_t>(*np);
+    auto made = nic::create(nc);
+    if (!made) return fail(made.err().code, "node " + n.name + ": " + made.err().message);
+    c->_nodes.push_back(std::move(made.value()));
+  }
+  return c;
+}
+
+cluster::~cluster() {
+  // Mbufs travel between nodes, so each may belong to another node's pool: first every node
+  // and link lets go of what it holds, then the cables are emptied, and only then do the NICs
+  // free their pools.
+  for (auto& n : _nodes) n->stop();
+  for (auto& d : _dirs) d.stage.reset();
+  for (auto& d : _dirs) {
+    void* m = nullptr;
+    while (rte_ring_dequeue(d.tx, &m) == 0) rte_pktmbuf_free(static_cast<rte_mbuf*>(m));
+    while (rte_ring_dequeue(d.rx, &m) == 0) rte_pktmbuf_free(static_cast<rte_mbuf*>(m));
+  }
+  _nodes.clear();
+  for (std::uint16_t p : _ports) (void)rte_eth_dev_close(p);
+  for (auto& d : _dirs) {
+    rte_ring_free(d.tx);
+    rte_ring_free(d.rx);
+  }
+  if (_dup_pool != nullptr) rte_mempool_free(_dup_pool);
+}
+
+std::uint32_t cluster::poll() noexcept {
+  std::uint32_t work = 0;
+  for (auto& n : _nodes) work += n->poll();
+  const std::uint64_t now = link::now_ns();
+  for (auto& d : _dirs) work += d.stage->poll(now);
+  return work;
+}
+
+void cluster::run(const std::atomic<bool>& stop) noexcept {
+  while (!stop.load(std::memory_order_relaxed)) poll();
+}
+
+bool cluster::quiesce(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    poll();
+    bool quiet = true;
+    for (auto& d : _dirs)
+      if (rte_ring_count(d.tx) != 0 || rte_ring_count(d.rx) != 0 || d.stage->next_due_ns()) quiet = false;
+    for (auto& n : _nodes)
+      if (!n->idle()) quiet = false;
+    if (quiet) return true;
+    std::this_thread::yield();
+  }
+  return false;
+}
+
+nic* cluster::host(std::uint32_t rank) noexcept {
+  const auto i = _topo.host_of_rank(rank);
+  return i ? _nodes[*i].get() : nullptr;
+}
+
+std::vector<nic_control*> cluster::controls() {
+  std::vector<nic_control*> out;
+  for (auto& n : _nodes) out.push_back(n.get());
+  return out;
+}
+
+cluster_stats cluster::stats() const {
+  cluster_stats s;
+  for (const auto& n : _nodes) s.nodes.push_back(n->stats());
+  for (const auto& d : _dirs) s.links.push_back({_topo.nodes[d.from].name, _topo.nodes[d.to].name, d.stage->stats()});
+  return s;
+}
+
+std::string to_json(const cluster_stats& s) {
+  nlohmann::ordered_json j;
+  auto& nodes = j["nodes"] = nlohmann::ordered_json::array();
+  for (const auto& n : s.nodes) nodes.push_back(nlohmann::ordered_json::parse(to_json(n)));
+  auto& links = j["links"] = nlohmann::ordered_json::array();
+  for (const auto& l : s.links)
+    links.push_back({{"from", l.from}, {"to", l.to}, {"stats", nlohmann::ordered_json::parse(to_json(l.stats))}});
+  return j.dump();
+}
+
+std::string to_text(const cluster_stats& s) {
+  std::string out;
+  for (const auto& n : s.nodes) out += to_text(n);
+  for (const auto& l : s.links) out += "link " + l.from + " -> " + l.to + ": " + to_text(l.stats) + "\n";
+  return out;
+}
+
+}  // namespace spin::emu
