@@ -601,6 +601,9 @@ bool nic::quiesce(std::chrono::milliseconds timeout) {
 }
 
 rt::runtime& nic::runtime() noexcept { return *_p->rt; }
+rte_mempool* nic::port_pool(std::uint32_t index) const noexcept {
+  return index < _p->ports.size() ? _p->ports[index].p->pool() : nullptr;
+}
 std::uint32_t nic::rank() const noexcept { return _p->cfg.rank; }
 const std::string& nic::name() const noexcept { return _p->cfg.name; }
 

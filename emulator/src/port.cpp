@@ -58,7 +58,7 @@ result<std::unique_ptr<port>> port::open(std::uint16_t port_id, const port_optio
 
   static std::atomic<unsigned> pool_seq{0};
   const std::string pool_name = "spin_p" + std::to_string(port_id) + "_" + std::to_string(pool_seq.fetch_add(1));
-  p->_pool = rte_pktmbuf_pool_create(pool_name.c_str(), o.pool_mbufs, o.pool_mbufs >= 1024 ? 256 : 0, 0,
+  p->_pool = rte_pktmbuf_pool_create(pool_name.c_str(), o.pool_mbufs, o.pool_cache.value_or(o.pool_mbufs >= 1024 ? 256 : 0), 0,
                                      static_cast<std::uint16_t>(o.mbuf_data_bytes + RTE_PKTMBUF_HEADROOM),
                                      rte_eth_dev_socket_id(port_id));
   if (p->_pool == nullptr)

@@ -124,6 +124,8 @@ public:
   bool quiesce(std::chrono::milliseconds timeout);
 
   nic_stats stats() const;
+  /// The mbuf pool of port `index` (a benchmark pre-fills it; tests check its counts), or null.
+  rte_mempool* port_pool(std::uint32_t index) const noexcept;
   /// The runtime (scheduler thread, or while no thread polls).
   rt::runtime& runtime() noexcept;
 
