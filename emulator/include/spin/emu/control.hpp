@@ -1,0 +1,134 @@
+// The control socket of spin-emu: a Unix domain stream socket on which the host library
+// (spin::host) and spinctl register host memory, install and remove ECs, open event rings, send
+// messages, read statistics and stop the emulator. docs/emulator.md describes the protocol; the
+// summary is here.
+//
+// Protocol (version 1). Newline-delimited JSON: each request is one JSON object on one line,
+// each reply one object on one line, in request order. Requests: {"id": <int>, "op": "<name>",
+// ...fields}; replies: {"id": <same>, "ok": true, ...results} or {"id": <same>, "ok": false,
+// "error": {"code": "<spin::errc name>", "message": "..."}} ("id" is null when the request had
+// no usable id). File descriptors travel as SCM_RIGHTS ancillary data of the sendmsg that
+// carries the request or reply line. Operations (node: index into nodes, u64 unless said):
+//
+//   hello                                  -> protocol (1), server ("spin-emu"), nodes (count)
+//   nodes                                  -> nodes: [{node, name, rank}]
+//   register   node, bytes       + 1 fd    -> region      (fd: a memfd of at least `bytes` bytes)
+//   unregister node, region                -> {}
+//   install    node, package, name, match {bits, ignore_mask}
+//              [handler_mem_bytes, scratchpad_bytes, window {region, offset_bytes, len_bytes},
+//               limits {max_messages, retired_history, window_packets, max_parked_packets,
+//               handler_budget_ns, event_queue_depth}, bpf ("jit"|"interpreter"), persist (bool)]
+//                                          -> ec
+//   uninstall  node, ec                    -> {}
+//   events     node, ec, capacity          -> capacity, bytes  + 1 fd (the event ring memfd)
+//   close_events node, ec                  -> {}
+//   send       node, dest_rank, match_bits, message_id, region, offset_bytes, len_bytes,
+//              timeout_ms                  -> {}
+//   stats                                  -> stats: [{node, name, rank, stats: <stats_json>}]
+//   stop                                   -> {}   (then server_options::on_stop runs)
+//
+// Validation. A request is checked completely before anything happens: a line that is not
+// UTF-8 JSON, not an object, has an unknown op, an unknown or missing key, a value of the wrong
+// type or out of range, or file descriptors it does not expect gets an invalid_argument reply
+// and changes nothing; the connection stays usable. A line longer than max_request_bytes gets an
+// invalid_argument reply and the connection is closed. Errors of the NIC pass through with their
+// errc name and message.
+//
+// Session ownership. What a connection creates belongs to it: when it closes, its event rings
+// are closed, its ECs uninstalled and its regions unregistered, in that order. An install with
+// "persist": true (spinctl installs that way) outlives the connection; a region that still holds
+// a persistent EC's window is kept until that EC is uninstalled (by anyone), then unregistered.
+// Any connection may uninstall any EC and open events of any EC (all peers are the same user).
+//
+// Events. A pump on the server thread moves events from nic_control::poll_events into each
+// open ring every 100 microseconds (bursts of up to 256 per EC), so an event reaches the host
+// at most ~100 us plus the consumer's polling interval after the handler posted it. When the
+// ring is full the rest of the burst is dropped and counted in the ring's header.
+#pragma once
+
+#include <spin/emu/nic_control.hpp>
+#include <spin/rt/result.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <sys/types.h>
+#include <unistd.h>
+
+namespace spin::emu {
+
+/// Version of the control protocol this server speaks ("hello" returns it).
+inline constexpr int control_protocol_version = 1;
+
+/// How a control server is built.
+struct server_options {
+  /// Path of the Unix socket (at most 107 bytes). Must not exist, or be a stale socket that no
+  /// server listens on (it is then replaced).
+  std::string socket_path;
+  /// The NICs this server controls; request field "node" indexes this list. Not owned: they
+  /// must outlive the server.
+  std::vector<nic_control*> nodes;
+  /// Called once for each "stop" request, on the server thread, after the reply was sent. It
+  /// must not stop or destroy the server (that would wait for its own thread); signal the main
+  /// thread instead. May be empty (then "stop" only replies).
+  std::function<void()> on_stop;
+  /// The only user id allowed to connect (SO_PEERCRED); others get one permission error reply
+  /// and are disconnected.
+  uid_t allowed_uid = ::geteuid();
+  /// Longest request line (bytes, newline excluded).
+  std::size_t max_request_bytes = 64 * 1024;
+  /// Connections open at once; one more gets a no_space error reply and is closed.
+  std::size_t max_connections = 64;
+  /// Threads that run requests (NIC operations block: a send may wait for its timeout). Requests
+  /// of one connection run one after the other; different connections run in parallel.
+  std::uint32_t workers = 2;
+};
+
+class control_server_impl;
+
+/// A running control server: an accept loop and connections on its own thread (Boost.Asio),
+/// requests on `workers` threads. Thread-safe: stop() and the destructor may be called from any
+/// thread except the server's own (on_stop).
+class control_server {
+public:
+  /// Creates the socket (mode 0600, set before it listens), starts the server thread and
+  /// returns. Errors: invalid_argument (empty or too long socket path, no nodes, a null node,
+  /// max_request_bytes 0, workers 0), exists (the path exists and is not a socket, or a server
+  /// answers on it), bad_state (bind, chmod or listen failed; the message quotes errno).
+  static result<std::unique_ptr<control_server>> start(server_options opts);
+
+  /// Stops the server (as stop()).
+  ~control_server();
+  control_server(const control_server&) = delete;
+  control_server& operator=(const control_server&) = delete;
+
+  /// Closes the listening socket and every connection, releases every session's resources as
+  /// if each connection had closed (persistent ECs stay installed), joins the threads and
+  /// removes the socket file if it is still the one this server created. Idempotent.
+  void stop();
+
+  /// Path of the socket.
+  const std::string& socket_path() const noexcept;
+
+  /// Connections open now (for tests and statistics).
+  std::size_t connections() const;
+  /// Regions, ECs and event rings the server tracks now (persistent ones included).
+  struct tracked {
+    std::size_t regions = 0;
+    std::size_t ecs = 0;
+    std::size_t rings = 0;
+  };
+  /// Snapshot of what the server tracks.
+  tracked tracked_objects() const;
+
+private:
+  explicit control_server(std::unique_ptr<control_server_impl> impl);
+  std::unique_ptr<control_server_impl> _impl;
+};
+
+} // namespace spin::emu

@@ -1,0 +1,204 @@
+// The host library: what an application on the host uses to drive spin-emu through its control
+// socket (spin/emu/control.hpp describes the protocol). It registers shared memory that
+// handlers DMA into, installs ECs from handler packages, sends messages and waits for events.
+//
+// Threads. A client is one connection with one request in flight at a time: use one client per
+// thread, or lock around every call. memory and event_queue objects are independent of their
+// client once created (an event_queue may be waited on from another thread than the client's;
+// one thread at a time per queue). Errors never throw: every call returns a result whose error
+// carries the server's errc and message ("permission" refusals arrive as errc::not_supported).
+#pragma once
+
+#include <spin/emu/nic_control.hpp>
+#include <spin/emu/shm.hpp>
+#include <spin/rt/loader.hpp>
+#include <spin/rt/result.hpp>
+#include <spin/rt/runtime.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace spin::host {
+
+/// One NIC of the emulator as "nodes" lists it.
+struct node_info {
+  std::uint32_t node = 0;  ///< index used in every other call
+  std::string name;        ///< "host0", ...
+  std::uint32_t rank = 0;  ///< address in the emulated network
+};
+
+/// Host memory shared with a NIC: a memory file mapped here and in spin-emu, registered as
+/// region `region()` of node `node()`. Handlers' DMA to a window in it lands in bytes().
+/// Move-only; the mapping lives as long as this object (the NIC keeps its own mapping until the
+/// region is unregistered, by client::free_memory or when the client's connection closes).
+class memory {
+public:
+  memory() = default;
+  /// The shared bytes.
+  std::span<std::byte> bytes() const noexcept { return _map.span(); }
+  /// The region id to use in windows and messages.
+  rt::region_id region() const noexcept { return _region; }
+  /// The node it is registered with.
+  std::uint32_t node() const noexcept { return _node; }
+
+private:
+  friend class client;
+  memory(emu::shm_region m, std::uint32_t node, rt::region_id region) : _map(std::move(m)), _node(node), _region(region) {}
+  emu::shm_region _map;
+  std::uint32_t _node = 0;
+  rt::region_id _region = 0;
+};
+
+/// Whether an installed EC outlives the connection that installed it.
+enum class lifetime {
+  session,  ///< uninstalled when the client disconnects (the default)
+  persist,  ///< stays until uninstalled explicitly or spin-emu stops (spinctl installs so)
+};
+
+/// What client::install needs.
+struct install_options {
+  std::string package;     ///< handler package path; made absolute against this process's cwd
+  std::string name;        ///< EC name for statistics and errors (1..64 bytes, no control characters)
+  rt::match_rule match;    ///< which packets the EC takes
+  /// Host memory the EC may DMA to/from: bytes [offset_bytes, offset_bytes + len_bytes) of a
+  /// registered region. None: the EC has no window.
+  std::optional<rt::host_window> window;
+  rt::ec_limits limits;              ///< every field is sent
+  std::uint64_t handler_mem_bytes = 0;  ///< 0: what the package declares; else at least that
+  std::uint64_t scratchpad_bytes = 0;   ///< 0: what the package declares; else at least that
+  rt::bpf_exec bpf = rt::bpf_exec::jit; ///< for eBPF packages
+  lifetime life = lifetime::session;
+};
+
+/// An installed EC.
+struct ec {
+  std::uint32_t node = 0;
+  rt::ec_id id = 0;
+};
+
+/// A message for client::send: `len_bytes` bytes of registered region `region` from
+/// `offset_bytes`, to rank `dest_rank` with `match_bits` and `message_id`.
+struct message {
+  std::uint32_t dest_rank = 0;
+  std::uint64_t match_bits = 0;
+  std::uint64_t message_id = 0;
+  rt::region_id region = 0;
+  std::uint64_t offset_bytes = 0;
+  std::uint64_t len_bytes = 0;
+  /// How long the NIC may wait for room in its transmit queue (at most 600 s).
+  std::chrono::milliseconds timeout{std::chrono::seconds(5)};
+};
+
+/// The host end of an EC's event ring (shared memory the server fills). Move-only.
+class event_queue {
+public:
+  event_queue() = default;
+  /// Waits up to `timeout` for the next event. Errors: timeout (none arrived), bad_state (the
+  /// queue is empty: default-constructed or moved from).
+  result<rt::host_event> wait(std::chrono::milliseconds timeout);
+  /// Reads up to out.size() events, waiting up to `timeout` for the first. Returns the count
+  /// (0 on timeout).
+  std::size_t wait_burst(std::span<rt::host_event> out, std::chrono::milliseconds timeout) noexcept;
+  /// Events lost because the ring was full when the server moved them in.
+  std::uint64_t dropped() const noexcept;
+  /// Capacity in events (a power of two).
+  std::uint32_t capacity() const noexcept;
+  /// The EC whose events these are.
+  const host::ec& owner() const noexcept { return _ec; }
+
+private:
+  friend class client;
+  event_queue(emu::event_ring_consumer c, host::ec e) : _ring(std::move(c)), _ec(e) {}
+  std::optional<emu::event_ring_consumer> _ring;
+  host::ec _ec;
+};
+
+/// A connection to spin-emu's control socket. Move-only; closing it (destruction) releases
+/// everything it created that was not installed with lifetime::persist.
+class client {
+public:
+  /// Connects and checks the protocol version ("hello"). Errors: invalid_argument (path too
+  /// long), not_found (no socket at the path), bad_state (connection refused or failed, a server
+  /// that does not speak protocol 1), not_supported (the server refused this user:
+  /// "permission"), timeout (no answer within the reply timeout).
+  static result<client> connect(const std::string& socket_path);
+
+  client(client&&) noexcept;
+  client& operator=(client&&) noexcept;
+  client(const client&) = delete;
+  client& operator=(const client&) = delete;
+  ~client();
+
+  /// How long any call waits for its reply (default 30 s, plus the message timeout for send).
+  /// On timeout the call fails with errc::timeout and the connection is closed (a late reply
+  /// could not be matched otherwise); later calls fail with bad_state.
+  void set_reply_timeout(std::chrono::milliseconds t) noexcept { _reply_timeout = t; }
+
+  /// The emulator's NICs.
+  result<std::vector<node_info>> nodes();
+
+  /// Creates `bytes` bytes of zeroed shared memory and registers it with node `node`. Errors:
+  /// invalid_argument (bytes 0 or too large), no_memory (memfd or mmap failed), not_found (no
+  /// such node), and those of the NIC's register_host_memory.
+  result<memory> alloc_memory(std::uint32_t node, std::size_t bytes);
+  /// Unregisters `m` and unmaps it here. Errors: not_found, bad_state (an installed EC's window
+  /// lies in it, or a send from it is in progress); `m` is unchanged on error.
+  result<void> free_memory(memory& m);
+
+  /// Installs an EC from a handler package on node `node`. Errors: those of loading the package
+  /// (rt::load_package_file) and binding it, of the NIC's install, invalid_argument for options
+  /// the protocol refuses (name length, limits out of range).
+  result<ec> install(std::uint32_t node, const install_options& opts);
+  /// Uninstalls an EC (also one another client installed). Errors: not_found, timeout (the EC's
+  /// handlers are still running: it keeps draining; try again).
+  result<void> uninstall(const ec& e);
+
+  /// Opens the event ring of EC `e` with room for `capacity` events (rounded up to a power of
+  /// two, 1..2^24). One ring per EC. Errors: not_found (no such EC), exists (the EC already has
+  /// a ring), invalid_argument, no_memory.
+  result<event_queue> open_events(const ec& e, std::uint32_t capacity);
+  /// Closes the ring of EC `e` on the server side (the event_queue stops receiving). Errors:
+  /// not_found (no ring).
+  result<void> close_events(const ec& e);
+
+  /// Sends a message from node `node`'s NIC; returns once the NIC copied it into its transmit
+  /// queue. Errors: those of nic_control::send (not_found, out_of_bounds, invalid_argument,
+  /// timeout).
+  result<void> send(std::uint32_t node, const message& m);
+
+  /// Every node's statistics: a JSON array of {node, name, rank, stats}.
+  result<std::string> stats_json();
+
+  /// Asks spin-emu to stop (its on_stop runs after the reply).
+  result<void> stop_emulator();
+
+  /// Sends one raw request line (a JSON object without the trailing newline; an "id" is
+  /// not added) with optional file descriptors, and returns the raw reply line. For tools and
+  /// tests of the protocol itself. Errors: bad_state (connection closed), timeout.
+  result<std::string> raw_request(const std::string& line, std::span<const int> fds = {});
+
+private:
+  client(int fd) : _fd(fd) {}
+  struct reply_line {
+    std::string text;
+    std::vector<int> fds;  // owned by the caller
+  };
+  /// Sends `line` (plus newline) with `fds` and reads one reply line with the descriptors that
+  /// came with it, waiting up to the reply timeout plus `extra`.
+  result<reply_line> exchange(const std::string& line, std::span<const int> fds, std::chrono::milliseconds extra);
+  /// Builds a request with a fresh id, exchanges it and checks the reply: ok, or its error.
+  template <class Json> result<Json> call(Json req, std::span<const int> fds, std::chrono::milliseconds extra,
+                                          std::vector<int>* fds_out);
+  void close_fd() noexcept;
+  int _fd = -1;
+  std::uint64_t _next_id = 1;
+  std::string _in;  // bytes after the last reply line
+  std::chrono::milliseconds _reply_timeout{std::chrono::seconds(30)};
+};
+
+} // namespace spin::host
