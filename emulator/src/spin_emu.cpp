@@ -1,0 +1,249 @@
+// spin-emu: the sPIN NIC emulator (docs/emulator.md).
+//
+//   spin-emu [EAL arguments --] [options]
+//
+// Without EAL arguments it runs EAL without hugepages, shared config or PCI scan (any machine).
+// Modes: `nic` drives one emulated NIC on DPDK ports named with --port (a real NIC bound to
+// vfio-pci, net_memif, net_af_packet, net_pcap, ...); `cluster` emulates every host and switch
+// of a topology file in this process. Both serve the control socket (spinctl, spin::host).
+// Flow: arguments -> EAL -> NICs -> control socket -> poll loop on the main lcore until a
+// signal, `spinctl stop` or --duration -> statistics.
+#include <spin/emu/cluster.hpp>
+#include <spin/emu/control.hpp>
+#include <spin/emu/eal.hpp>
+#include <spin/emu/nic.hpp>
+#include <spin/emu/pcap.hpp>
+#include <spin/emu/port.hpp>
+#include <spin/emu/topology.hpp>
+
+#include <CLI/CLI.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+namespace {
+
+std::atomic<bool> stop_flag{false};
+extern "C" void on_signal(int) { stop_flag.store(true); }
+
+std::string default_socket() {
+  if (const char* s = std::getenv("SPIN_EMU_SOCKET"); s != nullptr && *s != '\0') return s;
+  return "/run/spin-emu.sock";
+}
+
+int die(const std::string& msg) {
+  std::fprintf(stderr, "spin-emu: %s\n", msg.c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Split DPDK's EAL arguments (before "--") from ours.
+  std::vector<std::string> eal;
+  int app_start = 1;
+  for (int i = 1; i < argc; ++i)
+    if (std::string(argv[i]) == "--") {
+      eal.assign(argv, argv + i);
+      app_start = i + 1;
+      break;
+    }
+  std::vector<std::string> app_args;
+  for (int i = app_start; i < argc; ++i) app_args.emplace_back(argv[i]);
+
+  CLI::App app{"spin-emu: sPIN SmartNIC emulator on DPDK (docs/emulator.md).\n"
+               "Usage: spin-emu [EAL arguments --] [options]. Without EAL arguments EAL runs without\n"
+               "hugepages, shared config and PCI scan; pass e.g. `--vdev=net_memif0,role=server --` to add ports."};
+  app.name("spin-emu");
+  std::string mode, topology_file, socket_path = default_socket(), capture, capture_dir, replay, stats_json, name = "nic0";
+  std::vector<std::string> port_names;
+  std::uint32_t rank = 0, hpus = 1, payload = 1024, burst = 32, max_frame = 9216, mbuf_bytes = 2048, pool = 8191;
+  std::uint32_t nic_mem_mib = 64;
+  std::uint16_t udp_port = spin::rt::wire::default_udp_port;
+  std::vector<int> hpu_cpus;
+  double duration_s = 0;
+  bool no_socket = false, quiet = false;
+  std::uint32_t progress_s = 0;
+  app.add_option("--mode", mode, "nic (one NIC on --port devices) or cluster (a --topology); default: cluster when --topology is given")
+      ->check(CLI::IsMember({"nic", "cluster"}));
+  app.add_option("--topology", topology_file, "cluster topology file (TOML; docs/emulator.md)")->check(CLI::ExistingFile);
+  app.add_option("--port", port_names, "nic mode: DPDK port by device name (net_memif0, 0000:3b:00.0, ...); repeatable");
+  app.add_option("--rank", rank, "nic mode: this NIC's rank (its address: MAC 02:53:50:00:hi:lo, IPv4 10.83.hi.lo)");
+  app.add_option("--name", name, "nic mode: name in statistics and on the control socket");
+  app.add_option("--hpus", hpus, "nic mode: HPU threads (cluster mode: from the topology)")->check(CLI::Range(1, 256));
+  app.add_option("--hpu-cpus", hpu_cpus, "pin HPU i to CPU list[i % n]");
+  app.add_option("--nic-memory-mib", nic_mem_mib, "NIC memory per node (MiB): handler memory and scratchpads")->check(CLI::Range(1, 65536));
+  app.add_option("--payload-bytes", payload, "payload bytes per packet of host messages")->check(CLI::Range(1, 65000));
+  app.add_option("--max-frame", max_frame, "largest frame (bytes); longer ones are dropped as oversize")->check(CLI::Range(128, 65535));
+  app.add_option("--mbuf-bytes", mbuf_bytes, "mbuf data room (bytes); frames longer than this need RX scatter")->check(CLI::Range(128, 65000));
+  app.add_option("--pool-mbufs", pool, "mbufs per port pool")->check(CLI::Range(64, 1 << 22));
+  app.add_option("--burst", burst, "RX/TX burst (packets)")->check(CLI::Range(1, 512));
+  app.add_option("--udp-port", udp_port, "UDP port of spin packets");
+  app.add_option("--socket", socket_path, "control socket path (default $SPIN_EMU_SOCKET or /run/spin-emu.sock)");
+  app.add_flag("--no-socket", no_socket, "do not open a control socket");
+  app.add_option("--capture", capture, "nic mode: write every frame of the NIC to this pcap file");
+  app.add_option("--capture-dir", capture_dir, "cluster mode: write <node>.pcap for every node into this directory");
+  app.add_option("--replay", replay, "nic mode: feed the frames of this pcap file into the NIC at start")->check(CLI::ExistingFile);
+  app.add_option("--duration", duration_s, "stop after this many seconds (0: run until a signal or `spinctl stop`)");
+  app.add_option("--progress", progress_s, "print a one-line status every N seconds (0: off)");
+  app.add_option("--stats-json", stats_json, "write the final statistics as JSON to this file");
+  app.add_flag("-q,--quiet", quiet, "do not print the final statistics");
+  try {
+    std::reverse(app_args.begin(), app_args.end());
+    app.parse(app_args);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (mode.empty()) mode = topology_file.empty() ? "nic" : "cluster";
+  if (mode == "cluster" && topology_file.empty()) return die("cluster mode needs --topology FILE");
+  if (mode == "nic" && port_names.empty())
+    return die("nic mode needs --port DEVICE (for example: spin-emu --vdev=net_memif0,role=server -- --port net_memif0)");
+  if (mode == "nic" && !topology_file.empty()) return die("--topology is for cluster mode");
+
+  if (eal.empty()) eal = spin::emu::default_eal_args("spin-emu-" + std::to_string(getpid()));
+  if (auto r = spin::emu::eal_init(eal); !r) return die(r.err().message);
+
+  spin::rt::runtime_config rc;
+  rc.hpus = hpus;
+  rc.hpu_cpus = hpu_cpus;
+  rc.nic_memory_bytes = std::uint64_t{nic_mem_mib} << 20;
+  rc.udp_port = udp_port;
+  spin::emu::port_options po;
+  po.max_frame_bytes = max_frame;
+  po.mbuf_data_bytes = static_cast<std::uint16_t>(mbuf_bytes);
+  po.pool_mbufs = pool;
+
+  std::unique_ptr<spin::emu::nic> nic;
+  std::unique_ptr<spin::emu::cluster> cluster;
+  std::vector<spin::emu::nic_control*> controls;
+  if (mode == "nic") {
+    spin::emu::nic_config nc;
+    nc.name = name;
+    nc.rank = rank;
+    nc.port = po;
+    nc.runtime = rc;
+    nc.payload_bytes = payload;
+    nc.burst = burst;
+    nc.capture_path = capture;
+    for (const auto& pn : port_names) {
+      auto id = spin::emu::find_port(pn);
+      if (!id) return die(id.err().message);
+      nc.ports.push_back(*id);
+    }
+    auto n = spin::emu::nic::create(nc);
+    if (!n) return die(n.err().message);
+    nic = std::move(n.value());
+    controls.push_back(nic.get());
+  } else {
+    auto t = spin::emu::load_topology_file(topology_file);
+    if (!t) return die(t.err().message);
+    spin::emu::cluster_options co;
+    if (app.count("--pool-mbufs") != 0) co.port.pool_mbufs = pool;
+    co.port.max_frame_bytes = max_frame;
+    co.port.mbuf_data_bytes = static_cast<std::uint16_t>(mbuf_bytes);
+    co.runtime = rc;
+    co.payload_bytes = payload;
+    co.burst = burst;
+    co.capture_dir = capture_dir;
+    auto c = spin::emu::cluster::create(*t, co);
+    if (!c) return die(c.err().message);
+    cluster = std::move(c.value());
+    controls = cluster->controls();
+  }
+
+  std::unique_ptr<spin::emu::control_server> server;
+  if (!no_socket) {
+    spin::emu::server_options so;
+    so.socket_path = socket_path;
+    so.nodes = controls;
+    so.on_stop = [] { stop_flag.store(true); };
+    auto s = spin::emu::control_server::start(so);
+    if (!s) return die("control socket: " + s.err().message);
+    server = std::move(s.value());
+  }
+
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  if (!quiet) {
+    std::printf("spin-emu: %s mode, %zu node(s)%s%s\n", mode.c_str(), controls.size(),
+                no_socket ? "" : ", control socket ", no_socket ? "" : socket_path.c_str());
+    std::fflush(stdout);
+  }
+
+  if (!replay.empty()) {
+    auto reader = spin::emu::pcap_reader::open(replay);
+    if (!reader) return die(reader.err().message);
+    spin::emu::frame_view f;
+    std::uint64_t fed = 0, skipped = 0;
+    while (reader->next(f)) {
+      if (f.truncated() || nic->inject(f.bytes) != spin::errc::ok) {
+        ++skipped;
+        continue;
+      }
+      ++fed;
+    }
+    if (auto e = reader->error()) std::fprintf(stderr, "spin-emu: replay: %s\n", e->message.c_str());
+    if (!quiet) std::printf("spin-emu: replayed %llu frames from %s (%llu skipped: truncated in the capture or too long)\n",
+                            static_cast<unsigned long long>(fed), replay.c_str(), static_cast<unsigned long long>(skipped));
+  }
+
+  // The main lcore polls; a watcher thread ends the run on --duration and prints progress.
+  std::thread watcher([&] {
+    const auto start = std::chrono::steady_clock::now();
+    auto next_progress = start + std::chrono::seconds(progress_s);
+    while (!stop_flag.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      const auto now = std::chrono::steady_clock::now();
+      if (duration_s > 0 && now - start >= std::chrono::duration<double>(duration_s)) stop_flag.store(true);
+      if (progress_s > 0 && now >= next_progress) {
+        next_progress += std::chrono::seconds(progress_s);
+        std::uint64_t rx = 0, tx = 0, drops = 0;
+        for (auto* c : controls) {
+          auto* n = static_cast<spin::emu::nic*>(c);
+          const auto s = n->stats();
+          for (const auto& p : s.ports) {
+            rx += p.rx_packets;
+            tx += p.tx_packets;
+          }
+          for (auto d : s.drops) drops += d;
+        }
+        std::printf("spin-emu: %.0f s: rx %llu, tx %llu packets, %llu drops\n",
+                    std::chrono::duration<double>(now - start).count(), static_cast<unsigned long long>(rx),
+                    static_cast<unsigned long long>(tx), static_cast<unsigned long long>(drops));
+        std::fflush(stdout);
+      }
+    }
+  });
+  if (nic) nic->run(stop_flag);
+  else cluster->run(stop_flag);
+  watcher.join();
+  if (server) server->stop();
+
+  std::string text, json;
+  if (nic) {
+    nic->quiesce(std::chrono::milliseconds(500));
+    const auto s = nic->stats();
+    text = spin::emu::to_text(s);
+    json = spin::emu::to_json(s);
+  } else {
+    cluster->quiesce(std::chrono::milliseconds(500));
+    const auto s = cluster->stats();
+    text = spin::emu::to_text(s);
+    json = spin::emu::to_json(s);
+  }
+  if (!quiet) std::printf("%s", text.c_str());
+  if (!stats_json.empty()) {
+    std::ofstream out(stats_json);
+    out << json << "\n";
+    if (!out) return die("cannot write " + stats_json);
+  }
+  return 0;
+}
