@@ -1,14 +1,15 @@
 // The control socket of spin-emu: a Unix domain stream socket on which the host library
 // (spin::host) and spinctl register host memory, install and remove ECs, open event rings, send
-// messages, read statistics and stop the emulator. docs/emulator.md describes the protocol; the
-// summary is here.
+// messages, read statistics and stop the emulator. This comment is the protocol's reference.
 //
 // Protocol (version 1). Newline-delimited JSON: each request is one JSON object on one line,
 // each reply one object on one line, in request order. Requests: {"id": <int>, "op": "<name>",
 // ...fields}; replies: {"id": <same>, "ok": true, ...results} or {"id": <same>, "ok": false,
 // "error": {"code": "<spin::errc name>", "message": "..."}} ("id" is null when the request had
 // no usable id). File descriptors travel as SCM_RIGHTS ancillary data of the sendmsg that
-// carries the request or reply line. Operations (node: index into nodes, u64 unless said):
+// carries the request or reply line (the client sends a line and its descriptors in one
+// sendmsg). Operations (node: index into nodes; integers are non-negative JSON integers; ids
+// and ranks are u32, sizes, offsets and match bits u64):
 //
 //   hello                                  -> protocol (1), server ("spin-emu"), nodes (count)
 //   nodes                                  -> nodes: [{node, name, rank}]
@@ -27,10 +28,14 @@
 //   stats                                  -> stats: [{node, name, rank, stats: <stats_json>}]
 //   stop                                   -> {}   (then server_options::on_stop runs)
 //
+// Access. The socket file is mode 0600 and every connection's peer user (SO_PEERCRED) must be
+// server_options::allowed_uid; anyone else gets one reply with error code "permission" (the one
+// code that is not an errc name) and is disconnected.
+//
 // Validation. A request is checked completely before anything happens: a line that is not
 // UTF-8 JSON, not an object, has an unknown op, an unknown or missing key, a value of the wrong
 // type or out of range, or file descriptors it does not expect gets an invalid_argument reply
-// and changes nothing; the connection stays usable. A line longer than max_request_bytes gets an
+// and changes nothing (a node index past the list gets not_found); the connection stays usable. A line longer than max_request_bytes gets an
 // invalid_argument reply and the connection is closed. Errors of the NIC pass through with their
 // errc name and message.
 //
@@ -39,6 +44,9 @@
 // "persist": true (spinctl installs that way) outlives the connection; a region that still holds
 // a persistent EC's window is kept until that EC is uninstalled (by anyone), then unregistered.
 // Any connection may uninstall any EC and open events of any EC (all peers are the same user).
+// "unregister" accepts only regions registered through the socket. When the server stops, it
+// uninstalls every EC it installed (persistent ones too: their regions are mapped by the
+// server) and unregisters its regions.
 //
 // Events. A pump on the server thread moves events from nic_control::poll_events into each
 // open ring every 100 microseconds (bursts of up to 256 per EC), so an event reaches the host

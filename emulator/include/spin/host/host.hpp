@@ -9,7 +9,6 @@
 // carries the server's errc and message ("permission" refusals arrive as errc::not_supported).
 #pragma once
 
-#include <spin/emu/nic_control.hpp>
 #include <spin/emu/shm.hpp>
 #include <spin/rt/loader.hpp>
 #include <spin/rt/result.hpp>
