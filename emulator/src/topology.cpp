@@ -192,20 +192,21 @@ public:
   // iterates keys sorted by name).
   std::optional<error> check_keys(const toml::table& tbl, const std::vector<std::string_view>& allowed,
                                   const std::string& what) const {
-    const toml::key* first = nullptr;
-    const toml::source_region* first_at = nullptr;
+    // Copies, not pointers: the positions must outlive the iteration.
+    std::optional<std::string> first;
+    toml::source_region first_at{};
     for (auto&& [k, v] : tbl) {
       if (std::find(allowed.begin(), allowed.end(), k.str()) != allowed.end()) continue;
-      const toml::source_region& r = k.source().begin.line ? k.source() : v.source();
-      if (first == nullptr || r.begin < first_at->begin) {
-        first = &k;
-        first_at = &r;
+      const toml::source_region r = k.source().begin.line != 0 ? k.source() : v.source();
+      if (!first || r.begin < first_at.begin) {
+        first = std::string(k.str());
+        first_at = r;
       }
     }
-    if (first == nullptr) return std::nullopt;
+    if (!first) return std::nullopt;
     std::string list;
     for (auto a : allowed) list += (list.empty() ? "" : ", ") + std::string(a);
-    return error{errc::invalid_argument, place(_src, *first_at) + ": unknown key " + quote(first->str()) + " in " +
+    return error{errc::invalid_argument, place(_src, first_at) + ": unknown key " + quote(*first) + " in " +
                                              what + " (known keys: " + list + ")"};
   }
 
