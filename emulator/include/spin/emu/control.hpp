@@ -3,7 +3,7 @@
 // messages, read statistics and stop the emulator. This comment is the protocol's reference.
 //
 // Protocol (version 1). Newline-delimited JSON: each request is one JSON object on one line,
-// each reply one object on one line, in request order. Requests: {"id": <int>, "op": "<name>",
+// each reply one object on one line, in request order. Requests: {"id": <0..2^63-1>, "op": "<name>",
 // ...fields}; replies: {"id": <same>, "ok": true, ...results} or {"id": <same>, "ok": false,
 // "error": {"code": "<spin::errc name>", "message": "..."}} ("id" is null when the request had
 // no usable id). File descriptors travel as SCM_RIGHTS ancillary data of the sendmsg that
