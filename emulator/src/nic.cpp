@@ -20,6 +20,10 @@
 #include <optional>
 #include <thread>
 
+#if defined(SPIN_TSAN)
+#include <sanitizer/tsan_interface.h>
+#endif
+
 namespace spin::emu {
 
 const char* nic_drop_name(nic_drop d) {
@@ -40,9 +44,35 @@ namespace {
 
 using rt::detail::counter;
 
+// DPDK's rings and mempools are not instrumented for ThreadSanitizer, so it cannot see the
+// happens-before they give when an mbuf moves between threads. Every place where an mbuf enters
+// or leaves DPDK in this file tells it (no-ops in other builds).
+#if defined(SPIN_TSAN)
+inline void sync_out(const rte_mbuf* m) noexcept {
+  for (; m != nullptr; m = m->next) __tsan_release(const_cast<rte_mbuf*>(m));
+}
+inline void sync_in(const rte_mbuf* m) noexcept {
+  for (; m != nullptr; m = m->next) __tsan_acquire(const_cast<rte_mbuf*>(m));
+}
+#else
+inline void sync_out(const rte_mbuf*) noexcept {}
+inline void sync_in(const rte_mbuf*) noexcept {}
+#endif
+
+rte_mbuf* mbuf_alloc(rte_mempool* pool) noexcept {
+  rte_mbuf* m = rte_pktmbuf_alloc(pool);
+  if (m != nullptr) sync_in(m);
+  return m;
+}
+
+void mbuf_free(rte_mbuf* m) noexcept {
+  sync_out(m);
+  rte_pktmbuf_free(m);
+}
+
 // Copies `len` bytes into a new frame of one or (when `chain`) several mbufs of `pool`.
 rte_mbuf* frame_to_mbufs(rte_mempool* pool, const std::byte* src, std::uint32_t len, bool chain) noexcept {
-  rte_mbuf* head = rte_pktmbuf_alloc(pool);
+  rte_mbuf* head = mbuf_alloc(pool);
   if (head == nullptr) return nullptr;
   const std::uint32_t room = rte_pktmbuf_tailroom(head);
   if (len <= room) {
@@ -50,7 +80,7 @@ rte_mbuf* frame_to_mbufs(rte_mempool* pool, const std::byte* src, std::uint32_t 
     return head;
   }
   if (!chain) {
-    rte_pktmbuf_free(head);
+    mbuf_free(head);
     return nullptr;
   }
   std::uint32_t done = 0;
@@ -62,17 +92,17 @@ rte_mbuf* frame_to_mbufs(rte_mempool* pool, const std::byte* src, std::uint32_t 
     done += n;
     if (cur != head) {
       if (rte_pktmbuf_chain(head, cur) != 0) {
-        rte_pktmbuf_free(cur);
-        rte_pktmbuf_free(head);
+        mbuf_free(cur);
+        mbuf_free(head);
         return nullptr;
       }
     } else {
       head->pkt_len = n;
     }
     if (done == len) break;
-    cur = rte_pktmbuf_alloc(pool);
+    cur = mbuf_alloc(pool);
     if (cur == nullptr) {
-      rte_pktmbuf_free(head);
+      mbuf_free(head);
       return nullptr;
     }
   }
@@ -130,7 +160,8 @@ struct nic::impl {
   nic_config cfg;
   rt::wire::endpoint self;
   std::deque<port_state> ports;  // deque: port_state holds atomics and never moves
-  std::vector<rte_ring*> hpu_rings;  // [hpu * ports + port]
+  std::vector<rte_ring*> hpu_rings;  // [hpu * (ports + 1) + port]; port == ports.size(): loopback
+  std::vector<rte_mbuf*> loop;       // frames to this NIC's own rank, waiting for the runtime
   struct hpu_scratch {
     std::vector<std::byte> buf;
     counter tx_full, no_mbuf;
@@ -177,13 +208,26 @@ struct nic::impl {
   result<void> init();
   void stop() noexcept;
   errc hpu_send(std::uint32_t hpu, std::uint32_t dest, const rt::wire::header& h, std::span<const std::byte> payload) noexcept;
+  // Egress port towards `dest`; ports.size() for this NIC's own rank (loopback); -1: none.
   std::int32_t route(std::uint32_t dest) const noexcept {
+    if (dest == cfg.rank) return static_cast<std::int32_t>(ports.size());
     if (cfg.routes.empty()) return 0;
     return dest < cfg.routes.size() ? cfg.routes[dest] : -1;
   }
   std::uint32_t poll_locked() noexcept;
   std::uint32_t rx(port_state& ps, std::uint32_t index) noexcept;
   std::uint32_t tx_drain(port_state& ps, std::uint32_t index) noexcept;
+  std::uint32_t loop_drain() noexcept;
+  // A frame in mbufs for egress `pi`: chained when the port sends chains; one mbuf (a large one
+  // when needed) for the loopback, since the runtime takes contiguous frames.
+  rte_mbuf* build(std::uint32_t pi, const std::byte* frame, std::uint32_t len) noexcept {
+    if (pi == ports.size()) {
+      rte_mempool* pool = lin_pool != nullptr && len > rte_pktmbuf_data_room_size(tx_pool) - RTE_PKTMBUF_HEADROOM ? lin_pool : tx_pool;
+      return frame_to_mbufs(pool, frame, len, false);
+    }
+    return frame_to_mbufs(tx_pool, frame, len, ports[pi].p->tx_multi_seg());
+  }
+  counter loopback;
   std::uint32_t advance_jobs() noexcept;
   void finish_job(send_job& j, error e) noexcept;
   bool stage_push(std::uint32_t port_index, rte_mbuf* m) noexcept;
@@ -194,7 +238,7 @@ struct nic::impl {
 };
 
 namespace {
-void release_mbuf(void*, std::uint64_t cookie) noexcept { rte_pktmbuf_free(reinterpret_cast<rte_mbuf*>(cookie)); }
+void release_mbuf(void*, std::uint64_t cookie) noexcept { mbuf_free(reinterpret_cast<rte_mbuf*>(cookie)); }
 void hpu_start(void* user, std::uint32_t) noexcept {
   if (*static_cast<const bool*>(user)) (void)rte_thread_register();
 }
@@ -248,14 +292,15 @@ result<void> nic::impl::init() {
   for (std::uint32_t h = 0; h < hpus; ++h) scratch[h].buf.resize(cfg.port.max_frame_bytes);
   static std::atomic<unsigned> ring_seq{0};
   for (std::uint32_t h = 0; h < hpus; ++h)
-    for (std::uint32_t p = 0; p < nports; ++p) {
+    for (std::uint32_t p = 0; p <= nports; ++p) {
       const std::string nm = "spin_tx" + std::to_string(ring_seq.fetch_add(1));
       rte_ring* r = rte_ring_create(nm.c_str(), cfg.tx_ring_packets, SOCKET_ID_ANY, RING_F_SP_ENQ | RING_F_SC_DEQ);
       if (r == nullptr) return fail(errc::no_memory, "nic " + cfg.name + ": cannot create a transmit ring: " + rte_strerror(rte_errno));
       hpu_rings.push_back(r);
     }
-  rx_buf.resize(cfg.burst);
+  rx_buf.resize(std::max<std::uint32_t>(cfg.burst, 4 * cfg.burst));
   mbuf_buf.resize(cfg.burst);
+  loop.reserve(4 * cfg.burst);
   host_frame.resize(cfg.port.max_frame_bytes);
 
   rt::runtime_config rc = cfg.runtime;
@@ -287,15 +332,17 @@ void nic::impl::stop() noexcept {
   jobs.clear();
   for (auto& ps : ports) {
     for (std::uint32_t i = ps.rx_head; i < ps.rx_pending.size() && ps.rx_pending[i].frame != nullptr; ++i) {
-      rte_pktmbuf_free(reinterpret_cast<rte_mbuf*>(ps.rx_pending[i].cookie));
+      mbuf_free(reinterpret_cast<rte_mbuf*>(ps.rx_pending[i].cookie));
       ps.rx_pending[i] = {};
     }
-    for (rte_mbuf* m : ps.stage) rte_pktmbuf_free(m);
+    for (rte_mbuf* m : ps.stage) mbuf_free(m);
     ps.stage.clear();
   }
+  for (rte_mbuf* m : loop) mbuf_free(m);
+  loop.clear();
   for (rte_ring* r : hpu_rings) {
     void* m = nullptr;
-    while (rte_ring_sc_dequeue(r, &m) == 0) rte_pktmbuf_free(static_cast<rte_mbuf*>(m));
+    while (rte_ring_sc_dequeue(r, &m) == 0) mbuf_free(static_cast<rte_mbuf*>(m));
     rte_ring_free(r);
   }
   hpu_rings.clear();
@@ -312,15 +359,15 @@ errc nic::impl::hpu_send(std::uint32_t hpu, std::uint32_t dest, const rt::wire::
   const rt::wire::endpoint dst = rt::wire::rank_endpoint(dest, cfg.runtime.udp_port);
   const std::size_t len = rt::wire::encode(self, dst, h, payload, s.buf);
   if (len == 0) return errc::invalid_argument;
-  port_state& ps = ports[static_cast<std::uint32_t>(pi)];
-  rte_mbuf* m = frame_to_mbufs(tx_pool, s.buf.data(), static_cast<std::uint32_t>(len), ps.p->tx_multi_seg());
+  rte_mbuf* m = build(static_cast<std::uint32_t>(pi), s.buf.data(), static_cast<std::uint32_t>(len));
   if (m == nullptr) {
     s.no_mbuf.add(1);
     return errc::no_space;
   }
-  rte_ring* r = hpu_rings[std::size_t{hpu} * ports.size() + static_cast<std::uint32_t>(pi)];
+  rte_ring* r = hpu_rings[std::size_t{hpu} * (ports.size() + 1) + static_cast<std::uint32_t>(pi)];
+  sync_out(m);
   if (rte_ring_sp_enqueue(r, m) != 0) {
-    rte_pktmbuf_free(m);
+    mbuf_free(m);
     s.tx_full.add(1);
     return errc::no_space;
   }
@@ -351,6 +398,7 @@ std::uint32_t nic::impl::rx(port_state& ps, std::uint32_t index) noexcept {
   }
   const std::uint16_t n = rte_eth_rx_burst(ps.p->id(), 0, mbuf_buf.data(), static_cast<std::uint16_t>(cfg.burst));
   if (n == 0) return moved;
+  for (std::uint16_t i = 0; i < n; ++i) sync_in(mbuf_buf[i]);
   std::uint32_t out = 0;
   const std::uint32_t max_frame = cfg.port.max_frame_bytes;
   for (std::uint16_t i = 0; i < n; ++i) {
@@ -360,18 +408,18 @@ std::uint32_t nic::impl::rx(port_state& ps, std::uint32_t index) noexcept {
     if (capture) capture_mbuf(m);
     if (m->pkt_len > max_frame) {
       count_drop(nic_drop::oversize);
-      rte_pktmbuf_free(m);
+      mbuf_free(m);
       continue;
     }
     if (m->nb_segs > 1) {
       // Handlers see one contiguous frame: copy the chain into one large mbuf.
       // Without scatter configured (a PMD that passes chains through, like net_ring) the frame
       // still fits one mbuf of the port's size.
-      rte_mbuf* lin = rte_pktmbuf_alloc(lin_pool != nullptr ? lin_pool : tx_pool);
+      rte_mbuf* lin = mbuf_alloc(lin_pool != nullptr ? lin_pool : tx_pool);
       if (lin == nullptr || rte_pktmbuf_tailroom(lin) < m->pkt_len) {
-        if (lin != nullptr) rte_pktmbuf_free(lin);
+        if (lin != nullptr) mbuf_free(lin);
         count_drop(nic_drop::no_mbuf);
-        rte_pktmbuf_free(m);
+        mbuf_free(m);
         continue;
       }
       auto* dst = reinterpret_cast<std::byte*>(rte_pktmbuf_append(lin, static_cast<std::uint16_t>(m->pkt_len)));
@@ -380,7 +428,7 @@ std::uint32_t nic::impl::rx(port_state& ps, std::uint32_t index) noexcept {
         std::memcpy(dst + off, rte_pktmbuf_mtod(s, const std::byte*), s->data_len);
         off += s->data_len;
       }
-      rte_pktmbuf_free(m);
+      mbuf_free(m);
       m = lin;
     }
     auto* frame = rte_pktmbuf_mtod(m, std::byte*);
@@ -390,7 +438,7 @@ std::uint32_t nic::impl::rx(port_state& ps, std::uint32_t index) noexcept {
       const std::int32_t pi = route(dest);
       if (pi < 0 || static_cast<std::uint32_t>(pi) == index || !stage_push(static_cast<std::uint32_t>(pi), m)) {
         count_drop(pi < 0 || static_cast<std::uint32_t>(pi) == index ? nic_drop::unroutable : nic_drop::tx_queue_full);
-        rte_pktmbuf_free(m);
+        mbuf_free(m);
       } else {
         ps.forwarded.add(1);
       }
@@ -410,15 +458,17 @@ std::uint32_t nic::impl::tx_drain(port_state& ps, std::uint32_t index) noexcept 
   auto& st = ps.stage;
   const std::size_t hpus = cfg.runtime.hpus;
   for (std::size_t h = 0; h < hpus && st.capacity() - st.size() >= cfg.burst; ++h) {
-    rte_ring* r = hpu_rings[h * ports.size() + index];
+    rte_ring* r = hpu_rings[h * (ports.size() + 1) + index];
     const std::size_t old = st.size();
     st.resize(old + cfg.burst);
     const unsigned got = rte_ring_sc_dequeue_burst(r, reinterpret_cast<void**>(st.data() + old), cfg.burst, nullptr);
     st.resize(old + got);
+    for (std::size_t i = old; i < st.size(); ++i) sync_in(st[i]);
     if (capture)
       for (std::size_t i = old; i < st.size(); ++i) capture_mbuf(st[i]);
   }
   if (st.empty()) return 0;
+  for (rte_mbuf* m : st) sync_out(m);
   const std::uint16_t sent = rte_eth_tx_burst(ps.p->id(), 0, st.data(), static_cast<std::uint16_t>(std::min<std::size_t>(st.size(), 65535)));
   for (std::uint16_t i = 0; i < sent; ++i) ps.tx_bytes.add(st[i]->pkt_len);
   ps.tx_packets.add(sent);
@@ -441,7 +491,7 @@ std::uint32_t nic::impl::advance_jobs() noexcept {
     bool finished = j.cancelled;
     while (!finished) {
       const std::int32_t pi = route(j.m.dest_rank);
-      auto& st = ports[static_cast<std::uint32_t>(pi)].stage;
+      auto& st = static_cast<std::size_t>(pi) == ports.size() ? loop : ports[static_cast<std::uint32_t>(pi)].stage;
       if (st.size() >= st.capacity()) return built;  // port busy: continue next round
       const std::uint64_t left = j.m.len_bytes - j.next_offset;
       const std::uint32_t n = static_cast<std::uint32_t>(std::min<std::uint64_t>(left, host_payload));
@@ -456,15 +506,13 @@ std::uint32_t nic::impl::advance_jobs() noexcept {
       h.flags = static_cast<std::uint16_t>((j.seq == 0 ? rt::wire::flag_start : 0) | (n == left ? rt::wire::flag_end : 0));
       const std::size_t len = rt::wire::encode(self, rt::wire::rank_endpoint(j.m.dest_rank, cfg.runtime.udp_port), h,
                                                j.data.subspan(j.next_offset, n), host_frame);
-      rte_mbuf* m = len == 0 ? nullptr
-                             : frame_to_mbufs(tx_pool, host_frame.data(), static_cast<std::uint32_t>(len),
-                                              ports[static_cast<std::uint32_t>(pi)].p->tx_multi_seg());
+      rte_mbuf* m = len == 0 ? nullptr : build(static_cast<std::uint32_t>(pi), host_frame.data(), static_cast<std::uint32_t>(len));
       if (m == nullptr) {
         count_drop(nic_drop::no_mbuf);
         return built;  // retry when mbufs come back
       }
       st.push_back(m);
-      if (capture) capture_mbuf(m);
+      if (capture && &st != &loop) capture_mbuf(m);
       ++built;
       host_packets.add(1);
       host_bytes.add(n);
@@ -483,6 +531,25 @@ std::uint32_t nic::impl::advance_jobs() noexcept {
   return built;
 }
 
+std::uint32_t nic::impl::loop_drain() noexcept {
+  const std::size_t nports = ports.size();
+  for (std::size_t h = 0; h < cfg.runtime.hpus && loop.capacity() - loop.size() >= cfg.burst; ++h) {
+    const std::size_t old = loop.size();
+    loop.resize(old + cfg.burst);
+    const unsigned got = rte_ring_sc_dequeue_burst(hpu_rings[h * (nports + 1) + nports], reinterpret_cast<void**>(loop.data() + old),
+                                                   cfg.burst, nullptr);
+    loop.resize(old + got);
+    for (std::size_t i = old; i < loop.size(); ++i) sync_in(loop[i]);
+  }
+  if (loop.empty()) return 0;
+  const std::uint32_t n = static_cast<std::uint32_t>(std::min(loop.size(), rx_buf.size()));
+  for (std::uint32_t i = 0; i < n; ++i) rx_buf[i] = rt::packet{rte_pktmbuf_mtod(loop[i], std::byte*), loop[i]->pkt_len, reinterpret_cast<std::uint64_t>(loop[i])};
+  const std::uint32_t k = rt->rx_burst(rx_buf.data(), n);
+  loopback.add(k);
+  loop.erase(loop.begin(), loop.begin() + k);
+  return k;
+}
+
 std::uint32_t nic::impl::poll_locked() noexcept {
   std::uint32_t work = 0;
   if (capture) {
@@ -494,11 +561,12 @@ std::uint32_t nic::impl::poll_locked() noexcept {
   if (work == 0) work += rt->poll();
   if (!jobs.empty()) work += advance_jobs();
   for (std::uint32_t i = 0; i < ports.size(); ++i) work += tx_drain(ports[i], i);
+  work += loop_drain();
   return work;
 }
 
 bool nic::impl::idle() const noexcept {
-  if (!jobs.empty()) return false;
+  if (!jobs.empty() || !loop.empty()) return false;
   for (const auto& ps : ports) {
     if (!ps.stage.empty()) return false;
     if (ps.rx_head < ps.rx_pending.size() && ps.rx_pending[ps.rx_head].frame != nullptr) return false;
@@ -577,7 +645,7 @@ errc nic::inject(std::span<const std::byte> frame) noexcept {
   rt::packet pk{rte_pktmbuf_mtod(m, std::byte*), m->pkt_len, reinterpret_cast<std::uint64_t>(m)};
   std::unique_lock lk(_p->sched_mu);
   if (!_p->rt) {
-    rte_pktmbuf_free(m);
+    mbuf_free(m);
     return errc::bad_state;
   }
   auto& ps = _p->ports[0];
@@ -702,6 +770,7 @@ nic_stats nic::stats() const {
   s.host_messages_sent = p.host_messages.get();
   s.host_packets_sent = p.host_packets.get();
   s.host_bytes_sent = p.host_bytes.get();
+  s.loopback_packets = p.loopback.get();
   s.mbufs_in_use = p.mbufs_in_use();
   s.capture_frames = p.capture_frames.get();
   s.capture_errors = p.capture_errors.get();
@@ -736,6 +805,7 @@ std::string to_json(const nic_stats& s) {
   j["host_messages_sent"] = s.host_messages_sent;
   j["host_packets_sent"] = s.host_packets_sent;
   j["host_bytes_sent"] = s.host_bytes_sent;
+  j["loopback_packets"] = s.loopback_packets;
   j["mbufs_in_use"] = s.mbufs_in_use;
   j["capture_frames"] = s.capture_frames;
   j["capture_errors"] = s.capture_errors;

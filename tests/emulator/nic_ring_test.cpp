@@ -40,6 +40,22 @@ SPIN_PAYLOAD_HANDLER(echo_ph) {
   return ctx->send(d) == errc::ok ? ret::success : ret::drop;
 }
 
+SPIN_PAYLOAD_HANDLER(echo_next_ph) {
+  // Like echo_ph, with the next match bits: the answer goes to another EC.
+  send_desc d{};
+  d.size_bytes = sizeof d;
+  d.dest_rank = ctx->msg.source_rank;
+  d.match_bits = ctx->msg.match_bits + 1;
+  d.message_id = ctx->msg.message_id + 1000;
+  d.offset_bytes = ctx->msg.offset_bytes;
+  d.message_len_bytes = ctx->msg.message_len_bytes;
+  d.data = ctx->packet.data;
+  d.len_bytes = static_cast<u32>(ctx->packet.size());
+  d.flags = ctx->msg.flags & (msg_start | msg_end);
+  d.packet_index = ctx->msg.packet_index;
+  return ctx->send(d) == errc::ok ? ret::success : ret::drop;
+}
+
 SPIN_COMPLETION_HANDLER(event_ch) {
   ctx->post_event(ctx->msg.message_id);
   return ret::success;
@@ -458,6 +474,62 @@ TEST_CASE("control calls from other threads run between bursts while a thread po
   auto ra = (*a)->register_host_memory(src);
   REQUIRE(ra.ok());
   CHECK((*a)->send(emu::message_send{1, 0, 1, *ra, 5, 6}, 100ms).err().code == errc::out_of_bounds);
+}
+
+TEST_CASE("messages and handler sends to the NIC's own rank loop back to its runtime without touching the wire") {
+  cable c;
+  auto a = emu::nic::create(config("a", 0, c.port_a));
+  auto b = emu::nic::create(config("b", 1, c.port_b));
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  emu::nic& na = **a;
+  const std::size_t len = 3000;
+  std::vector<std::byte> src = pattern_bytes(len, 5), direct(len), echoed(len);
+  auto rs = na.register_host_memory(src);
+  auto rd = na.register_host_memory(direct);
+  auto re = na.register_host_memory(echoed);
+  REQUIRE(rs.ok());
+  REQUIRE(rd.ok());
+  REQUIRE(re.ok());
+  // 0x40: the echo EC answers with match bits 0x41 to the sender, which is this NIC itself.
+  rt::ec_config echo;
+  echo.name = "echo";
+  echo.match = {0x40, 0};
+  echo.handlers = rt::handler_set(nullptr, echo_next_ph, nullptr);
+  REQUIRE(na.install(echo).ok());
+  rt::ec_config land;
+  land.name = "echoed";
+  land.match = {0x41, 0};
+  land.handlers = rt::handler_set(nullptr, nullptr, event_ch);
+  land.window = rt::host_window{*re, 0, len};
+  auto e = na.install(land);
+  REQUIRE(e.ok());
+  land.name = "direct";
+  land.match = {0x42, 0};
+  land.window = rt::host_window{*rd, 0, len};
+  auto d = na.install(land);
+  REQUIRE(d.ok());
+  {
+    poller p(na, **b);
+    REQUIRE(na.send(emu::message_send{0, 0x42, 9, *rs, 0, len}, 5000ms).ok());
+    auto ev = wait_events(na, *d, 1);
+    REQUIRE(ev.size() == 1);
+    CHECK(ev[0].message_id == 9);
+    CHECK(ev[0].source_rank == 0);
+    REQUIRE(na.send(emu::message_send{0, 0x40, 20, *rs, 0, len}, 5000ms).ok());
+    ev = wait_events(na, *e, 1);
+    REQUIRE(ev.size() == 1);
+    CHECK(ev[0].message_id == 1020);
+  }
+  REQUIRE(na.quiesce(2000ms));
+  CHECK(direct == src);
+  CHECK(echoed == src);
+  const auto s = na.stats();
+  CHECK(s.ports[0].tx_packets == 0);
+  CHECK(s.ports[0].rx_packets == 0);
+  CHECK(s.runtime.ecs.at(0).sends == 3);
+  CHECK(s.loopback_packets == 9);  // 3 direct, 3 to the echo EC, 3 echoed
+  for (auto dr : s.drops) CHECK(dr == 0);
 }
 
 TEST_CASE("a NIC captures what it sends and receives, and replaying the capture into another NIC gives the same host bytes") {

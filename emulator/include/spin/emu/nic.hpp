@@ -57,6 +57,7 @@ struct nic_stats {
   std::vector<nic_port_stats> ports;
   std::array<std::uint64_t, nic_drop_count> drops{};
   std::uint64_t host_messages_sent = 0, host_packets_sent = 0, host_bytes_sent = 0;
+  std::uint64_t loopback_packets = 0;  ///< packets to this NIC's own rank, handed back to its runtime
   std::uint64_t mbufs_in_use = 0;  ///< mbufs of the NIC's pools not in their pool right now
   std::uint64_t capture_frames = 0;  ///< frames written to the capture file
   std::uint64_t capture_errors = 0;  ///< frames the capture could not write (disk full, > 16 segments)
@@ -74,7 +75,8 @@ struct nic_config {
   std::vector<std::uint16_t> ports;       ///< DPDK port ids, at least one; the NIC opens them
   port_options port;                      ///< applied to every port
   /// Egress port (index into `ports`) for each destination rank; -1: no route. Empty: every
-  /// destination goes out of port 0.
+  /// destination goes out of port 0. Packets to the NIC's own rank never leave: they go back to
+  /// its runtime (loopback), from handlers and from the host alike.
   std::vector<std::int32_t> routes;
   /// The runtime's configuration; rank, tx, release and the HPU thread hooks are set by the NIC.
   rt::runtime_config runtime;
