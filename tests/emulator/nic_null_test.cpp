@@ -64,6 +64,7 @@ TEST_CASE("frames from a port that never pauses are all counted, and every mbuf 
   REQUIRE(id1.ok());
   emu::nic_config c;
   c.name = "null";
+  c.rank = 1;
   c.ports = {*id0, *id1};
   c.routes = {1};  // rank 0's messages go out of port 1
   c.port.max_frame_bytes = 2048;
