@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -239,8 +240,13 @@ struct nic::impl {
 
 namespace {
 void release_mbuf(void*, std::uint64_t cookie) noexcept { mbuf_free(reinterpret_cast<rte_mbuf*>(cookie)); }
-void hpu_start(void* user, std::uint32_t) noexcept {
-  if (*static_cast<const bool*>(user)) (void)rte_thread_register();
+void hpu_start(void* user, std::uint32_t hpu) noexcept {
+  if (*static_cast<const bool*>(user) && rte_thread_register() != 0) {
+    static std::atomic<bool> said{false};
+    if (!said.exchange(true))
+      std::fprintf(stderr, "spin-emu: HPU %u could not register as a DPDK lcore (%s; DPDK has %d lcore ids): it runs without mbuf caches\n",
+                   hpu, rte_strerror(rte_errno), RTE_MAX_LCORE);
+  }
 }
 void hpu_stop(void* user, std::uint32_t) noexcept {
   if (*static_cast<const bool*>(user) && rte_lcore_id() != LCORE_ID_ANY) rte_thread_unregister();
@@ -507,10 +513,7 @@ std::uint32_t nic::impl::advance_jobs() noexcept {
       const std::size_t len = rt::wire::encode(self, rt::wire::rank_endpoint(j.m.dest_rank, cfg.runtime.udp_port), h,
                                                j.data.subspan(j.next_offset, n), host_frame);
       rte_mbuf* m = len == 0 ? nullptr : build(static_cast<std::uint32_t>(pi), host_frame.data(), static_cast<std::uint32_t>(len));
-      if (m == nullptr) {
-        count_drop(nic_drop::no_mbuf);
-        return built;  // retry when mbufs come back
-      }
+      if (m == nullptr) return built;  // no mbuf now: the message waits (nothing is dropped)
       st.push_back(m);
       if (capture && &st != &loop) capture_mbuf(m);
       ++built;
@@ -720,6 +723,14 @@ result<void> nic::send(const message_send& m, std::chrono::milliseconds timeout)
                                            ") lie outside host region " + std::to_string(m.region) + " of " + std::to_string(reg.mem.size()) + " bytes");
     if (_p->route(m.dest_rank) < 0) return fail(errc::not_found, "send: no route from " + _p->cfg.name + " to rank " + std::to_string(m.dest_rank));
     if (m.len_bytes / _p->host_payload >= (1ull << 32)) return fail(errc::invalid_argument, "send: message needs more than 2^32 packets");
+    const std::uint32_t pi = static_cast<std::uint32_t>(_p->route(m.dest_rank));
+    rt::wire::header probe;
+    const std::size_t frame = rt::wire::encoded_len(probe, std::min<std::uint64_t>(m.len_bytes, _p->host_payload));
+    const std::size_t room = rte_pktmbuf_data_room_size(_p->tx_pool) - RTE_PKTMBUF_HEADROOM;
+    if (pi < _p->ports.size() && frame > room && !_p->ports[pi].p->tx_multi_seg())
+      return fail(errc::invalid_argument, "send: frames of " + std::to_string(frame) + " bytes do not fit one " + std::to_string(room) +
+                                              "-byte mbuf and port " + _p->ports[pi].p->name() +
+                                              " cannot send chained mbufs: lower the payload per packet or raise the mbuf size");
     job->data = reg.mem.subspan(m.offset_bytes, m.len_bytes);
     reg.active_sends++;
     _p->jobs.push_back(job);

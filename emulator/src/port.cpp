@@ -6,6 +6,7 @@
 #include <rte_lcore.h>
 #include <rte_mbuf.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 
@@ -67,10 +68,15 @@ result<std::unique_ptr<port>> port::open(std::uint16_t port_id, const port_optio
                                      " (raise EAL's -m or lower the pool size)");
 
   rte_eth_conf conf{};
-  conf.rxmode.mtu = o.max_frame_bytes > RTE_ETHER_HDR_LEN ? o.max_frame_bytes - RTE_ETHER_HDR_LEN : RTE_ETHER_MTU;
+  // ethdev turns the MTU back into a frame size with the device's own overhead (Ethernet header
+  // and CRC, or what max_rx_pktlen - max_mtu says) and checks it against max_rx_pktlen.
+  std::uint32_t overhead = RTE_ETHER_HDR_LEN + RTE_ETHER_CRC_LEN;
+  if (info.max_mtu != UINT16_MAX && info.max_rx_pktlen > info.max_mtu) overhead = info.max_rx_pktlen - info.max_mtu;
+  const std::uint32_t frame = std::min(o.max_frame_bytes + RTE_ETHER_CRC_LEN, info.max_rx_pktlen);
+  conf.rxmode.mtu = static_cast<std::uint16_t>(std::min<std::uint32_t>(frame > overhead ? frame - overhead : RTE_ETHER_MIN_MTU, info.max_mtu));
+  if (conf.rxmode.mtu < info.min_mtu) conf.rxmode.mtu = info.min_mtu;
   if (scatter) conf.rxmode.offloads |= RTE_ETH_RX_OFFLOAD_SCATTER;
   if (p->_tx_multi_seg) conf.txmode.offloads |= RTE_ETH_TX_OFFLOAD_MULTI_SEGS;
-  if (conf.rxmode.mtu > info.max_mtu) conf.rxmode.mtu = info.max_mtu;
   if (int rc = rte_eth_dev_configure(port_id, 1, 1, &conf); rc != 0)
     return fail(errc::invalid_argument, "port " + name + " (" + drv + "): configure failed: " + dpdk_err(rc));
   std::uint16_t rxd = o.rx_desc, txd = o.tx_desc;

@@ -18,6 +18,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -106,7 +107,12 @@ int main(int argc, char** argv) {
   if (mode == "cluster" && topology_file.empty()) return die("cluster mode needs --topology FILE");
   if (mode == "nic" && port_names.empty())
     return die("nic mode needs --port DEVICE (for example: spin-emu --vdev=net_memif0,role=server -- --port net_memif0)");
-  if (mode == "nic" && !topology_file.empty()) return die("--topology is for cluster mode");
+  // Options of the other mode are refused, not ignored.
+  for (const char* opt : {"--topology", "--capture-dir"})
+    if (mode == "nic" && app.count(opt) != 0) return die(std::string(opt) + " is for cluster mode");
+  for (const char* opt : {"--port", "--rank", "--name", "--hpus", "--capture", "--replay"})
+    if (mode == "cluster" && app.count(opt) != 0)
+      return die(std::string(opt) + " is for nic mode (in cluster mode the topology file names nodes, ranks and HPUs)");
 
   if (eal.empty()) eal = spin::emu::default_eal_args("spin-emu-" + std::to_string(getpid()));
   if (auto r = spin::emu::eal_init(eal); !r) return die(r.err().message);

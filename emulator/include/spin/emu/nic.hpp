@@ -28,12 +28,12 @@ class pcap_writer;
 /// Why the NIC dropped a frame or a packet before or after the runtime (the runtime counts its
 /// own reasons: rt::drop_reason). Every drop counts under exactly one reason.
 enum class nic_drop : std::uint8_t {
-  no_mbuf,        ///< no mbuf to receive into (DPDK's rx_nombuf), to linearise a chained frame, or to build a packet to send
+  no_mbuf,        ///< no mbuf to receive into (DPDK's rx_nombuf), to linearise a chained frame, or to build a handler's packet (a host message waits instead)
   oversize,       ///< received frame longer than port_options::max_frame_bytes
   malformed,      ///< frame the wire parser rejected (the runtime's wire::reject counters say why)
   unknown_ec,     ///< spin packet that matched no installed EC
   rx_queue_full,  ///< the port's RX queue overflowed while the NIC was busy (DPDK's imissed)
-  tx_queue_full,  ///< a handler's send found its transmit ring full (the handler gets no_space)
+  tx_queue_full,  ///< a handler's send found its transmit ring full (the handler gets no_space), or a transit frame found its egress stage full
   unroutable,     ///< frame for another rank with no route to it from this NIC
   count_
 };

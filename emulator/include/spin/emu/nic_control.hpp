@@ -26,9 +26,10 @@ struct message_send {
 };
 
 /// One NIC's control operations. Every member is thread-safe: the implementation runs the
-/// operation on the NIC's scheduler thread between bursts and waits for it (control path; may
-/// allocate and block). Errors are those of the runtime call named, plus `timeout` when the NIC's
-/// loop did not take the request within `control_timeout` (a stopped or stuck NIC).
+/// operation on the calling thread, serialised with the NIC's poll loop between two rounds
+/// (control path; may allocate and block). Errors are those of the runtime call named, plus
+/// `timeout` when the poll loop did not let the request in within its control timeout (a stuck
+/// NIC), and `bad_state` once the NIC is stopped.
 class nic_control {
 public:
   virtual ~nic_control() = default;
