@@ -9,6 +9,7 @@
 #include <rte_ethdev.h>
 #include <rte_lcore.h>
 #include <rte_mbuf.h>
+#include <rte_prefetch.h>
 #include <rte_ring.h>
 
 #include <nlohmann/json.hpp>
@@ -123,6 +124,39 @@ bool mac_rank(const std::byte* frame, std::uint32_t& rank) noexcept {
 
 }  // namespace
 
+// Frames waiting for a transmit burst (or, for the loopback, for the runtime): a fixed array
+// the scheduler thread owns. Frames leave from the front; the rest move down.
+class mbuf_stage {
+public:
+  void init(std::uint32_t capacity) {
+    _a = std::make_unique<rte_mbuf*[]>(capacity);
+    _cap = capacity;
+  }
+  std::uint32_t size() const noexcept { return _n; }
+  std::uint32_t room() const noexcept { return _cap - _n; }
+  bool empty() const noexcept { return _n == 0; }
+  bool full() const noexcept { return _n == _cap; }
+  rte_mbuf** data() noexcept { return _a.get(); }
+  rte_mbuf* operator[](std::uint32_t i) const noexcept { return _a[i]; }
+  void push_back(rte_mbuf* m) noexcept { _a[_n++] = m; }
+  // Appends up to `room()` frames from single-consumer ring `r`; returns how many.
+  std::uint32_t dequeue_from(rte_ring* r, std::uint32_t max) noexcept {
+    const std::uint32_t got = rte_ring_sc_dequeue_burst(r, reinterpret_cast<void**>(_a.get() + _n), std::min(max, room()), nullptr);
+    _n += got;
+    return got;
+  }
+  void drop_front(std::uint32_t k) noexcept {
+    if (k == 0) return;
+    std::memmove(_a.get(), _a.get() + k, (_n - k) * sizeof(rte_mbuf*));
+    _n -= k;
+  }
+  void clear() noexcept { _n = 0; }
+
+private:
+  std::unique_ptr<rte_mbuf*[]> _a;
+  std::uint32_t _n = 0, _cap = 0;
+};
+
 // One host message in progress (nic_control::send).
 struct send_job {
   message_send m;
@@ -139,7 +173,7 @@ struct send_job {
 struct nic::impl {
   struct port_state {
     std::unique_ptr<port> p;
-    std::vector<rte_mbuf*> stage;   // frames waiting for rte_eth_tx_burst (scheduler thread)
+    mbuf_stage stage;  // frames waiting for rte_eth_tx_burst (scheduler thread)
     std::vector<rt::packet> rx_pending;  // accepted from the port, not yet taken by the runtime
     std::uint32_t rx_head = 0;
     counter rx_packets, rx_bytes, tx_packets, tx_bytes, forwarded;
@@ -162,7 +196,7 @@ struct nic::impl {
   rt::wire::endpoint self;
   std::deque<port_state> ports;  // deque: port_state holds atomics and never moves
   std::vector<rte_ring*> hpu_rings;  // [hpu * (ports + 1) + port]; port == ports.size(): loopback
-  std::vector<rte_mbuf*> loop;       // frames to this NIC's own rank, waiting for the runtime
+  mbuf_stage loop;                   // frames to this NIC's own rank, waiting for the runtime
   struct hpu_scratch {
     std::vector<std::byte> buf;
     counter tx_full, no_mbuf;
@@ -280,7 +314,7 @@ result<void> nic::impl::init() {
     if (!p) return p.err();
     ports.emplace_back();
     ports.back().p = std::move(p.value());
-    ports.back().stage.reserve(4 * cfg.burst);
+    ports.back().stage.init(4 * cfg.burst);
     ports.back().rx_pending.resize(cfg.burst);
   }
   tx_pool = ports[0].p->pool();
@@ -306,7 +340,7 @@ result<void> nic::impl::init() {
     }
   rx_buf.resize(std::max<std::uint32_t>(cfg.burst, 4 * cfg.burst));
   mbuf_buf.resize(cfg.burst);
-  loop.reserve(4 * cfg.burst);
+  loop.init(4 * cfg.burst);
   host_frame.resize(cfg.port.max_frame_bytes);
 
   rt::runtime_config rc = cfg.runtime;
@@ -341,10 +375,10 @@ void nic::impl::stop() noexcept {
       mbuf_free(reinterpret_cast<rte_mbuf*>(ps.rx_pending[i].cookie));
       ps.rx_pending[i] = {};
     }
-    for (rte_mbuf* m : ps.stage) mbuf_free(m);
+    for (std::uint32_t i = 0; i < ps.stage.size(); ++i) mbuf_free(ps.stage[i]);
     ps.stage.clear();
   }
-  for (rte_mbuf* m : loop) mbuf_free(m);
+  for (std::uint32_t i = 0; i < loop.size(); ++i) mbuf_free(loop[i]);
   loop.clear();
   for (rte_ring* r : hpu_rings) {
     void* m = nullptr;
@@ -382,7 +416,7 @@ errc nic::impl::hpu_send(std::uint32_t hpu, std::uint32_t dest, const rt::wire::
 
 bool nic::impl::stage_push(std::uint32_t port_index, rte_mbuf* m) noexcept {
   auto& st = ports[port_index].stage;
-  if (st.size() >= st.capacity()) return false;
+  if (st.full()) return false;
   st.push_back(m);
   if (capture) capture_mbuf(m);
   return true;
@@ -404,7 +438,10 @@ std::uint32_t nic::impl::rx(port_state& ps, std::uint32_t index) noexcept {
   }
   const std::uint16_t n = rte_eth_rx_burst(ps.p->id(), 0, mbuf_buf.data(), static_cast<std::uint16_t>(cfg.burst));
   if (n == 0) return moved;
-  for (std::uint16_t i = 0; i < n; ++i) sync_in(mbuf_buf[i]);
+  for (std::uint16_t i = 0; i < n; ++i) {
+    sync_in(mbuf_buf[i]);
+    rte_prefetch0(rte_pktmbuf_mtod(mbuf_buf[i], const void*));  // the headers: the MAC check and the parser read them
+  }
   std::uint32_t out = 0;
   const std::uint32_t max_frame = cfg.port.max_frame_bytes;
   for (std::uint16_t i = 0; i < n; ++i) {
@@ -463,23 +500,23 @@ std::uint32_t nic::impl::rx(port_state& ps, std::uint32_t index) noexcept {
 std::uint32_t nic::impl::tx_drain(port_state& ps, std::uint32_t index) noexcept {
   auto& st = ps.stage;
   const std::size_t hpus = cfg.runtime.hpus;
-  for (std::size_t h = 0; h < hpus && st.capacity() - st.size() >= cfg.burst; ++h) {
+  for (std::size_t h = 0; h < hpus && st.room() >= cfg.burst; ++h) {
     rte_ring* r = hpu_rings[h * (ports.size() + 1) + index];
-    const std::size_t old = st.size();
-    st.resize(old + cfg.burst);
-    const unsigned got = rte_ring_sc_dequeue_burst(r, reinterpret_cast<void**>(st.data() + old), cfg.burst, nullptr);
-    st.resize(old + got);
-    for (std::size_t i = old; i < st.size(); ++i) sync_in(st[i]);
+    const std::uint32_t old = st.size();
+    if (st.dequeue_from(r, cfg.burst) == 0) continue;
+    for (std::uint32_t i = old; i < st.size(); ++i) sync_in(st[i]);
     if (capture)
-      for (std::size_t i = old; i < st.size(); ++i) capture_mbuf(st[i]);
+      for (std::uint32_t i = old; i < st.size(); ++i) capture_mbuf(st[i]);
   }
   if (st.empty()) return 0;
-  for (rte_mbuf* m : st) sync_out(m);
-  const std::uint16_t sent = rte_eth_tx_burst(ps.p->id(), 0, st.data(), static_cast<std::uint16_t>(std::min<std::size_t>(st.size(), 65535)));
-  for (std::uint16_t i = 0; i < sent; ++i) ps.tx_bytes.add(st[i]->pkt_len);
+  for (std::uint32_t i = 0; i < st.size(); ++i) sync_out(st[i]);
+  const std::uint16_t sent = rte_eth_tx_burst(ps.p->id(), 0, st.data(), static_cast<std::uint16_t>(st.size()));
+  std::uint64_t bytes = 0;
+  for (std::uint16_t i = 0; i < sent; ++i) bytes += st[i]->pkt_len;
+  ps.tx_bytes.add(bytes);
   ps.tx_packets.add(sent);
   // The unsent rest waits for the next round (the port's queue is full); nothing is dropped here.
-  st.erase(st.begin(), st.begin() + sent);
+  st.drop_front(sent);
   return sent;
 }
 
@@ -498,7 +535,7 @@ std::uint32_t nic::impl::advance_jobs() noexcept {
     while (!finished) {
       const std::int32_t pi = route(j.m.dest_rank);
       auto& st = static_cast<std::size_t>(pi) == ports.size() ? loop : ports[static_cast<std::uint32_t>(pi)].stage;
-      if (st.size() >= st.capacity()) return built;  // port busy: continue next round
+      if (st.full()) return built;  // port busy: continue next round
       const std::uint64_t left = j.m.len_bytes - j.next_offset;
       const std::uint32_t n = static_cast<std::uint32_t>(std::min<std::uint64_t>(left, host_payload));
       rt::wire::header h;
@@ -536,20 +573,17 @@ std::uint32_t nic::impl::advance_jobs() noexcept {
 
 std::uint32_t nic::impl::loop_drain() noexcept {
   const std::size_t nports = ports.size();
-  for (std::size_t h = 0; h < cfg.runtime.hpus && loop.capacity() - loop.size() >= cfg.burst; ++h) {
-    const std::size_t old = loop.size();
-    loop.resize(old + cfg.burst);
-    const unsigned got = rte_ring_sc_dequeue_burst(hpu_rings[h * (nports + 1) + nports], reinterpret_cast<void**>(loop.data() + old),
-                                                   cfg.burst, nullptr);
-    loop.resize(old + got);
-    for (std::size_t i = old; i < loop.size(); ++i) sync_in(loop[i]);
+  for (std::size_t h = 0; h < cfg.runtime.hpus && loop.room() >= cfg.burst; ++h) {
+    const std::uint32_t old = loop.size();
+    loop.dequeue_from(hpu_rings[h * (nports + 1) + nports], cfg.burst);
+    for (std::uint32_t i = old; i < loop.size(); ++i) sync_in(loop[i]);
   }
   if (loop.empty()) return 0;
-  const std::uint32_t n = static_cast<std::uint32_t>(std::min(loop.size(), rx_buf.size()));
+  const std::uint32_t n = std::min<std::uint32_t>(loop.size(), static_cast<std::uint32_t>(rx_buf.size()));
   for (std::uint32_t i = 0; i < n; ++i) rx_buf[i] = rt::packet{rte_pktmbuf_mtod(loop[i], std::byte*), loop[i]->pkt_len, reinterpret_cast<std::uint64_t>(loop[i])};
   const std::uint32_t k = rt->rx_burst(rx_buf.data(), n);
   loopback.add(k);
-  loop.erase(loop.begin(), loop.begin() + k);
+  loop.drop_front(k);
   return k;
 }
 
