@@ -1,6 +1,7 @@
 #include <spin/emu/nic.hpp>
 #include <spin/emu/pcap.hpp>
 
+#include <spin/rt/ring.hpp>
 #include <spin/rt/stats.hpp>
 #include <spin/rt/tx.hpp>
 #include <spin/rt/wire.hpp>
@@ -139,9 +140,9 @@ public:
   rte_mbuf** data() noexcept { return _a.get(); }
   rte_mbuf* operator[](std::uint32_t i) const noexcept { return _a[i]; }
   void push_back(rte_mbuf* m) noexcept { _a[_n++] = m; }
-  // Appends up to `room()` frames from single-consumer ring `r`; returns how many.
-  std::uint32_t dequeue_from(rte_ring* r, std::uint32_t max) noexcept {
-    const std::uint32_t got = rte_ring_sc_dequeue_burst(r, reinterpret_cast<void**>(_a.get() + _n), std::min(max, room()), nullptr);
+  // Appends up to min(max, room()) frames from HPU ring `r` (this thread is its consumer).
+  std::uint32_t dequeue_from(rt::detail::spsc_ring<rte_mbuf*>& r, std::uint32_t max) noexcept {
+    const auto got = static_cast<std::uint32_t>(r.try_pop_burst(_a.get() + _n, std::min(max, room())));
     _n += got;
     return got;
   }
@@ -195,7 +196,9 @@ struct nic::impl {
   nic_config cfg;
   rt::wire::endpoint self;
   std::deque<port_state> ports;  // deque: port_state holds atomics and never moves
-  std::vector<rte_ring*> hpu_rings;  // [hpu * (ports + 1) + port]; port == ports.size(): loopback
+  // [hpu * (ports + 1) + port]; port == ports.size(): loopback. Our SPSC ring (C++ atomics)
+  // rather than rte_ring, whose generic x86 build ThreadSanitizer cannot follow.
+  std::vector<std::unique_ptr<rt::detail::spsc_ring<rte_mbuf*>>> hpu_rings;
   mbuf_stage loop;                   // frames to this NIC's own rank, waiting for the runtime
   struct hpu_scratch {
     std::vector<std::byte> buf;
@@ -230,7 +233,7 @@ struct nic::impl {
   counter host_messages, host_packets, host_bytes;
 
   // Control path.
-  std::timed_mutex sched_mu;
+  std::mutex sched_mu;
   std::atomic<int> ctl_waiting{0};
   std::deque<std::shared_ptr<send_job>> jobs;
   struct region_entry {
@@ -330,14 +333,8 @@ result<void> nic::impl::init() {
   const std::uint32_t hpus = cfg.runtime.hpus;
   scratch = std::make_unique<hpu_scratch[]>(hpus);
   for (std::uint32_t h = 0; h < hpus; ++h) scratch[h].buf.resize(cfg.port.max_frame_bytes);
-  static std::atomic<unsigned> ring_seq{0};
   for (std::uint32_t h = 0; h < hpus; ++h)
-    for (std::uint32_t p = 0; p <= nports; ++p) {
-      const std::string nm = "spin_tx" + std::to_string(ring_seq.fetch_add(1));
-      rte_ring* r = rte_ring_create(nm.c_str(), cfg.tx_ring_packets, SOCKET_ID_ANY, RING_F_SP_ENQ | RING_F_SC_DEQ);
-      if (r == nullptr) return fail(errc::no_memory, "nic " + cfg.name + ": cannot create a transmit ring: " + rte_strerror(rte_errno));
-      hpu_rings.push_back(r);
-    }
+    for (std::uint32_t p = 0; p <= nports; ++p) hpu_rings.push_back(std::make_unique<rt::detail::spsc_ring<rte_mbuf*>>(cfg.tx_ring_packets));
   rx_buf.resize(std::max<std::uint32_t>(cfg.burst, 4 * cfg.burst));
   mbuf_buf.resize(cfg.burst);
   loop.init(4 * cfg.burst);
@@ -380,10 +377,9 @@ void nic::impl::stop() noexcept {
   }
   for (std::uint32_t i = 0; i < loop.size(); ++i) mbuf_free(loop[i]);
   loop.clear();
-  for (rte_ring* r : hpu_rings) {
-    void* m = nullptr;
-    while (rte_ring_sc_dequeue(r, &m) == 0) mbuf_free(static_cast<rte_mbuf*>(m));
-    rte_ring_free(r);
+  for (auto& r : hpu_rings) {
+    rte_mbuf* m = nullptr;
+    while (r->try_pop(m)) mbuf_free(m);
   }
   hpu_rings.clear();
 }
@@ -404,9 +400,8 @@ errc nic::impl::hpu_send(std::uint32_t hpu, std::uint32_t dest, const rt::wire::
     s.no_mbuf.add(1);
     return errc::no_space;
   }
-  rte_ring* r = hpu_rings[std::size_t{hpu} * (ports.size() + 1) + static_cast<std::uint32_t>(pi)];
-  sync_out(m);
-  if (rte_ring_sp_enqueue(r, m) != 0) {
+  auto& r = *hpu_rings[std::size_t{hpu} * (ports.size() + 1) + static_cast<std::uint32_t>(pi)];
+  if (!r.try_push(m)) {
     mbuf_free(m);
     s.tx_full.add(1);
     return errc::no_space;
@@ -501,7 +496,7 @@ std::uint32_t nic::impl::tx_drain(port_state& ps, std::uint32_t index) noexcept 
   auto& st = ps.stage;
   const std::size_t hpus = cfg.runtime.hpus;
   for (std::size_t h = 0; h < hpus && st.room() >= cfg.burst; ++h) {
-    rte_ring* r = hpu_rings[h * (ports.size() + 1) + index];
+    auto& r = *hpu_rings[h * (ports.size() + 1) + index];
     const std::uint32_t old = st.size();
     if (st.dequeue_from(r, cfg.burst) == 0) continue;
     for (std::uint32_t i = old; i < st.size(); ++i) sync_in(st[i]);
@@ -575,7 +570,7 @@ std::uint32_t nic::impl::loop_drain() noexcept {
   const std::size_t nports = ports.size();
   for (std::size_t h = 0; h < cfg.runtime.hpus && loop.room() >= cfg.burst; ++h) {
     const std::uint32_t old = loop.size();
-    loop.dequeue_from(hpu_rings[h * (nports + 1) + nports], cfg.burst);
+    loop.dequeue_from(*hpu_rings[h * (nports + 1) + nports], cfg.burst);
     for (std::uint32_t i = old; i < loop.size(); ++i) sync_in(loop[i]);
   }
   if (loop.empty()) return 0;
@@ -608,15 +603,22 @@ bool nic::impl::idle() const noexcept {
     if (!ps.stage.empty()) return false;
     if (ps.rx_head < ps.rx_pending.size() && ps.rx_pending[ps.rx_head].frame != nullptr) return false;
   }
-  for (rte_ring* r : hpu_rings)
-    if (rte_ring_count(r) != 0) return false;
+  for (const auto& r : hpu_rings)
+    if (!r->empty()) return false;
   return true;
 }
 
 template <class F> auto nic::impl::on_scheduler(const char* what, F&& f) -> decltype(f()) {
+  // The poller yields while ctl_waiting is non-zero, so try_lock soon succeeds. (A plain mutex
+  // and try_lock, not timed_mutex::try_lock_for: ThreadSanitizer does not see the latter.)
   ctl_waiting.fetch_add(1, std::memory_order_relaxed);
   std::unique_lock lk(sched_mu, std::defer_lock);
-  const bool got = lk.try_lock_for(cfg.control_timeout);
+  const auto deadline = std::chrono::steady_clock::now() + cfg.control_timeout;
+  bool got = lk.try_lock();
+  while (!got && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+    got = lk.try_lock();
+  }
   ctl_waiting.fetch_sub(1, std::memory_order_relaxed);
   if (got && !rt) return fail(errc::bad_state, std::string(what) + " on " + cfg.name + ": the NIC is stopped");
   if (!got)
