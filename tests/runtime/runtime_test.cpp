@@ -265,4 +265,61 @@ TEST_CASE("the completion handler runs exactly once even when every packet is du
   CHECK(s.packets_in == all.size() / 2);
 }
 
+TEST_CASE("host memory can be unregistered once no EC's window lies in it, and its id is not reused") {
+  fixture f(1);
+  std::vector<std::byte> mem(4096);
+  auto r = f.rt->register_host_memory(mem);
+  REQUIRE(r.ok());
+  rt::ec_config c;
+  c.name = "windowed";
+  c.match = {1, 0};
+  c.window = rt::host_window{*r, 0, 4096};
+  const rt::ec_id ec = f.install(c);
+  auto busy = f.rt->unregister_host_memory(*r);
+  CHECK(busy.err().code == errc::bad_state);
+  CHECK(busy.err().message.find("windowed") != std::string::npos);
+  REQUIRE(f.rt->uninstall(ec).ok());
+  CHECK(f.rt->unregister_host_memory(*r).ok());
+  CHECK(f.rt->unregister_host_memory(*r).err().code == errc::not_found);
+  CHECK(f.rt->unregister_host_memory(*r + 7).err().code == errc::not_found);
+  // An EC cannot take a window in a region that is gone.
+  auto again = f.rt->install(c);
+  REQUIRE_FALSE(again.ok());
+  CHECK(again.err().code == errc::not_found);
+  auto next = f.rt->register_host_memory(mem);
+  REQUIRE(next.ok());
+  CHECK(*next != *r);
+}
+
+TEST_CASE("the HPU thread hooks run once on every HPU thread, at its start and before it ends") {
+  struct seen {
+    std::atomic<std::uint32_t> started{0}, stopped{0};
+    std::atomic<std::uint64_t> start_mask{0}, stop_mask{0};
+    std::atomic<bool> start_on_hpu{true};
+  } s;
+  rt::runtime_config cfg;
+  cfg.hpus = 3;
+  cfg.hpu_thread_user = &s;
+  cfg.hpu_thread_start = [](void* u, std::uint32_t hpu) noexcept {
+    auto* p = static_cast<seen*>(u);
+    p->started++;
+    p->start_mask |= 1ull << hpu;
+  };
+  cfg.hpu_thread_stop = [](void* u, std::uint32_t hpu) noexcept {
+    auto* p = static_cast<seen*>(u);
+    p->stopped++;
+    p->stop_mask |= 1ull << hpu;
+  };
+  {
+    auto r = rt::runtime::create(cfg);
+    REQUIRE(r.ok());
+    for (int i = 0; i < 1000 && s.started.load() < 3; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    CHECK(s.started.load() == 3);
+    CHECK(s.start_mask.load() == 0b111);
+    CHECK(s.stopped.load() == 0);
+  }
+  CHECK(s.stopped.load() == 3);
+  CHECK(s.stop_mask.load() == 0b111);
+}
+
 } // TEST_SUITE
