@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
   std::uint16_t udp_port = spin::rt::wire::default_udp_port;
   std::vector<int> hpu_cpus;
   double duration_s = 0;
-  bool no_socket = false, quiet = false;
+  bool no_socket = false, quiet = false, plain_hpus = false;
   std::uint32_t progress_s = 0;
   app.add_option("--mode", mode, "nic (one NIC on --port devices) or cluster (a --topology); default: cluster when --topology is given")
       ->check(CLI::IsMember({"nic", "cluster"}));
@@ -81,6 +81,8 @@ int main(int argc, char** argv) {
   app.add_option("--name", name, "nic mode: name in statistics and on the control socket");
   app.add_option("--hpus", hpus, "nic mode: HPU threads (cluster mode: from the topology)")->check(CLI::Range(1, 256));
   app.add_option("--hpu-cpus", hpu_cpus, "pin HPU i to CPU list[i % n]");
+  app.add_flag("--plain-hpu-threads", plain_hpus,
+               "run HPUs as plain worker threads instead of registering them as DPDK lcores (then they have no mbuf cache)");
   app.add_option("--nic-memory-mib", nic_mem_mib, "NIC memory per node (MiB): handler memory and scratchpads")->check(CLI::Range(1, 65536));
   app.add_option("--payload-bytes", payload, "payload bytes per packet of host messages")->check(CLI::Range(1, 65000));
   app.add_option("--max-frame", max_frame, "largest frame (bytes); longer ones are dropped as oversize")->check(CLI::Range(128, 65535));
@@ -139,6 +141,7 @@ int main(int argc, char** argv) {
     nc.payload_bytes = payload;
     nc.burst = burst;
     nc.capture_path = capture;
+    nc.register_hpu_lcores = !plain_hpus;
     for (const auto& pn : port_names) {
       auto id = spin::emu::find_port(pn);
       if (!id) return die(id.err().message);
@@ -159,6 +162,7 @@ int main(int argc, char** argv) {
     co.payload_bytes = payload;
     co.burst = burst;
     co.capture_dir = capture_dir;
+    co.register_hpu_lcores = !plain_hpus;
     auto c = spin::emu::cluster::create(*t, co);
     if (!c) return die(c.err().message);
     cluster = std::move(c.value());
