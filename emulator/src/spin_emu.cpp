@@ -18,6 +18,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include <rte_eal.h>
+#include <rte_ethdev.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -250,10 +253,19 @@ int main(int argc, char** argv) {
     json = spin::emu::to_json(s);
   }
   if (!quiet) std::printf("%s", text.c_str());
+  int exit_status = 0;
   if (!stats_json.empty()) {
     std::ofstream out(stats_json);
     out << json << "\n";
-    if (!out) return die("cannot write " + stats_json);
+    if (!out) exit_status = die("cannot write " + stats_json);
   }
-  return 0;
+  // As DPDK's examples do: release the NICs, close every port (PMDs such as af_xdp hold kernel
+  // sockets and BPF objects until then) and clean up EAL.
+  server.reset();
+  nic.reset();
+  cluster.reset();
+  std::uint16_t pid = 0;
+  RTE_ETH_FOREACH_DEV(pid) (void)rte_eth_dev_close(pid);
+  (void)rte_eal_cleanup();
+  return exit_status;
 }
