@@ -656,6 +656,16 @@ void nic::stop() noexcept {
   _p->stop();
 }
 
+void nic::cancel_sends() noexcept {
+  std::unique_lock lk(_p->sched_mu);
+  for (auto& j : _p->jobs) {
+    if (j->m.region < _p->regions.size()) _p->regions[j->m.region].active_sends--;
+    _p->finish_job(*j, fail(errc::aborted, "send: the NIC is shutting down; " + std::to_string(j->next_offset) + " of " +
+                                               std::to_string(j->m.len_bytes) + " bytes were queued"));
+  }
+  _p->jobs.clear();
+}
+
 bool nic::idle() noexcept {
   std::unique_lock lk(_p->sched_mu);
   if (!_p->rt) return true;

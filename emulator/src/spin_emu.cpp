@@ -48,6 +48,11 @@ int die(const std::string& msg) {
   return 1;
 }
 
+int usage(const std::string& msg) {
+  std::fprintf(stderr, "spin-emu: %s (see --help)\n", msg.c_str());
+  return 2;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -63,9 +68,11 @@ int main(int argc, char** argv) {
   std::vector<std::string> app_args;
   for (int i = app_start; i < argc; ++i) app_args.emplace_back(argv[i]);
 
-  CLI::App app{"spin-emu: sPIN SmartNIC emulator on DPDK (docs/emulator.md).\n"
-               "Usage: spin-emu [EAL arguments --] [options]. Without EAL arguments EAL runs without\n"
-               "hugepages, shared config and PCI scan; pass e.g. `--vdev=net_memif0,role=server --` to add ports."};
+  CLI::App app{"spin-emu [EAL arguments --] [options]: sPIN SmartNIC emulator on DPDK (docs/emulator.md).\n"
+               "EAL arguments go first, ended by `--` (e.g. `--vdev=net_memif0,role=server --`); without them\n"
+               "EAL runs without hugepages, shared config and PCI scan. Exit status: 0 after a clean stop,\n"
+               "1 on a run-time error, 2 on a command-line error."};
+  app.option_defaults()->always_capture_default();
   app.name("spin-emu");
   std::string mode, topology_file, socket_path = default_socket(), capture, capture_dir, replay, stats_json, name = "nic0";
   std::vector<std::string> port_names;
@@ -80,7 +87,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"nic", "cluster"}));
   app.add_option("--topology", topology_file, "cluster topology file (TOML; docs/emulator.md)")->check(CLI::ExistingFile);
   app.add_option("--port", port_names, "nic mode: DPDK port by device name (net_memif0, 0000:3b:00.0, ...); repeatable");
-  app.add_option("--rank", rank, "nic mode: this NIC's rank (its address: MAC 02:53:50:00:hi:lo, IPv4 10.83.hi.lo)");
+  app.add_option("--rank", rank, "nic mode: this NIC's rank (its address: MAC 02:53:50:00:hi:lo, IPv4 10.83.hi.lo)")
+      ->check(CLI::Range(0, 65535));
   app.add_option("--name", name, "nic mode: name in statistics and on the control socket");
   app.add_option("--hpus", hpus, "nic mode: HPU threads (cluster mode: from the topology)")->check(CLI::Range(1, 256));
   app.add_option("--hpu-cpus", hpu_cpus, "pin HPU i to CPU list[i % n]");
@@ -95,10 +103,11 @@ int main(int argc, char** argv) {
   app.add_option("--udp-port", udp_port, "UDP port of spin packets");
   app.add_option("--socket", socket_path, "control socket path (default $SPIN_EMU_SOCKET or /run/spin-emu.sock)");
   app.add_flag("--no-socket", no_socket, "do not open a control socket");
-  app.add_option("--capture", capture, "nic mode: write every frame of the NIC to this pcap file");
+  app.add_option("--capture", capture, "nic mode: write every frame of the NIC to this pcap file (cluster mode: --capture-dir)");
   app.add_option("--capture-dir", capture_dir, "cluster mode: write <node>.pcap for every node into this directory");
   app.add_option("--replay", replay, "nic mode: feed the frames of this pcap file into the NIC at start")->check(CLI::ExistingFile);
-  app.add_option("--duration", duration_s, "stop after this many seconds (0: run until a signal or `spinctl stop`)");
+  app.add_option("--duration", duration_s, "stop after this many seconds (0: run until a signal or `spinctl stop`)")
+      ->check(CLI::Range(0.0, 1e7));
   app.add_option("--progress", progress_s, "print a one-line status every N seconds (0: off)");
   app.add_option("--stats-json", stats_json, "write the final statistics as JSON to this file");
   app.add_flag("-q,--quiet", quiet, "do not print the final statistics");
@@ -106,18 +115,20 @@ int main(int argc, char** argv) {
     std::reverse(app_args.begin(), app_args.end());
     app.parse(app_args);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return app.exit(e) == 0 ? 0 : 2;  // --help is a ParseError too
   }
   if (mode.empty()) mode = topology_file.empty() ? "nic" : "cluster";
-  if (mode == "cluster" && topology_file.empty()) return die("cluster mode needs --topology FILE");
-  if (mode == "nic" && port_names.empty())
-    return die("nic mode needs --port DEVICE (for example: spin-emu --vdev=net_memif0,role=server -- --port net_memif0)");
+  if (mode == "cluster" && topology_file.empty()) return usage("cluster mode needs --topology FILE");
   // Options of the other mode are refused, not ignored.
   for (const char* opt : {"--topology", "--capture-dir"})
-    if (mode == "nic" && app.count(opt) != 0) return die(std::string(opt) + " is for cluster mode");
-  for (const char* opt : {"--port", "--rank", "--name", "--hpus", "--capture", "--replay"})
+    if (mode == "nic" && app.count(opt) != 0) return usage(std::string(opt) + " is for cluster mode");
+  for (const char* opt : {"--port", "--rank", "--name", "--hpus"})
     if (mode == "cluster" && app.count(opt) != 0)
-      return die(std::string(opt) + " is for nic mode (in cluster mode the topology file names nodes, ranks and HPUs)");
+      return usage(std::string(opt) + " is for nic mode (in cluster mode the topology file names nodes, ranks and HPUs)");
+  if (mode == "cluster" && app.count("--capture") != 0) return usage("--capture is for nic mode; in cluster mode use --capture-dir DIR");
+  if (mode == "cluster" && app.count("--replay") != 0) return usage("--replay is for nic mode");
+  if (mode == "nic" && port_names.empty())
+    return usage("nic mode needs --port DEVICE (for example: spin-emu --vdev=net_memif0,role=server -- --port net_memif0)");
 
   if (eal.empty()) eal = spin::emu::default_eal_args("spin-emu-" + std::to_string(getpid()));
   if (auto r = spin::emu::eal_init(eal); !r) return die(r.err().message);
@@ -203,7 +214,7 @@ int main(int argc, char** argv) {
       }
       ++fed;
     }
-    if (auto e = reader->error()) std::fprintf(stderr, "spin-emu: replay: %s\n", e->message.c_str());
+    if (auto e = reader->error()) return die("replay: " + e->message + " (" + std::to_string(fed) + " frames were fed before it)");
     if (!quiet) std::printf("spin-emu: replayed %llu frames from %s (%llu skipped: truncated in the capture or too long)\n",
                             static_cast<unsigned long long>(fed), replay.c_str(), static_cast<unsigned long long>(skipped));
   }
@@ -238,6 +249,11 @@ int main(int argc, char** argv) {
   if (nic) nic->run(stop_flag);
   else cluster->run(stop_flag);
   watcher.join();
+  // Host messages still waiting for the (now stopped) poll loop end at once, so that the control
+  // server's workers return before it stops.
+  if (nic) nic->cancel_sends();
+  if (cluster)
+    for (std::uint32_t i = 0; i < cluster->node_count(); ++i) cluster->node(i).cancel_sends();
   if (server) server->stop();
 
   std::string text, json;
@@ -266,6 +282,8 @@ int main(int argc, char** argv) {
   cluster.reset();
   std::uint16_t pid = 0;
   RTE_ETH_FOREACH_DEV(pid) (void)rte_eth_dev_close(pid);
+  const std::string runtime_dir = rte_eal_get_runtime_dir();
   (void)rte_eal_cleanup();
+  (void)::rmdir(runtime_dir.c_str());  // EAL leaves its (empty, with --no-shconf) runtime directory
   return exit_status;
 }

@@ -70,7 +70,11 @@ int main(int argc, char** argv) {
 
   auto* stop_cmd = app.add_subcommand("stop", "stop spin-emu");
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // command-line errors: 2 (--help: 0)
+  }
 
   auto c = spin::host::client::connect(socket);
   if (!c) return report(c.err());

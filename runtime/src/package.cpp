@@ -5,6 +5,9 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <fstream>
 #include <iterator>
 
@@ -285,10 +288,32 @@ result<package> decode_package(std::span<const std::byte> b) {
 }
 
 result<package> read_package_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return fail(errc::not_found, "cannot open package '" + path + "': " + std::strerror(errno));
-  std::vector<char> raw((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) return fail(errc::invalid_argument, "cannot read package '" + path + "': " + std::strerror(errno));
+  // O_NONBLOCK: opening a FIFO must not wait for a writer. Only regular files of bounded size are
+  // read (a device such as /dev/zero would never end).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return fail(errc::not_found, "cannot open package '" + path + "': " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return fail(errc::invalid_argument, "package '" + path + "' is not a regular file");
+  }
+  if (static_cast<std::uint64_t>(st.st_size) > max_package_bytes) {
+    ::close(fd);
+    return fail(errc::invalid_argument, "package '" + path + "' has " + std::to_string(st.st_size) + " bytes, more than the " +
+                                            std::to_string(max_package_bytes) + " a package may have");
+  }
+  std::vector<char> raw(static_cast<std::size_t>(st.st_size));
+  std::size_t got = 0;
+  while (got < raw.size()) {
+    const ssize_t n = ::read(fd, raw.data() + got, raw.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  const int err = errno;
+  ::close(fd);
+  if (got != raw.size())
+    return fail(errc::invalid_argument, "cannot read package '" + path + "': " + (got < raw.size() ? std::strerror(err) : "size changed"));
   auto p = decode_package(std::as_bytes(std::span<const char>(raw)));
   if (!p) return fail(p.err().code, path + ": " + p.err().message);
   return p;

@@ -480,6 +480,33 @@ TEST_CASE("when the peer stops receiving, packets wait or are dropped with a cou
   CHECK(sa.drops[static_cast<std::size_t>(emu::nic_drop::tx_queue_full)] == echo_stats.send_failed);
 }
 
+TEST_CASE("cancel_sends ends a host message waiting for a stopped poll loop at once, with aborted") {
+  cable c;
+  auto a = emu::nic::create(config("a", 0, c.port_a));
+  REQUIRE(a.ok());
+  std::vector<std::byte> src(64 * 1024);
+  auto r = (*a)->register_host_memory(src);
+  REQUIRE(r.ok());
+  // Nobody polls: the message cannot advance, so send() would wait for its 10 s timeout.
+  std::atomic<bool> returned{false};
+  result<void> out = fail(errc::ok, "");
+  std::thread t([&] {
+    out = (*a)->send(emu::message_send{1, 0x1, 1, *r, 0, src.size()}, 10000ms);
+    returned = true;
+  });
+  std::this_thread::sleep_for(50ms);
+  CHECK_FALSE(returned.load());
+  const auto t0 = std::chrono::steady_clock::now();
+  (*a)->cancel_sends();
+  t.join();
+  CHECK(std::chrono::steady_clock::now() - t0 < 2000ms);
+  REQUIRE_FALSE(out.ok());
+  CHECK(out.err().code == errc::aborted);
+  CHECK(out.err().message.find("shutting down") != std::string::npos);
+  // The region is free again.
+  CHECK((*a)->unregister_host_memory(*r).ok());
+}
+
 TEST_CASE("control calls from other threads run between bursts while a thread polls") {
   cable c;
   auto a = emu::nic::create(config("a", 0, c.port_a));

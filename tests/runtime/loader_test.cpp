@@ -12,6 +12,9 @@
 #include "handlers/corner_layout.hpp"
 
 #include <doctest/doctest.h>
+
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -232,6 +235,18 @@ TEST_CASE("the loader refuses packages this runtime cannot run, with a clear err
     auto r = rt::load_package_file(pkg_path("does-not-exist"));
     REQUIRE_FALSE(r.ok());
     CHECK(r.err().code == errc::not_found);
+  }
+  SUBCASE("a path that is not a regular file is refused at once: a FIFO without writer, a device, a directory") {
+    const std::string fifo = "/tmp/spin-loader-fifo-" + std::to_string(::getpid());
+    ::unlink(fifo.c_str());
+    REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+    for (const std::string& path : {fifo, std::string("/dev/zero"), std::string("/tmp")}) {
+      auto r = rt::load_package_file(path);  // before the fix: blocked forever on the FIFO, or read /dev/zero without end
+      REQUIRE_FALSE(r.ok());
+      CHECK(r.err().code == errc::invalid_argument);
+      CHECK(r.err().message.find("not a regular file") != std::string::npos);
+    }
+    ::unlink(fifo.c_str());
   }
 }
 

@@ -121,6 +121,10 @@ public:
   /// cluster stops every node before any pool goes away, since frames cross between nodes).
   /// Afterwards poll() does nothing and control operations fail. While no thread polls.
   void stop() noexcept;
+  /// Ends every host message still in progress: its nic_control::send returns `aborted` at
+  /// once (packets already staged are still sent if the NIC is polled). For shutting down after
+  /// the poll loop has stopped. Any thread.
+  void cancel_sends() noexcept;
   /// Polls until no handler runs, no host message is pending and every transmit ring and stage
   /// is empty, or `timeout` passes. Returns true when quiet. While no thread polls.
   bool quiesce(std::chrono::milliseconds timeout);

@@ -76,8 +76,12 @@ std::vector<std::byte> encode_package(const package& p);
 /// handler kinds or names.
 result<package> decode_package(std::span<const std::byte> bytes);
 
-/// Reads and decodes the package file at `path`. Errors: as decode_package, and not_found
-/// (the file cannot be opened, with the OS reason).
+/// Largest package file read_package_file accepts (bytes).
+inline constexpr std::uint64_t max_package_bytes = 256ull << 20;
+
+/// Reads and decodes the package file at `path`. Errors: as decode_package, not_found (the file
+/// cannot be opened, with the OS reason), invalid_argument (not a regular file, such as a FIFO
+/// or a device, which is never waited on; larger than max_package_bytes; a read error).
 result<package> read_package_file(const std::string& path);
 
 /// Writes `p` to `path` (replacing it). Errors: invalid_argument when the file cannot be
