@@ -202,7 +202,8 @@ public:
   runtime& operator=(const runtime&) = delete;
 
   /// Registers host memory that EC windows may refer to. The caller keeps it alive and does not
-  /// move it until the runtime is destroyed. Errors: invalid_argument (null or empty).
+  /// move it until it is unregistered or the runtime is destroyed. Errors: invalid_argument
+  /// (null or empty).
   result<region_id> register_host_memory(std::span<std::byte> mem);
 
   /// Forgets a registered region; the caller may unmap it afterwards. Region ids are never
