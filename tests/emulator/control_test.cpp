@@ -746,10 +746,21 @@ TEST_CASE("a full event ring counts the events it lost, and the host sees the co
   host::message m;
   m.match_bits = 0x42;
   m.region = mem->region();
+  m.offset_bytes = 4096;  // outside the window, so no handler DMA writes what a later send reads
   m.len_bytes = 16;
   for (std::uint64_t id = 1; id <= 5; ++id) {
     m.message_id = id;
     REQUIRE(c.send(0, m).ok());
+    // Every message deposits at window offset 0: wait until this one completed, so that two
+    // handlers never write the same host bytes at once.
+    for (int i = 0; i < 400; ++i) {
+      auto st = c.stats_json();
+      REQUIRE(st.ok());
+      const json s = json::parse(*st);
+      const json* es = find_ec(s, 0, "hostcopy");
+      if (es != nullptr && es->at("messages_completed") == id) break;
+      std::this_thread::sleep_for(2ms);
+    }
   }
   for (int i = 0; i < 400 && q->dropped() < 3; ++i) std::this_thread::sleep_for(5ms);
   CHECK(q->dropped() == 3);
