@@ -5,6 +5,8 @@
 #include <spin/emu/shm.hpp>
 #include <spin/rt/loader.hpp>
 
+#include "fd_message.hpp"
+
 #include <utility>  // before Asio under C++20
 
 #include <boost/asio/io_context.hpp>
@@ -40,7 +42,7 @@ using json = nlohmann::json;
 
 namespace {
 
-constexpr std::size_t max_fds_per_message = 16;
+constexpr std::size_t max_fds_per_message = detail::max_passed_fds;
 constexpr std::size_t read_chunk_bytes = 16 * 1024;
 constexpr auto pump_period = std::chrono::microseconds(100);
 constexpr std::size_t pump_burst = 256;
@@ -455,27 +457,12 @@ void control_server_impl::start_read(const conn_ptr& c) {
 
 void control_server_impl::on_readable(const conn_ptr& c) {
   std::array<char, read_chunk_bytes> buf;
-  alignas(cmsghdr) std::array<char, CMSG_SPACE(sizeof(int) * max_fds_per_message)> cbuf{};
-  iovec iov{buf.data(), buf.size()};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = cbuf.data();
-  msg.msg_controllen = cbuf.size();
-  const ssize_t n = ::recvmsg(c->sock.native_handle(), &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+  std::vector<int> got;
+  fd_batch batch;
+  const ssize_t n = detail::recv_with_fds(c->sock.native_handle(), buf, got, batch.truncated, MSG_DONTWAIT);
+  for (int fd : got) batch.fds.emplace_back(fd);  // owned from here, closed on every path
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return start_read(c);
   if (n < 0) return close_conn(c);
-  fd_batch batch;
-  for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm != nullptr; cm = CMSG_NXTHDR(&msg, cm)) {
-    if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
-    const std::size_t count = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (std::size_t i = 0; i < count; ++i) {
-      int fd;
-      std::memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-      batch.fds.emplace_back(fd);
-    }
-  }
-  batch.truncated = (msg.msg_flags & MSG_CTRUNC) != 0;
   if (n == 0) {
     c->eof = true;
   } else {
@@ -539,22 +526,10 @@ void control_server_impl::write_some(const conn_ptr& c, std::shared_ptr<reply> r
                                      std::size_t done) {
   if (c->closed) return;
   while (done < bytes->size()) {
-    iovec iov{bytes->data() + done, bytes->size() - done};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    alignas(cmsghdr) std::array<char, CMSG_SPACE(sizeof(int))> cbuf{};
-    if (done == 0 && r->fd.get() >= 0) {
-      msg.msg_control = cbuf.data();
-      msg.msg_controllen = cbuf.size();
-      cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-      cm->cmsg_level = SOL_SOCKET;
-      cm->cmsg_type = SCM_RIGHTS;
-      cm->cmsg_len = CMSG_LEN(sizeof(int));
-      const int fd = r->fd.get();
-      std::memcpy(CMSG_DATA(cm), &fd, sizeof(int));
-    }
-    const ssize_t n = ::sendmsg(c->sock.native_handle(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    const int fd = r->fd.get();
+    const std::span<const int> fds = done == 0 && fd >= 0 ? std::span<const int>(&fd, 1) : std::span<const int>();
+    const ssize_t n = detail::send_with_fds(c->sock.native_handle(), bytes->data() + done, bytes->size() - done, fds,
+                                            MSG_DONTWAIT | MSG_NOSIGNAL);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
       c->sock.async_wait(stream::socket::wait_write, [this, c, r, bytes, done](const boost::system::error_code& ec) {
         if (c->closed || _stopping) return;

@@ -1,5 +1,7 @@
 #include <spin/host/host.hpp>
 
+#include "fd_message.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -23,7 +25,7 @@ using json = nlohmann::json;
 namespace {
 
 constexpr std::size_t max_reply_bytes = 64 * 1024 * 1024;
-constexpr std::size_t max_fds = 16;
+constexpr std::size_t max_fds = emu::detail::max_passed_fds;
 
 std::string errno_text(int e) { return std::string(std::strerror(e)) + " (errno " + std::to_string(e) + ")"; }
 
@@ -117,22 +119,9 @@ result<client::reply_line> client::exchange(const std::string& line, std::span<c
   // the line they arrive with); a partial write sends the rest without them.
   const std::string out = line + "\n";
   std::size_t done = 0;
-  alignas(cmsghdr) std::array<char, CMSG_SPACE(sizeof(int) * max_fds)> cbuf{};
   while (done < out.size()) {
-    iovec iov{const_cast<char*>(out.data() + done), out.size() - done};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    if (done == 0 && !fds.empty()) {
-      msg.msg_control = cbuf.data();
-      msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
-      cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-      cm->cmsg_level = SOL_SOCKET;
-      cm->cmsg_type = SCM_RIGHTS;
-      cm->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-      std::memcpy(CMSG_DATA(cm), fds.data(), sizeof(int) * fds.size());
-    }
-    const ssize_t n = ::sendmsg(_fd, &msg, MSG_NOSIGNAL);
+    const ssize_t n = emu::detail::send_with_fds(_fd, out.data() + done, out.size() - done,
+                                                 done == 0 ? fds : std::span<const int>(), MSG_NOSIGNAL);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EPIPE || errno == ECONNRESET)) break;  // the server may have replied before closing
     if (n < 0) {
@@ -163,24 +152,9 @@ result<client::reply_line> client::exchange(const std::string& line, std::span<c
     if (pr < 0 && errno == EINTR) continue;
     if (pr <= 0) continue;
     std::array<char, 16 * 1024> buf;
-    alignas(cmsghdr) std::array<char, CMSG_SPACE(sizeof(int) * max_fds)> rbuf{};
-    iovec iov{buf.data(), buf.size()};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = rbuf.data();
-    msg.msg_controllen = rbuf.size();
-    const ssize_t n = ::recvmsg(_fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    bool truncated = false;
+    const ssize_t n = emu::detail::recv_with_fds(_fd, buf, r.fds, truncated, MSG_DONTWAIT);
     if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
-    for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm != nullptr; cm = CMSG_NXTHDR(&msg, cm)) {
-      if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
-      const std::size_t count = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (std::size_t i = 0; i < count; ++i) {
-        int fd;
-        std::memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-        r.fds.push_back(fd);
-      }
-    }
     if (n <= 0) {
       const int e = n < 0 ? errno : 0;
       close_all(r.fds);
