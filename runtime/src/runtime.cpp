@@ -532,7 +532,10 @@ std::int32_t api_dma_wait(spin::ctx* c, dma_handle h) {
 std::int32_t api_send(spin::ctx* c, const send_desc* d) {
   invocation& i = inv_of(c);
   api_guard g(i);
-  if (d == nullptr || d->size_bytes < sizeof(send_desc)) return err(i, errc::invalid_argument);
+  // A handler built before send_desc::coll existed passes the older, smaller size.
+  if (d == nullptr || d->size_bytes < offsetof(send_desc, coll)) return err(i, errc::invalid_argument);
+  const bool coll = (d->flags & msg_coll) != 0;
+  if (coll && d->size_bytes < sizeof(send_desc)) return err(i, errc::invalid_argument);
   if (!local_ok(i, d->data, d->len_bytes)) return err(i, errc::out_of_bounds);
   tx_port* tx = i.rt->cfg.tx;
   if (tx == nullptr) {
@@ -543,13 +546,16 @@ std::int32_t api_send(spin::ctx* c, const send_desc* d) {
   if (d->offset_bytes > d->message_len_bytes || d->len_bytes > d->message_len_bytes - d->offset_bytes ||
       ((d->flags & msg_start) != 0 && d->packet_index != 0) ||
       ((d->flags & msg_end) != 0 && d->offset_bytes + d->len_bytes != d->message_len_bytes) ||
-      (d->flags & ~static_cast<std::uint32_t>(msg_start | msg_end | msg_retransmit)) != 0)
+      (d->flags & ~static_cast<std::uint32_t>(msg_start | msg_end | msg_retransmit | msg_coll)) != 0)
     return err(i, errc::invalid_argument);
   wire::header h;
   h.type = wire::packet_type::data;
   h.flags = static_cast<std::uint16_t>(((d->flags & msg_start) ? wire::flag_start : 0) |
                                        ((d->flags & msg_end) ? wire::flag_end : 0) |
-                                       ((d->flags & msg_retransmit) ? wire::flag_retransmit : 0));
+                                       ((d->flags & msg_retransmit) ? wire::flag_retransmit : 0) |
+                                       (coll ? wire::flag_coll : 0));
+  if (coll)
+    h.coll = wire::coll_ext{d->coll.op, d->coll.dtype, d->coll.slot, d->coll.elem_count, d->coll.epoch, d->coll.aux};
   h.source_rank = i.rt->cfg.rank;
   h.match_bits = d->match_bits;
   h.message_id = d->message_id;
@@ -712,7 +718,7 @@ message_desc desc_of(ec_id id, const wire::header& h, std::uint32_t packet_count
   d.message_len_bytes = h.message_len;
   d.packet_index = h.seq;
   d.flags = ((h.flags & wire::flag_start) || h.seq == 0 ? msg_start : 0u) | ((h.flags & wire::flag_end) ? msg_end : 0u) |
-            ((h.flags & wire::flag_retransmit) ? msg_retransmit : 0u);
+            ((h.flags & wire::flag_retransmit) ? msg_retransmit : 0u) | ((h.flags & wire::flag_coll) ? msg_coll : 0u);
   d.packet_count = packet_count;
   return d;
 }
@@ -753,6 +759,7 @@ void runtime_core::run(hpu& h, const task& t) noexcept {
   c.scratch = byte_view{reinterpret_cast<u8*>(t.scratch), t.scratch != nullptr ? e.cfg.scratchpad_bytes : 0};
   c.host_window_len_bytes = e.host_len;
   c.hpu = h.index;
+  c.coll = spin::coll_desc{hdr.coll.op, hdr.coll.dtype, hdr.coll.slot, hdr.coll.elem_count, hdr.coll.epoch, hdr.coll.aux};
 
   done d{};
   d.ec_slot = t.ec_slot;

@@ -177,7 +177,7 @@ void decode_spin(const std::byte* spin, header& h) noexcept {
     h.coll.slot = be16(c + 2);
     h.coll.elem_count = be32(c + 4);
     h.coll.epoch = be32(c + 8);
-    h.coll.reserved = be32(c + 12);
+    h.coll.aux = be32(c + 12);
   } else {
     h.coll = coll_ext{};
   }
@@ -238,7 +238,7 @@ std::size_t encode(const endpoint& src, const endpoint& dst, header h, std::span
     put16(c + 2, h.coll.slot);
     put32(c + 4, h.coll.elem_count);
     put32(c + 8, h.coll.epoch);
-    put32(c + 12, h.coll.reserved);
+    put32(c + 12, h.coll.aux);
     hl += spin_coll_len;
   }
   if (!payload.empty()) std::memcpy(s + hl, payload.data(), payload.size());

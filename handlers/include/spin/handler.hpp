@@ -116,6 +116,20 @@ enum message_flags : u32 {
   msg_start = 1u << 0,  ///< this packet opens the message (packet_index == 0)
   msg_end = 1u << 1,    ///< this packet is the last one of the message
   msg_retransmit = 1u << 2, ///< the sender marked this packet as a retransmission
+  msg_coll = 1u << 3,  ///< the packet carries the collective fields (`ctx::coll`, `send_desc::coll`)
+};
+
+/// The collective fields of a packet: the wire format's 16-byte collective extension
+/// (docs/wire-format.md). A packet has them when its `message_desc::flags` has `msg_coll`;
+/// otherwise they are zero. The runtime carries them without interpreting them; the collective
+/// protocol gives them their meaning (docs/collectives.md).
+struct coll_desc {
+  u8 op;           ///< reduction operation id
+  u8 dtype;        ///< datatype id
+  u16 slot;        ///< aggregator slot index; bit 15 selects the shadow copy
+  u32 elem_count;  ///< elements in this packet
+  u32 epoch;       ///< collective sequence number
+  u32 aux;         ///< protocol-specific (packet index, attempt)
 };
 
 /// Where a packet of a message comes from and where it belongs. All fields are host byte order.
@@ -151,6 +165,10 @@ struct send_desc {
   u32 flags;                ///< `message_flags` of the outgoing packet
   u32 packet_index;         ///< packet index in the outgoing message
   u32 reserved;
+  /// Collective fields of the outgoing packet, sent when `flags` has `msg_coll`. Appended in
+  /// place of an ABI bump: a handler compiled before it existed sends a smaller `size_bytes`
+  /// and the runtime does not read it.
+  coll_desc coll;
 };
 
 struct ctx;
@@ -358,6 +376,7 @@ struct ctx {
   u64 host_window_len_bytes;  ///< bytes of the host window that DMA may address
   u32 hpu;                    ///< index of the HPU running this invocation
   u32 kind;                   ///< `handler_kind` of this invocation
+  coll_desc coll;             ///< collective fields of this packet (msg.flags has msg_coll), else zero
 
   // ---- typed access -----------------------------------------------------------------------
   /// `count` objects of T at byte `off` of the EC's handler memory, or null when out of bounds
@@ -467,8 +486,8 @@ struct ctx {
     d.flags = flags;
     return send(d);
   }
-  /// Forwards this packet's payload unchanged (same message id, offset, index and flags) to
-  /// `dest_rank`.
+  /// Forwards this packet's payload unchanged (same message id, offset, index, flags and
+  /// collective fields) to `dest_rank`.
   errc forward(u32 dest_rank) {
     send_desc d{};
     d.size_bytes = sizeof(send_desc);
@@ -479,8 +498,9 @@ struct ctx {
     d.message_len_bytes = msg.message_len_bytes;
     d.data = packet.data;
     d.len_bytes = static_cast<u32>(packet.len_bytes);
-    d.flags = msg.flags & (msg_start | msg_end);
+    d.flags = msg.flags & (msg_start | msg_end | msg_coll);
     d.packet_index = msg.packet_index;
+    d.coll = coll;
     return send(d);
   }
 

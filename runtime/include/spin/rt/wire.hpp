@@ -46,7 +46,7 @@ struct coll_ext {
   std::uint16_t slot = 0;     ///< aggregator slot index (bit 15: shadow copy)
   std::uint32_t elem_count = 0; ///< elements in this packet
   std::uint32_t epoch = 0;    ///< collective epoch / round
-  std::uint32_t reserved = 0;
+  std::uint32_t aux = 0;       ///< protocol-specific (docs/collectives.md)
   bool operator==(const coll_ext&) const = default;
 };
 

@@ -1,0 +1,154 @@
+// spin::coll: collective operations whose data path runs in NIC handlers (Edge-INC) or switch
+// handlers (Core-INC) of the emulated network (docs/collectives.md).
+//
+// A communicator is one rank's handle on a group of hosts. Every member creates its own, with
+// the same group id and member list, on its own NIC (emu::nic_control), and all members call
+// the same collectives in the same order, each from its own thread (a rank is a host thread;
+// a collective blocks until this rank's part is done). The NIC's collective engine
+// (spin/coll/engine.hpp, installed as an EC by create) does the reduction and the forwarding;
+// the host thread only starts each collective, sends repair timer ticks, and waits for the
+// completion event.
+//
+// Threads: one thread at a time per communicator. Communicators of different ranks (or
+// groups) are independent and may be used from different threads at once.
+#pragma once
+
+#include <spin/coll/types.hpp>
+#include <spin/emu/nic_control.hpp>
+#include <spin/rt/package.hpp>
+#include <spin/rt/result.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace spin::coll {
+
+/// Who does the work (docs/collectives.md, "Algorithms").
+enum class algorithm : std::uint8_t {
+  automatic = 0,  ///< the best available for the group: today edge_ring
+  edge_ring = 1,  ///< Edge-INC: NIC handlers reduce and forward along a ring of the members
+  switch_agg = 2, ///< Core-INC: switch handlers aggregate (not available yet: not_supported)
+  host_ring = 3,  ///< the no-INC baseline: host threads reduce (not available yet: not_supported)
+};
+/// "automatic", "edge_ring", "switch", "host_ring".
+const char* name(algorithm a);
+
+/// Options of a communicator. Every member must use the same packet_bytes and segment_packets.
+struct options {
+  /// A collective that has not finished after this long returns errc::timeout (on every rank
+  /// that has not finished: none hangs).
+  std::chrono::milliseconds timeout{10000};
+  /// Repair timer: a NIC that saw no progress for one interval re-sends what is missing
+  /// (docs/collectives.md, "Reliability").
+  std::chrono::microseconds repair_interval{2000};
+  /// Off: lost packets are never repaired; a collective that loses one ends in a timeout.
+  bool recovery = true;
+  /// Packets each rank keeps in flight (1..256).
+  std::uint32_t window_packets = 32;
+  /// Payload bytes per packet (at most the NIC's payload size and 4096).
+  std::uint32_t packet_bytes = 1024;
+  /// Host memory registered with the NIC for the whole communicator (bytes): staging buffers,
+  /// and what alloc() hands out. Reserved, not touched, until used.
+  std::size_t arena_bytes = std::size_t{256} << 20;
+  /// Bytes of each of the two staging buffers through which buffers outside the arena pass.
+  std::size_t staging_bytes = std::size_t{32} << 20;
+};
+
+/// The members of a communicator.
+struct group {
+  /// Identifies the group on the wire (1..4095); the same on every member, different from
+  /// every other group that shares a NIC.
+  std::uint32_t id = 1;
+  /// NIC rank (emulated address) of each member, in communicator rank order.
+  std::vector<std::uint32_t> members;
+  /// This rank's index in `members`.
+  std::uint32_t me = 0;
+};
+
+/// Counters of one communicator (this rank).
+struct comm_stats {
+  std::uint64_t collectives = 0;       ///< calls that returned ok
+  std::uint64_t epochs = 0;            ///< protocol epochs (a large collective takes several)
+  std::uint64_t repair_ticks = 0;      ///< repair timer ticks sent to the NIC
+  std::uint64_t staged_bytes = 0;      ///< bytes copied through the staging buffers
+  std::uint64_t failures = 0;          ///< calls that returned an error
+};
+
+/// One rank's communicator.
+class communicator {
+public:
+  /// Installs the collective engine on `nic` (an EC matching the group id), registers the
+  /// arena, and tells the engine the members. `nic` must outlive the communicator and be
+  /// polled by its driving thread meanwhile. Errors: invalid_argument (empty group, more than
+  /// 256 members, me out of range, a member listed twice, id out of 1..4095, options out of
+  /// range), no_memory (arena), those of nic_control::install (exists: another EC already
+  /// matches this group id on the NIC), timeout (the NIC did not confirm the set-up).
+  static result<std::unique_ptr<communicator>> create(emu::nic_control& nic, const group& g, const options& o = {});
+  /// Uninstalls the engine and unregisters the arena.
+  ~communicator();
+  communicator(const communicator&) = delete;
+  communicator& operator=(const communicator&) = delete;
+
+  std::uint32_t rank() const noexcept;  ///< this rank's index
+  std::uint32_t size() const noexcept;  ///< members
+
+  /// out = in_0 (+) in_1 (+) ... (+) in_{n-1}, element-wise, on every rank: `count` elements of
+  /// type `t` at `in` and `out` (in == out: in place). Combination order and semantics:
+  /// docs/collectives.md. Buffers from alloc() go to the NIC without a copy; others pass
+  /// through the staging buffers. Errors: invalid_argument (null buffer with count > 0,
+  /// buffers that overlap without being equal, an unknown op x dtype), not_supported (an
+  /// algorithm not available), and, on every rank, invalid_argument when the ranks disagree
+  /// on count, datatype, operation or algorithm (the message names the field and a rank),
+  /// timeout when the collective did not finish within options::timeout, fault when a handler
+  /// failed. After a timeout or a fault the communicator is broken: later calls return
+  /// bad_state.
+  result<void> allreduce(const void* in, void* out, std::uint64_t count, dtype t, op o,
+                         algorithm a = algorithm::automatic);
+
+  /// Typed form: in.size() elements.
+  template <class T> result<void> allreduce(std::span<const T> in, std::span<T> out, op o,
+                                            algorithm a = algorithm::automatic);
+
+  /// `bytes` of arena memory that collectives use in place (no staging copy), 64-byte aligned;
+  /// empty when the arena is full. Freed by free() or with the communicator.
+  std::span<std::byte> alloc(std::size_t bytes);
+  void free(std::span<std::byte> buffer);
+
+  comm_stats stats() const;
+  /// The engine's counters on the NIC (packets it ignored, by reason, and sent, by kind), as
+  /// JSON. Read through the NIC's host interface.
+  result<std::string> engine_stats_json();
+
+  struct impl;
+
+private:
+  explicit communicator(std::unique_ptr<impl> p);
+  std::unique_ptr<impl> _p;
+};
+
+/// The dtype of a C++ element type.
+template <class T> constexpr dtype dtype_of();
+template <> constexpr dtype dtype_of<float>() { return dtype::f32; }
+template <> constexpr dtype dtype_of<double>() { return dtype::f64; }
+template <> constexpr dtype dtype_of<f16_bits>() { return dtype::f16; }
+template <> constexpr dtype dtype_of<bf16_bits>() { return dtype::bf16; }
+template <> constexpr dtype dtype_of<std::int32_t>() { return dtype::i32; }
+template <> constexpr dtype dtype_of<std::int64_t>() { return dtype::i64; }
+template <> constexpr dtype dtype_of<std::uint32_t>() { return dtype::u32; }
+template <> constexpr dtype dtype_of<std::uint64_t>() { return dtype::u64; }
+
+template <class T>
+result<void> communicator::allreduce(std::span<const T> in, std::span<T> out, op o, algorithm a) {
+  if (in.size() != out.size()) return fail(errc::invalid_argument, "allreduce: input and output sizes differ");
+  return allreduce(in.data(), out.data(), in.size(), dtype_of<T>(), o, a);
+}
+
+/// Bytes of one element of `t` (0 for custom).
+std::uint32_t elem_bytes(dtype t);
+
+} // namespace spin::coll

@@ -1,0 +1,425 @@
+// spin::coll::communicator: the host side of the collective protocol (docs/collectives.md).
+#include <spin/coll/coll.hpp>
+#include <spin/coll/kernels.hpp>
+#include <spin/coll/protocol.hpp>
+#include <spin/rt/loader.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
+
+namespace spin::coll {
+
+std::span<const std::byte> std_package_bytes();  // generated (scripts/embed-bytes)
+
+namespace {
+using clock = std::chrono::steady_clock;
+namespace pr = proto;
+
+// Arena layout: a control area, two staging buffers, then what alloc() hands out.
+constexpr std::size_t members_off = 0;
+constexpr std::size_t desc_off = 4096;       // two start_desc slots, by epoch parity
+constexpr std::size_t counters_off = 6144;   // engine_counters (cmd_stats)
+constexpr std::size_t cmd_off = 8192;        // command slots, used in turn
+constexpr std::size_t cmd_slots = 16;
+constexpr std::size_t ctl_bytes = 64 * 1024;
+
+static_assert(members_off + pr::max_ranks * sizeof(std::uint32_t) <= desc_off);
+static_assert(desc_off + 2 * sizeof(pr::start_desc) <= counters_off);
+static_assert(counters_off + sizeof(pr::engine_counters) <= cmd_off);
+static_assert(cmd_off + cmd_slots * 64 <= ctl_bytes && sizeof(pr::cmd) <= 64);
+
+// The standard package, decoded and loaded once per process.
+result<rt::loaded_package> standard_package() {
+  static std::mutex m;
+  static std::unique_ptr<result<rt::loaded_package>> cached;
+  std::lock_guard<std::mutex> g(m);
+  if (!cached) {
+    auto pkg = rt::decode_package(std_package_bytes());
+    if (!pkg.ok())
+      cached = std::make_unique<result<rt::loaded_package>>(fail(pkg.err().code, "coll.spkg: " + pkg.err().message));
+    else
+      cached = std::make_unique<result<rt::loaded_package>>(rt::load_package(pkg.value()));
+  }
+  return *cached;
+}
+
+error describe_mismatch(std::uint32_t detail) {
+  const auto f = static_cast<pr::field>(detail >> 16);
+  return fail(errc::invalid_argument, std::string("ranks disagree on the ") + pr::field_name(f) + ": rank " +
+                                          std::to_string(detail & 0xffffu) + " differs from rank 0");
+}
+
+bool overlaps(const void* a, const void* b, std::size_t n) {
+  const auto x = reinterpret_cast<std::uintptr_t>(a), y = reinterpret_cast<std::uintptr_t>(b);
+  return x < y + n && y < x + n;
+}
+} // namespace
+
+const char* name(algorithm a) {
+  switch (a) {
+  case algorithm::automatic: return "automatic";
+  case algorithm::edge_ring: return "edge_ring";
+  case algorithm::switch_agg: return "switch";
+  case algorithm::host_ring: return "host_ring";
+  }
+  return "?";
+}
+
+std::uint32_t elem_bytes(dtype t) {
+  std::uint32_t n = 0;
+  with_standard(op::sum, t, [&]<class R>() { n = sizeof(typename R::elem); });
+  return n;
+}
+
+struct communicator::impl {
+  emu::nic_control& nic;
+  group g;
+  options o;
+  std::uint32_t wire_id = 0;  // group id << 4 | reduction slot (0: the standard package)
+  std::byte* arena = nullptr;
+  std::size_t arena_bytes = 0;
+  rt::region_id region = 0;
+  bool region_ok = false;
+  rt::ec_id ec = 0;
+  bool ec_ok = false;
+  std::uint32_t epoch = 0;
+  std::uint64_t next_msg = 1ull << 62;  // message ids of host commands
+  std::uint32_t next_slot = 0;
+  bool broken = false;
+  std::string broken_why;
+  comm_stats st;
+  std::map<std::size_t, std::size_t> free_list;  // offset -> bytes
+  std::map<std::size_t, std::size_t> used;
+
+  explicit impl(emu::nic_control& n) : nic(n) {}
+  ~impl() {
+    if (ec_ok) (void)nic.uninstall(ec);
+    if (region_ok) (void)nic.unregister_host_memory(region);
+    if (arena != nullptr) ::munmap(arena, arena_bytes);
+  }
+
+  std::size_t staging_in() const { return ctl_bytes; }
+  std::size_t staging_out() const { return ctl_bytes + o.staging_bytes; }
+  std::size_t heap_off() const { return ctl_bytes + 2 * o.staging_bytes; }
+
+  result<void> send_cmd(const pr::cmd& c) {
+    const std::size_t off = cmd_off + (next_slot++ % cmd_slots) * 64;
+    std::memcpy(arena + off, &c, sizeof(c));
+    emu::message_send m;
+    m.dest_rank = nic.rank();
+    m.match_bits = pr::match_bits(wire_id, pr::k_cmd);
+    m.message_id = next_msg++;
+    m.region = region;
+    m.offset_bytes = off;
+    m.len_bytes = sizeof(c);
+    return nic.send(m, std::chrono::milliseconds(1000));
+  }
+
+  // Waits for a host event for which `want` returns true; `tick` runs every repair interval.
+  template <class Want, class Tick>
+  result<std::uint64_t> wait(clock::time_point deadline, Want want, Tick tick, const char* what) {
+    std::array<rt::host_event, 32> evs;
+    auto next_tick = clock::now() + o.repair_interval;
+    auto pause = std::chrono::microseconds(5);
+    for (;;) {
+      const std::size_t n = nic.poll_events(ec, evs);
+      for (std::size_t i = 0; i < n; ++i) {
+        const rt::host_event& e = evs[i];
+        if (e.type == rt::host_event::kind::error)
+          return fail(errc::fault, std::string(what) + ": the collective engine's " +
+                                       std::string(rt::to_string(static_cast<handler_kind>(e.value))) +
+                                       " handler failed (" + errc_name(e.code) + ")");
+        if (want(e.value)) return e.value;
+      }
+      if (n > 0) {
+        pause = std::chrono::microseconds(5);
+        continue;
+      }
+      const auto now = clock::now();
+      if (now >= deadline)
+        return fail(errc::timeout, std::string(what) + " did not finish within " + std::to_string(o.timeout.count()) +
+                                       " ms (rank " + std::to_string(g.me) + ", epoch " + std::to_string(epoch) + ")");
+      if (now >= next_tick) {
+        if (auto r = tick(); !r.ok()) return r.err();
+        next_tick = now + o.repair_interval;
+      }
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(200));
+    }
+  }
+
+  result<void> setup() {
+    auto* table = reinterpret_cast<std::uint32_t*>(arena + members_off);
+    for (std::size_t i = 0; i < g.members.size(); ++i) table[i] = g.members[i];
+    pr::cmd c{};
+    c.type = pr::cmd_setup;
+    c.me = g.me;
+    c.nranks = static_cast<std::uint32_t>(g.members.size());
+    c.desc_off = members_off;
+    if (auto r = send_cmd(c); !r.ok()) return r;
+    auto ev = wait(
+        clock::now() + o.timeout, [](std::uint64_t v) { return pr::event_type_of(v) == pr::ev_setup; },
+        [] { return result<void>(); }, "communicator set-up");
+    if (!ev.ok()) return ev.err();
+    if (pr::event_detail_of(ev.value()) != 0)
+      return fail(errc::invalid_argument, "communicator set-up: the NIC refused the member table");
+    return {};
+  }
+
+  // Offset of [p, p + bytes) in the arena, or npos.
+  static constexpr std::size_t npos = ~std::size_t{0};
+  std::size_t arena_offset(const void* p, std::size_t bytes) const {
+    const auto a = reinterpret_cast<std::uintptr_t>(arena), x = reinterpret_cast<std::uintptr_t>(p);
+    if (p == nullptr || x < a + heap_off() || x - a > arena_bytes || bytes > arena_bytes - (x - a)) return npos;
+    return x - a;
+  }
+
+  // One epoch of the edge ring allreduce.
+  result<void> ring_epoch(const pr::params& p, std::size_t in_off, std::size_t out_off) {
+    ++epoch;
+    ++st.epochs;
+    pr::start_desc d{};
+    d.p = p;
+    d.in_off = in_off;
+    d.out_off = out_off;
+    d.window = o.window_packets;
+    d.recovery = o.recovery ? 1 : 0;
+    const std::size_t doff = desc_off + (epoch & 1) * sizeof(pr::start_desc);
+    std::memcpy(arena + doff, &d, sizeof(d));
+    pr::cmd c{};
+    c.type = pr::cmd_start;
+    c.epoch = epoch;
+    c.desc_off = doff;
+    if (auto r = send_cmd(c); !r.ok()) return r;
+    const std::uint32_t k = epoch;
+    auto tick = [&]() -> result<void> {
+      if (!o.recovery) return {};
+      ++st.repair_ticks;
+      pr::cmd t{};
+      t.type = pr::cmd_repair;
+      t.epoch = k;
+      return send_cmd(t);
+    };
+    auto ev = wait(
+        clock::now() + o.timeout,
+        [&](std::uint64_t v) {
+          const std::uint32_t ty = pr::event_type_of(v);
+          return pr::event_epoch_of(v) == (k & 0xffffffffu) && (ty == pr::ev_done || ty == pr::ev_mismatch || ty == pr::ev_error);
+        },
+        tick, "allreduce");
+    if (!ev.ok()) return ev.err();
+    switch (pr::event_type_of(ev.value())) {
+    case pr::ev_done: return {};
+    case pr::ev_mismatch: return describe_mismatch(pr::event_detail_of(ev.value()));
+    default:
+      return fail(errc::invalid_argument, "allreduce: the NIC refused the start descriptor (reason " +
+                                              std::to_string(pr::event_detail_of(ev.value())) + ")");
+    }
+  }
+
+  result<void> allreduce(const void* in, void* out, std::uint64_t count, dtype t, op o_, algorithm a) {
+    if (broken) return fail(errc::bad_state, "communicator is broken by an earlier failure: " + broken_why);
+    kernels k{};
+    if (!with_standard(o_, t, [&]<class R>() { k = kernels_of<R>(); }))
+      return fail(errc::invalid_argument, std::string("allreduce: no standard reduction ") + name(o_) + " over " + name(t));
+    const std::uint32_t eb = k.elem_bytes, ab = k.acc_bytes;
+    if (a == algorithm::automatic) a = algorithm::edge_ring;
+    if (a != algorithm::edge_ring)
+      return fail(errc::not_supported, std::string("allreduce: algorithm ") + name(a) + " is not available yet");
+    const std::uint64_t bytes = count * eb;
+    if (count != 0 && (in == nullptr || out == nullptr)) return fail(errc::invalid_argument, "allreduce: null buffer");
+    if (count > (std::uint64_t{1} << 40)) return fail(errc::invalid_argument, "allreduce: count above 2^40");
+    if (in != out && count != 0 && overlaps(in, out, bytes))
+      return fail(errc::invalid_argument, "allreduce: input and output overlap without being the same buffer");
+    const std::uint32_t n = static_cast<std::uint32_t>(g.members.size());
+    if (n == 1) {  // one rank: the result is its own input, rounded like every result
+      std::vector<std::byte> acc(std::size_t(std::min<std::uint64_t>(count, 4096)) * ab);
+      for (std::uint64_t i = 0; i < count; i += 4096) {
+        const auto m = static_cast<std::uint32_t>(std::min<std::uint64_t>(4096, count - i));
+        k.widen(acc.data(), static_cast<const std::byte*>(in) + i * eb, m);
+        k.narrow(static_cast<std::byte*>(out) + i * eb, acc.data(), m);
+      }
+      ++st.collectives;
+      return {};
+    }
+    const std::uint32_t pkt_elems = o.packet_bytes / std::max(eb, ab);
+    // Every rank cuts the same segments (the combination order depends on them).
+    const std::uint64_t seg = std::min<std::uint64_t>(std::uint64_t{pr::max_packets - n} * pkt_elems, o.staging_bytes / eb);
+    const std::size_t in_arena = arena_offset(in, bytes), out_arena = arena_offset(out, bytes);
+    pr::params p{};
+    p.kind = static_cast<std::uint8_t>(pr::coll_kind::allreduce);
+    p.op = static_cast<std::uint8_t>(o_);
+    p.dtype = static_cast<std::uint8_t>(t);
+    p.algo = static_cast<std::uint8_t>(pr::algo::edge_ring);
+    p.nranks = n;
+    p.total_count = count;
+    p.elem_bytes = eb;
+    p.acc_bytes = ab;
+    p.pkt_elems = pkt_elems;
+    std::uint64_t done = 0;
+    do {  // count 0 still runs one epoch: every rank learns whether the others agree
+      const std::uint64_t m = std::min(seg, count - done);
+      p.count = m;
+      const std::size_t sb = static_cast<std::size_t>(m * eb), at = static_cast<std::size_t>(done * eb);
+      std::size_t ioff = in_arena != npos ? in_arena + at : staging_in();
+      std::size_t ooff = out_arena != npos ? out_arena + at : staging_out();
+      if (in_arena == npos && sb > 0) {
+        std::memcpy(arena + ioff, static_cast<const std::byte*>(in) + at, sb);
+        st.staged_bytes += sb;
+      }
+      if (in == out) ooff = ioff;  // in place stays in place
+      if (auto r = ring_epoch(p, ioff, ooff); !r.ok()) {
+        ++st.failures;
+        if (r.err().code == errc::timeout || r.err().code == errc::fault) {
+          broken = true;
+          broken_why = r.err().message;
+        }
+        return r;
+      }
+      if (out_arena == npos && sb > 0) {
+        std::memcpy(static_cast<std::byte*>(out) + at, arena + ooff, sb);
+        st.staged_bytes += sb;
+      }
+      done += m;
+    } while (done < count);
+    ++st.collectives;
+    return {};
+  }
+};
+
+communicator::communicator(std::unique_ptr<impl> p) : _p(std::move(p)) {}
+communicator::~communicator() = default;
+
+result<std::unique_ptr<communicator>> communicator::create(emu::nic_control& nic, const group& g, const options& o) {
+  if (g.members.empty() || g.members.size() > pr::max_ranks)
+    return fail(errc::invalid_argument, "communicator: a group has 1 to " + std::to_string(pr::max_ranks) + " members");
+  if (g.me >= g.members.size()) return fail(errc::invalid_argument, "communicator: me is not a member index");
+  if (g.id < 1 || g.id > 4095) return fail(errc::invalid_argument, "communicator: group id out of 1..4095");
+  {
+    std::vector<std::uint32_t> s = g.members;
+    std::sort(s.begin(), s.end());
+    if (std::adjacent_find(s.begin(), s.end()) != s.end())
+      return fail(errc::invalid_argument, "communicator: a member is listed twice");
+  }
+  if (g.members[g.me] != nic.rank())
+    return fail(errc::invalid_argument, "communicator: members[me] is " + std::to_string(g.members[g.me]) +
+                                            " but the NIC's rank is " + std::to_string(nic.rank()));
+  if (o.window_packets < 1 || o.window_packets > pr::max_window)
+    return fail(errc::invalid_argument, "communicator: window_packets out of 1..256");
+  if (o.packet_bytes < 16 || o.packet_bytes > pr::max_packet_bytes)
+    return fail(errc::invalid_argument, "communicator: packet_bytes out of 16..4096");
+  if (o.timeout.count() <= 0 || o.repair_interval.count() <= 0)
+    return fail(errc::invalid_argument, "communicator: timeout and repair_interval must be positive");
+  if (o.staging_bytes < 4096 || o.arena_bytes < ctl_bytes + 2 * o.staging_bytes)
+    return fail(errc::invalid_argument, "communicator: arena_bytes must hold 64 KiB and two staging buffers of at least 4 KiB");
+
+  auto p = std::make_unique<impl>(nic);
+  p->g = g;
+  p->o = o;
+  p->wire_id = g.id << 4;
+  void* mem = ::mmap(nullptr, o.arena_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (mem == MAP_FAILED) return fail(errc::no_memory, "communicator: cannot map the arena");
+  p->arena = static_cast<std::byte*>(mem);
+  p->arena_bytes = o.arena_bytes;
+  p->free_list[p->heap_off()] = o.arena_bytes - p->heap_off();
+  auto reg = nic.register_host_memory({p->arena, p->arena_bytes});
+  if (!reg.ok()) return reg.err();
+  p->region = reg.value();
+  p->region_ok = true;
+
+  auto pkg = standard_package();
+  if (!pkg.ok()) return pkg.err();
+  rt::ec_config cfg;
+  cfg.name = "coll." + std::to_string(g.id) + ".rank" + std::to_string(g.me);
+  cfg.match.bits = pr::match_bits(p->wire_id, 0);
+  cfg.match.ignore_mask = pr::match_ignore_mask;
+  if (auto r = pkg.value().bind(cfg); !r.ok()) return r.err();
+  cfg.window = rt::host_window{p->region, 0, o.arena_bytes};
+  cfg.limits.max_messages = 256;
+  cfg.limits.retired_history = 1u << 16;
+  cfg.limits.window_packets = 64;
+  cfg.limits.max_parked_packets = 256;
+  cfg.limits.event_queue_depth = 1024;
+  auto ec = nic.install(cfg);
+  if (!ec.ok()) return fail(ec.err().code, "communicator: installing the collective engine: " + ec.err().message);
+  p->ec = ec.value();
+  p->ec_ok = true;
+  if (auto r = p->setup(); !r.ok()) return r.err();
+  return std::unique_ptr<communicator>(new communicator(std::move(p)));
+}
+
+std::uint32_t communicator::rank() const noexcept { return _p->g.me; }
+std::uint32_t communicator::size() const noexcept { return static_cast<std::uint32_t>(_p->g.members.size()); }
+
+result<void> communicator::allreduce(const void* in, void* out, std::uint64_t count, dtype t, op o, algorithm a) {
+  return _p->allreduce(in, out, count, t, o, a);
+}
+
+std::span<std::byte> communicator::alloc(std::size_t bytes) {
+  const std::size_t want = (std::max<std::size_t>(bytes, 1) + 63) & ~std::size_t{63};
+  for (auto it = _p->free_list.begin(); it != _p->free_list.end(); ++it) {
+    if (it->second < want) continue;
+    const std::size_t off = it->first, len = it->second;
+    _p->free_list.erase(it);
+    if (len > want) _p->free_list[off + want] = len - want;
+    _p->used[off] = want;
+    return {_p->arena + off, bytes};
+  }
+  return {};
+}
+
+void communicator::free(std::span<std::byte> buffer) {
+  if (buffer.data() == nullptr) return;
+  const std::size_t off = static_cast<std::size_t>(buffer.data() - _p->arena);
+  auto it = _p->used.find(off);
+  if (it == _p->used.end()) return;
+  std::size_t start = off, len = it->second;
+  _p->used.erase(it);
+  auto next = _p->free_list.lower_bound(start);
+  if (next != _p->free_list.end() && start + len == next->first) {
+    len += next->second;
+    next = _p->free_list.erase(next);
+  }
+  if (next != _p->free_list.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == start) {
+      start = prev->first;
+      len += prev->second;
+      _p->free_list.erase(prev);
+    }
+  }
+  _p->free_list[start] = len;
+}
+
+comm_stats communicator::stats() const { return _p->st; }
+
+result<std::string> communicator::engine_stats_json() {
+  pr::cmd c{};
+  c.type = pr::cmd_stats;
+  c.desc_off = counters_off;
+  if (auto r = _p->send_cmd(c); !r.ok()) return r.err();
+  auto ev = _p->wait(
+      clock::now() + _p->o.timeout, [](std::uint64_t v) { return pr::event_type_of(v) == pr::ev_stats; },
+      [] { return result<void>(); }, "engine statistics");
+  if (!ev.ok()) return ev.err();
+  pr::engine_counters k;
+  std::memcpy(&k, _p->arena + counters_off, sizeof(k));
+  static constexpr const char* drop_names[] = {"stale", "malformed", "stranger", "early", "duplicate", "send_failed", "dma_failed"};
+  static constexpr const char* kind_names[] = {"", "cmd", "hello", "hello_req", "rs", "ag", "nack", "done", "done_req"};
+  nlohmann::json j, d, s;
+  for (std::size_t i = 0; i < pr::dr_count; ++i) d[drop_names[i]] = k.drops[i];
+  for (std::size_t i = 1; i < std::size(kind_names); ++i) s[kind_names[i]] = k.sent[i];
+  j["ignored"] = d;
+  j["sent"] = s;
+  return j.dump();
+}
+
+} // namespace spin::coll

@@ -1,0 +1,625 @@
+// The collective engine: the handler that runs a communicator's collectives on a NIC
+// (docs/collectives.md). It is a template over the reductions it knows, so a user's reduction
+// becomes a package of its own with the whole engine inside (docs/handler-guide.md, "Custom
+// reductions"):
+//
+//   struct complex_prod { using elem = ...; using acc = ...; widen, combine, narrow };
+//   SPIN_COLL_ENGINE(spin::coll::single_reduction<complex_prod>)
+//
+// One payload handler serves every packet kind of spin/coll/protocol.hpp. Native target only
+// (float reductions; the engine's state is larger than an eBPF window).
+//
+// Concurrency: payload handlers of different packets run at once on several HPUs. Bank state
+// changes (claim, start, verdict) take the bank's lock; data packets read the start descriptor
+// only after seeing the bank running (acquire), and mark results in the bitmap with atomic
+// read-modify-writes, which is what makes duplicates harmless: a result counts once, the first
+// time its bit is set.
+#pragma once
+
+#include <spin/coll/protocol.hpp>
+#include <spin/coll/types.hpp>
+#include <spin/handler.hpp>
+
+namespace spin::coll {
+
+/// The reductions of the standard package: every op x dtype of types.hpp.
+struct standard_reductions {
+  /// Calls f.template operator()<R>() for the reduction of (o, t); false when unknown.
+  template <class F> static bool dispatch(u8 o, u8 t, F&& f) {
+    return with_standard(static_cast<op>(o), static_cast<dtype>(t), static_cast<F&&>(f));
+  }
+};
+
+/// A package with one user reduction R, reached as op::custom / dtype::custom.
+template <class R> struct single_reduction {
+  template <class F> static bool dispatch(u8 o, u8 t, F&& f) {
+    if (o != static_cast<u8>(op::custom) || t != static_cast<u8>(dtype::custom)) return false;
+    f.template operator()<R>();
+    return true;
+  }
+};
+
+namespace engine_detail {
+using namespace spin::coll::proto;
+
+enum phase : u32 { ph_idle = 0, ph_started = 1, ph_running = 2, ph_failed = 3 };
+
+/// The state of one epoch. Two banks alternate (epoch & 1): when epoch k+1 starts anywhere,
+/// every rank has finished k-1 (docs/collectives.md, "Epochs").
+struct bank {
+  u64 lock;
+  u64 active;          // handlers inside the bank (pin); a reset waits for them to leave
+  u32 epoch;
+  u32 phase;           // phase; written under the lock, read with acquire
+  start_desc d;        // this rank's start descriptor (valid from ph_started)
+  u64 hello_bits[max_ranks / 64];
+  params hellos[max_ranks];
+  u64 next_orig;       // packets of this rank's chunk originated so far
+  u64 results;         // distinct results held
+  u32 complete;        // 1 once every result is held (the k_done was sent)
+  u32 succ_complete;   // 1 once the successor said k_done
+  u32 done_posted;
+  u32 pad;
+  u64 progress;        // bumped by anything new; repair acts only when it stalls
+  u64 progress_seen;   // progress at the previous repair tick
+  u64 bitmap[max_packets / 64];
+};
+
+struct state {
+  u64 setup_lock;
+  u32 me;
+  u32 nranks;          // 0 until cmd_setup
+  u32 comm_id;
+  u32 pad;
+  u64 send_seq;        // message ids of packets this NIC sends
+  u64 drops[dr_count];
+  u64 sent[16];        // packets sent, by kind
+  u32 members[max_ranks];  // NIC rank of each member
+  bank banks[2];
+};
+
+inline u64 load_acq(const u64* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+inline u32 load_acq(const u32* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+inline void store_rel(u32* p, u32 v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+inline u64 add(u64* p, u64 v) { return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL); }
+inline u32 swap(u32* p, u32 v) { return __atomic_exchange_n(p, v, __ATOMIC_ACQ_REL); }
+/// Sets bit i; true when this call set it.
+inline bool set_bit(u64* words, u64 i) {
+  const u64 m = 1ull << (i & 63);
+  return (__atomic_fetch_or(&words[i >> 6], m, __ATOMIC_ACQ_REL) & m) == 0;
+}
+inline bool test_bit(const u64* words, u64 i) { return (load_acq(&words[i >> 6]) & (1ull << (i & 63))) != 0; }
+
+inline void drop(state* s, drop_reason r) { add(&s->drops[r], 1); }
+
+/// Keeps a bank from being reset to a newer epoch while a handler uses it.
+struct pin {
+  bank* b = nullptr;
+  pin() = default;
+  pin(const pin&) = delete;
+  pin& operator=(const pin&) = delete;
+  ~pin() {
+    if (b != nullptr) __atomic_fetch_sub(&b->active, 1, __ATOMIC_ACQ_REL);
+  }
+  /// Enters bank `bk` if it holds `epoch` in phase `ph` (or any phase but idle when ph is 0).
+  bool enter(bank* bk, u32 epoch, u32 ph) {
+    __atomic_fetch_add(&bk->active, 1, __ATOMIC_ACQ_REL);
+    const u32 now = __atomic_load_n(&bk->phase, __ATOMIC_ACQUIRE);
+    if (__atomic_load_n(&bk->epoch, __ATOMIC_ACQUIRE) != epoch || now == 0 || (ph != 0 && now != ph)) {
+      __atomic_fetch_sub(&bk->active, 1, __ATOMIC_ACQ_REL);
+      return false;
+    }
+    b = bk;
+    return true;
+  }
+};
+inline bool epoch_newer(u32 a, u32 b) { return static_cast<i32>(a - b) > 0; }
+
+inline u64 offset_of_lock(const state* s, const bank* b) {
+  return static_cast<u64>(reinterpret_cast<const u8*>(&b->lock) - reinterpret_cast<const u8*>(s));
+}
+
+template <class Red> struct engine {
+  // ---- sending ---------------------------------------------------------------------------------
+  static errc send(spin::ctx* ctx, state* s, u32 to, u32 kind, u32 epoch, u32 aux, u32 elems, const void* data,
+                   u32 len, const params& p) {
+    send_desc d{};
+    d.size_bytes = sizeof(send_desc);
+    d.dest_rank = s->members[to];
+    d.match_bits = match_bits(s->comm_id, kind);
+    d.message_id = add(&s->send_seq, 1);
+    d.offset_bytes = 0;
+    d.message_len_bytes = len;
+    d.data = data;
+    d.len_bytes = len;
+    d.flags = msg_start | msg_end | msg_coll;
+    d.coll = coll_desc{p.op, p.dtype, 0, elems, epoch, aux};
+    const errc e = ctx->send(d);
+    if (e != errc::ok) drop(s, dr_send);
+    else add(&s->sent[kind & 15], 1);
+    return e;
+  }
+  static void send_ctl(spin::ctx* ctx, state* s, u32 to, u32 kind, u32 epoch, const params& p) {
+    ctl* c = ctx->scratchpad<ctl>(0);
+    if (c == nullptr) return;
+    c->sender = s->me;
+    c->reserved = 0;
+    send(ctx, s, to, kind, epoch, s->me, 0, c, sizeof(ctl), p);
+  }
+  static void send_hello(spin::ctx* ctx, state* s, bank* b, u32 to) {
+    hello* h = ctx->scratchpad<hello>(0);
+    if (h == nullptr) return;
+    h->sender = s->me;
+    h->reserved = 0;
+    h->p = b->d.p;
+    send(ctx, s, to, k_hello, b->epoch, s->me, 0, h, sizeof(hello), b->d.p);
+  }
+
+  static u32 succ(const state* s) { return s->me + 1 == s->nranks ? 0 : s->me + 1; }
+  static u32 pred(const state* s) { return s->me == 0 ? s->nranks - 1 : s->me - 1; }
+
+  // ---- banks -------------------------------------------------------------------------------------
+  /// The bank of `epoch`, reset for it when it held an older epoch; null when `epoch` is older
+  /// than what the bank holds (a stale packet).
+  static bank* claim(spin::ctx* ctx, state* s, u32 epoch) {
+    bank* b = &s->banks[epoch & 1];
+    if (load_acq(&b->epoch) == epoch && load_acq(&b->phase) != ph_idle) return b;
+    const u64 lk = offset_of_lock(s, b);
+    if (ctx->lock(lk) != errc::ok) return nullptr;
+    bank* r = b;
+    if (b->epoch != epoch) {
+      if (epoch_newer(epoch, b->epoch) || b->phase == ph_idle) {
+        // Close the bank to handlers of the old epoch, wait for those inside, then clear
+        // everything after the lock and active words.
+        store_rel(&b->phase, ph_idle);
+        while (load_acq(&b->active) != 0) {
+        }
+        u8* first = reinterpret_cast<u8*>(&b->epoch);
+        const u64 n = sizeof(bank) - 2 * sizeof(u64);
+        for (u64 i = 0; i < n; ++i) first[i] = 0;
+        __atomic_store_n(&b->epoch, epoch, __ATOMIC_RELEASE);
+      } else {
+        r = nullptr;
+      }
+    }
+    ctx->unlock(lk);
+    return r;
+  }
+  /// The bank of `epoch` only if it already holds it.
+  static bank* find(state* s, u32 epoch) {
+    bank* b = &s->banks[epoch & 1];
+    return load_acq(&b->epoch) == epoch ? b : nullptr;
+  }
+
+  // ---- reductions --------------------------------------------------------------------------------
+  struct fold_fn {
+    void* acc;
+    const void* elem;
+    u32 n;
+    template <class R> void operator()() const { fold_n<R>(acc, elem, n); }
+  };
+  struct widen_fn {
+    void* acc;
+    const void* elem;
+    u32 n;
+    template <class R> void operator()() const { widen_n<R>(acc, elem, n); }
+  };
+  struct narrow_fn {
+    void* elem;
+    const void* acc;
+    u32 n;
+    template <class R> void operator()() const { narrow_n<R>(elem, acc, n); }
+  };
+  struct size_fn {
+    u32* elem;
+    u32* acc;
+    template <class R> void operator()() const {
+      *elem = sizeof(typename R::elem);
+      *acc = sizeof(typename R::acc);
+    }
+  };
+
+  // ---- ring --------------------------------------------------------------------------------------
+  static ring_geom geom(const bank* b) { return ring_geom::make(b->d.p.count, b->d.p.nranks, b->d.p.pkt_elems); }
+
+  /// Sends the first reduce-scatter packet of packet g of this rank's chunk.
+  static void originate(spin::ctx* ctx, state* s, bank* b, const ring_geom& g, u64 pkt) {
+    const u32 c = pred(s);  // this rank originates the chunk of its predecessor
+    const u64 lo = g.packet_lo(c, pkt);
+    const u32 n = static_cast<u32>(g.packet_len(c, pkt));
+    const params& p = b->d.p;
+    u8* el = ctx->scratchpad<u8>(0, max_packet_bytes);
+    u8* acc = ctx->scratchpad<u8>(max_packet_bytes, max_packet_bytes);
+    if (el == nullptr || acc == nullptr) return;
+    if (ctx->dma_from_host(el, b->d.in_off + lo * p.elem_bytes, u64{n} * p.elem_bytes) != errc::ok) {
+      drop(s, dr_dma);
+      return;
+    }
+    Red::dispatch(p.op, p.dtype, widen_fn{acc, el, n});
+    send(ctx, s, succ(s), k_rs, b->epoch, static_cast<u32>(pkt), n, acc, n * p.acc_bytes, p);
+  }
+
+  /// Originates up to `budget` packets of this rank's chunk that are not yet out.
+  static void originate_next(spin::ctx* ctx, state* s, bank* b, const ring_geom& g, u32 budget) {
+    const u32 c = pred(s);
+    const u64 first = g.first_packet(c), npk = g.chunk_packets(c);
+    for (u32 i = 0; i < budget; ++i) {
+      const u64 k = add(&b->next_orig, 1);
+      if (k >= npk) return;
+      originate(ctx, s, b, g, first + k);
+    }
+  }
+
+  static void post_done_if_ready(spin::ctx* ctx, bank* b) {
+    if (load_acq(&b->complete) != 0 && load_acq(&b->succ_complete) != 0 && swap(&b->done_posted, 1) == 0)
+      ctx->post_event(event(ev_done, b->epoch, 0));
+  }
+  static void check_complete(spin::ctx* ctx, state* s, bank* b, const ring_geom& g) {
+    if (load_acq(&b->results) < g.total) return;
+    if (swap(&b->complete, 1) != 0) return;
+    add(&b->progress, 1);
+    if (s->nranks > 1) send_ctl(ctx, s, pred(s), k_done, b->epoch, b->d.p);
+    post_done_if_ready(ctx, b);
+  }
+
+  /// ph_started -> ph_running (exactly once): originate the first window.
+  static void run(spin::ctx* ctx, state* s, bank* b) {
+    const u64 lk = offset_of_lock(s, b);
+    if (ctx->lock(lk) != errc::ok) return;
+    const bool go = b->phase == ph_started;
+    if (go) store_rel(&b->phase, ph_running);
+    ctx->unlock(lk);
+    if (!go) return;
+    add(&b->progress, 1);
+    const ring_geom g = geom(b);
+    originate_next(ctx, s, b, g, b->d.window);
+    check_complete(ctx, s, b, g);
+  }
+
+  /// When every hello is in: compare them; start or fail.
+  static void verdict(spin::ctx* ctx, state* s, bank* b) {
+    if (load_acq(&b->phase) != ph_started) return;
+    for (u32 w = 0; w < max_ranks / 64; ++w) {
+      const u64 have = load_acq(&b->hello_bits[w]);
+      const u64 lo = u64{w} * 64;
+      if (lo >= s->nranks) break;
+      const u64 want = s->nranks - lo >= 64 ? ~0ull : (1ull << (s->nranks - lo)) - 1;
+      if ((have & want) != want) return;
+    }
+    for (u32 i = 1; i < s->nranks; ++i) {
+      const field f = first_difference(b->hellos[0], b->hellos[i]);
+      if (f != field::none) {
+        const u64 lk = offset_of_lock(s, b);
+        if (ctx->lock(lk) != errc::ok) return;
+        const bool first = b->phase == ph_started;
+        if (first) store_rel(&b->phase, ph_failed);
+        ctx->unlock(lk);
+        if (first) ctx->post_event(event(ev_mismatch, b->epoch, (static_cast<u32>(f) << 16) | i));
+        return;
+      }
+    }
+    run(ctx, s, b);
+  }
+
+  /// Pins the bank a data packet of `epoch` belongs to, running; false (counted) otherwise.
+  static bool data_bank(spin::ctx* ctx, state* s, u32 epoch, pin& pn) {
+    bank* b = find(s, epoch);
+    if (b == nullptr) {
+      drop(s, dr_stale);
+      return false;
+    }
+    // A peer sends data only after it saw every hello agree, so data proves the verdict.
+    if (load_acq(&b->phase) == ph_started) run(ctx, s, b);  // before the pin: run takes the lock
+    if (!pn.enter(b, epoch, ph_running)) {
+      drop(s, load_acq(&b->phase) == ph_idle ? dr_early : dr_stale);
+      return false;
+    }
+    return true;
+  }
+
+  static ret on_rs(spin::ctx* ctx, state* s) {
+    if (ctx->msg.source_rank != s->members[pred(s)]) return drop(s, dr_stranger), ret::drop;
+    pin pn;
+    if (!data_bank(ctx, s, ctx->coll.epoch, pn)) return ret::drop;
+    bank* b = pn.b;
+    const params& p = b->d.p;
+    const ring_geom g = geom(b);
+    const u64 pkt = ctx->coll.aux;
+    if (pkt >= g.total) return drop(s, dr_malformed), ret::drop;
+    const u64 c = g.chunk_of(pkt);
+    const u32 n = static_cast<u32>(g.packet_len(c, pkt));
+    if (c == pred(s) || ctx->coll.elem_count != n ||
+        ctx->packet.size() != u64{n} * p.acc_bytes)
+      return drop(s, dr_malformed), ret::drop;
+    if (c == s->me && test_bit(b->bitmap, pkt)) return drop(s, dr_duplicate), ret::drop;
+    u8* acc = ctx->payload<u8>(0, u64{n} * p.acc_bytes);
+    u8* el = ctx->scratchpad<u8>(0, max_packet_bytes);
+    if (acc == nullptr || el == nullptr) return drop(s, dr_malformed), ret::drop;
+    const u64 lo = g.packet_lo(c, pkt);
+    if (ctx->dma_from_host(el, b->d.in_off + lo * p.elem_bytes, u64{n} * p.elem_bytes) != errc::ok)
+      return drop(s, dr_dma), ret::drop;
+    Red::dispatch(p.op, p.dtype, fold_fn{acc, el, n});
+    if (c != s->me) {
+      send(ctx, s, succ(s), k_rs, b->epoch, static_cast<u32>(pkt), n, acc, n * p.acc_bytes, p);
+      return ret::success;
+    }
+    // The owner: round once, keep the result, start its allgather.
+    Red::dispatch(p.op, p.dtype, narrow_fn{el, acc, n});
+    if (ctx->dma_to_host(b->d.out_off + lo * p.elem_bytes, el, u64{n} * p.elem_bytes) != errc::ok)
+      return drop(s, dr_dma), ret::drop;
+    if (!set_bit(b->bitmap, pkt)) return drop(s, dr_duplicate), ret::drop;
+    add(&b->results, 1);
+    add(&b->progress, 1);
+    send(ctx, s, succ(s), k_ag, b->epoch, static_cast<u32>(pkt), n, el, n * p.elem_bytes, p);
+    check_complete(ctx, s, b, g);
+    return ret::success;
+  }
+
+  static ret on_ag(spin::ctx* ctx, state* s) {
+    if (ctx->msg.source_rank != s->members[pred(s)]) return drop(s, dr_stranger), ret::drop;
+    pin pn;
+    if (!data_bank(ctx, s, ctx->coll.epoch, pn)) return ret::drop;
+    bank* b = pn.b;
+    const params& p = b->d.p;
+    const ring_geom g = geom(b);
+    const u64 pkt = ctx->coll.aux;
+    if (pkt >= g.total) return drop(s, dr_malformed), ret::drop;
+    const u64 c = g.chunk_of(pkt);
+    const u32 n = static_cast<u32>(g.packet_len(c, pkt));
+    if (c == s->me || ctx->coll.elem_count != n || ctx->packet.size() != u64{n} * p.elem_bytes)
+      return drop(s, dr_malformed), ret::drop;
+    if (test_bit(b->bitmap, pkt)) return drop(s, dr_duplicate), ret::drop;
+    const u8* el = ctx->payload<u8>(0, u64{n} * p.elem_bytes);
+    if (el == nullptr) return drop(s, dr_malformed), ret::drop;
+    const u64 lo = g.packet_lo(c, pkt);
+    // Data first, then the bit: a NACK served from the host copy never reads a half-written result.
+    if (ctx->dma_to_host(b->d.out_off + lo * p.elem_bytes, el, u64{n} * p.elem_bytes) != errc::ok)
+      return drop(s, dr_dma), ret::drop;
+    if (!set_bit(b->bitmap, pkt)) return drop(s, dr_duplicate), ret::drop;
+    add(&b->results, 1);
+    add(&b->progress, 1);
+    if (succ(s) != c) ctx->forward(s->members[succ(s)]) == errc::ok ? void(add(&s->sent[k_ag], 1)) : drop(s, dr_send);
+    // The originator of chunk c is c's successor: the result of its own packet returned, so
+    // the next one may go (self-clocking, as SwitchML's workers).
+    if (c == pred(s)) originate_next(ctx, s, b, g, 1);
+    check_complete(ctx, s, b, g);
+    return ret::success;
+  }
+
+  /// A successor asks for results: resend those it lacks and this rank holds, from the host
+  /// copy, at most `budget` of them.
+  static ret on_nack(spin::ctx* ctx, state* s) {
+    if (ctx->msg.source_rank != s->members[succ(s)]) return drop(s, dr_stranger), ret::drop;
+    bank* b = find(s, ctx->coll.epoch);
+    pin pn;
+    if (b == nullptr || !pn.enter(b, ctx->coll.epoch, ph_running)) return drop(s, dr_stale), ret::drop;
+    const nack_head* h = ctx->payload<nack_head>(0);
+    if (h == nullptr || h->nwords > nack_max_words || ctx->packet.size() != sizeof(nack_head) + u64{h->nwords} * 8 ||
+        u64{h->first_word} + h->nwords > max_packets / 64)
+      return drop(s, dr_malformed), ret::drop;
+    const u64* theirs = ctx->payload<u64>(sizeof(nack_head), h->nwords);
+    const params& p = b->d.p;
+    const ring_geom g = geom(b);
+    u8* el = ctx->scratchpad<u8>(0, max_packet_bytes);
+    if ((theirs == nullptr && h->nwords > 0) || el == nullptr) return drop(s, dr_malformed), ret::drop;
+    u32 budget = 4 * b->d.window;
+    for (u32 w = 0; w < h->nwords && budget > 0; ++w) {
+      const u64 word = h->first_word + w;
+      u64 want = load_acq(&b->bitmap[word]) & ~theirs[w];
+      while (want != 0 && budget > 0) {
+        const u32 bit = static_cast<u32>(__builtin_ctzll(want));
+        want &= want - 1;
+        const u64 pkt = word * 64 + bit;
+        if (pkt >= g.total) break;
+        const u64 c = g.chunk_of(pkt);
+        if (c == succ(s)) continue;  // the successor owns it: its originator repairs it
+        const u32 n = static_cast<u32>(g.packet_len(c, pkt));
+        if (ctx->dma_from_host(el, b->d.out_off + g.packet_lo(c, pkt) * p.elem_bytes, u64{n} * p.elem_bytes) !=
+            errc::ok)
+          return drop(s, dr_dma), ret::drop;
+        if (send(ctx, s, succ(s), k_ag, b->epoch, static_cast<u32>(pkt), n, el, n * p.elem_bytes, p) != errc::ok)
+          return ret::success;  // transmit queue full: the next tick asks again
+        --budget;
+      }
+    }
+    return ret::success;
+  }
+
+  // ---- repair (a host timer tick) ------------------------------------------------------------------
+  static void repair(spin::ctx* ctx, state* s, bank* b) {
+    const u32 ph = load_acq(&b->phase);
+    const params& p = b->d.p;
+    if (ph == ph_started) {
+      for (u32 i = 0; i < s->nranks; ++i)
+        if (i != s->me && !test_bit(b->hello_bits, i)) send_ctl(ctx, s, i, k_hello_req, b->epoch, p);
+      return;
+    }
+    if (ph != ph_running) return;
+    const ring_geom g = geom(b);
+    // Packets of this rank's chunk whose result has not come back: originate them again.
+    const u32 mine = pred(s);
+    const u64 first = g.first_packet(mine), npk = g.chunk_packets(mine);
+    u64 out = load_acq(&b->next_orig);
+    if (out > npk) out = npk;
+    u32 budget = b->d.window;
+    for (u64 k = 0; k < out && budget > 0; ++k) {
+      if (test_bit(b->bitmap, first + k)) continue;
+      originate(ctx, s, b, g, first + k);
+      --budget;
+    }
+    if (load_acq(&b->complete) == 0) {
+      // Ask the predecessor for every result missing here, a bitmap window per packet.
+      nack_head* h = ctx->scratchpad<nack_head>(0);
+      u64* words = ctx->scratchpad<u64>(sizeof(nack_head), nack_max_words);
+      if (h == nullptr || words == nullptr) return;
+      const u64 nwords_total = (g.total + 63) / 64;
+      u32 packets = 0;
+      for (u64 w0 = 0; w0 < nwords_total && packets < 4; w0 += nack_max_words) {
+        const u32 nw = static_cast<u32>(nwords_total - w0 < nack_max_words ? nwords_total - w0 : nack_max_words);
+        bool missing = false;
+        for (u32 i = 0; i < nw; ++i) {
+          u64 v = load_acq(&b->bitmap[w0 + i]);
+          const u64 lo = (w0 + i) * 64;
+          if (g.total - lo < 64) v |= ~((1ull << (g.total - lo)) - 1);  // bits past the end count as held
+          words[i] = v;
+          missing = missing || v != ~0ull;
+        }
+        if (!missing) continue;
+        h->sender = s->me;
+        h->first_word = static_cast<u32>(w0);
+        h->nwords = nw;
+        h->reserved = 0;
+        send(ctx, s, pred(s), k_nack, b->epoch, s->me, 0, h, static_cast<u32>(sizeof(nack_head) + nw * 8ull), p);
+        ++packets;
+      }
+    } else if (load_acq(&b->succ_complete) == 0) {
+      send_ctl(ctx, s, succ(s), k_done_req, b->epoch, p);
+    }
+  }
+
+  // ---- commands from this NIC's host -------------------------------------------------------------
+  static ret on_cmd(spin::ctx* ctx, state* s) {
+    const cmd* c = ctx->payload<cmd>(0);
+    if (c == nullptr || ctx->packet.size() != sizeof(cmd)) return drop(s, dr_malformed), ret::drop;
+    if (c->type == cmd_setup) {
+      // Once only: afterwards commands must come from this rank's own address.
+      if (load_acq(&s->nranks) != 0) return drop(s, dr_stranger), ret::drop;
+      u32 ok = c->nranks >= 1 && c->nranks <= max_ranks && c->me < c->nranks ? 1 : 0;
+      if (ok && ctx->dma_from_host(s->members, c->desc_off, u64{c->nranks} * sizeof(u32)) != errc::ok) ok = 0;
+      if (ok) {
+        s->me = c->me;
+        s->comm_id = comm_of(ctx->msg.match_bits);
+        __atomic_store_n(&s->nranks, c->nranks, __ATOMIC_RELEASE);
+      }
+      ctx->post_event(event(ev_setup, 0, ok ? 0 : 1));
+      return ret::success;
+    }
+    if (load_acq(&s->nranks) == 0 || ctx->msg.source_rank != s->members[s->me]) return drop(s, dr_stranger), ret::drop;
+    if (c->type == cmd_repair) {
+      bank* b = find(s, c->epoch);
+      pin pn;
+      if (b == nullptr || !pn.enter(b, c->epoch, 0) || b->d.recovery == 0) return ret::success;
+      const u64 now = load_acq(&b->progress);
+      if (now != b->progress_seen) {
+        b->progress_seen = now;  // something moved since the last tick: wait
+        return ret::success;
+      }
+      repair(ctx, s, b);
+      return ret::success;
+    }
+    if (c->type == cmd_stats) {
+      engine_counters* k = ctx->scratchpad<engine_counters>(0);
+      if (k == nullptr) return ret::drop;
+      for (u32 i = 0; i < 8; ++i) k->drops[i] = i < dr_count ? load_acq(&s->drops[i]) : 0;
+      for (u32 i = 0; i < 16; ++i) k->sent[i] = load_acq(&s->sent[i]);
+      if (ctx->dma_to_host(c->desc_off, k, sizeof(engine_counters)) != errc::ok) return drop(s, dr_dma), ret::drop;
+      ctx->post_event(event(ev_stats, 0, 0));
+      return ret::success;
+    }
+    if (c->type != cmd_start) return drop(s, dr_malformed), ret::drop;
+    bank* b = claim(ctx, s, c->epoch);
+    if (b == nullptr) return drop(s, dr_stale), ret::drop;
+    start_desc* d = ctx->scratchpad<start_desc>(0);
+    if (d == nullptr || ctx->dma_from_host(d, c->desc_off, sizeof(start_desc)) != errc::ok) {
+      ctx->post_event(event(ev_error, c->epoch, se_desc));
+      return ret::success;
+    }
+    u32 eb = 0, ab = 0;
+    const bool known = Red::dispatch(d->p.op, d->p.dtype, size_fn{&eb, &ab});
+    if (!known || eb != d->p.elem_bytes || ab != d->p.acc_bytes || d->p.nranks != s->nranks || d->p.pkt_elems == 0 ||
+        u64{d->p.pkt_elems} * (eb > ab ? eb : ab) > max_packet_bytes || d->window == 0 || d->window > max_window ||
+        d->p.count > d->p.total_count || ring_geom::make(d->p.count, d->p.nranks, d->p.pkt_elems).total > max_packets) {
+      ctx->post_event(event(ev_error, c->epoch, se_params));
+      return ret::success;
+    }
+    if (d->in_off > ctx->host_window_len_bytes || d->out_off > ctx->host_window_len_bytes ||
+        d->p.count * eb > ctx->host_window_len_bytes - d->in_off ||
+        d->p.count * eb > ctx->host_window_len_bytes - d->out_off) {
+      ctx->post_event(event(ev_error, c->epoch, se_window));
+      return ret::success;
+    }
+    const u64 lk = offset_of_lock(s, b);
+    if (ctx->lock(lk) != errc::ok) return ret::drop;
+    const bool fresh = b->phase == ph_idle;
+    if (fresh) {
+      b->d = *d;
+      b->hellos[s->me] = d->p;
+      set_bit(b->hello_bits, s->me);
+      store_rel(&b->phase, ph_started);
+    }
+    ctx->unlock(lk);
+    if (!fresh) return drop(s, dr_stale), ret::drop;
+    add(&b->progress, 1);
+    for (u32 i = 0; i < s->nranks; ++i)
+      if (i != s->me) send_hello(ctx, s, b, i);
+    verdict(ctx, s, b);
+    return ret::success;
+  }
+
+  static ret on_hello(spin::ctx* ctx, state* s) {
+    const hello* h = ctx->payload<hello>(0);
+    const u32 n = load_acq(&s->nranks);
+    if (h == nullptr || ctx->packet.size() != sizeof(hello) || n == 0 || h->sender >= n || h->sender == s->me)
+      return drop(s, dr_malformed), ret::drop;
+    if (ctx->msg.source_rank != s->members[h->sender]) return drop(s, dr_stranger), ret::drop;
+    bank* b = claim(ctx, s, ctx->coll.epoch);
+    if (b == nullptr) return drop(s, dr_stale), ret::drop;
+    b->hellos[h->sender] = h->p;  // before the bit: verdict reads hellos after seeing it
+    if (set_bit(b->hello_bits, h->sender)) add(&b->progress, 1);
+    verdict(ctx, s, b);
+    return ret::success;
+  }
+
+  static ret on_ctl(spin::ctx* ctx, state* s, u32 kind) {
+    const ctl* c = ctx->payload<ctl>(0);
+    const u32 n = load_acq(&s->nranks);
+    if (c == nullptr || ctx->packet.size() != sizeof(ctl) || n == 0 || c->sender >= n)
+      return drop(s, dr_malformed), ret::drop;
+    if (ctx->msg.source_rank != s->members[c->sender]) return drop(s, dr_stranger), ret::drop;
+    bank* b = find(s, ctx->coll.epoch);
+    pin pn;
+    if (b == nullptr || !pn.enter(b, ctx->coll.epoch, 0)) return drop(s, dr_stale), ret::drop;
+    if (kind == k_hello_req) {
+      send_hello(ctx, s, b, c->sender);
+    } else if (kind == k_done) {
+      if (c->sender != succ(s)) return drop(s, dr_stranger), ret::drop;
+      if (swap(&b->succ_complete, 1) == 0) add(&b->progress, 1);
+      post_done_if_ready(ctx, b);
+    } else {  // k_done_req
+      if (c->sender != pred(s)) return drop(s, dr_stranger), ret::drop;
+      if (load_acq(&b->complete) != 0) send_ctl(ctx, s, pred(s), k_done, b->epoch, b->d.p);
+    }
+    return ret::success;
+  }
+
+  static ret handle(spin::ctx* ctx) {
+    state* s = ctx->mem<state>(0);
+    if (s == nullptr) return ret::drop;
+    const u32 kind = kind_of(ctx->msg.match_bits);
+    if (kind == k_cmd) return on_cmd(ctx, s);  // a host message: no collective fields
+    if ((ctx->msg.flags & msg_coll) == 0) return drop(s, dr_malformed), ret::drop;
+    if (load_acq(&s->nranks) == 0) return drop(s, dr_early), ret::drop;
+    switch (kind) {
+    case k_hello: return on_hello(ctx, s);
+    case k_rs: return on_rs(ctx, s);
+    case k_ag: return on_ag(ctx, s);
+    case k_nack: return on_nack(ctx, s);
+    case k_hello_req:
+    case k_done:
+    case k_done_req: return on_ctl(ctx, s, kind);
+    default: return drop(s, dr_malformed), ret::drop;
+    }
+  }
+};
+} // namespace engine_detail
+
+/// Handler memory of an engine EC (bytes).
+inline constexpr u64 engine_state_bytes = sizeof(engine_detail::state);
+
+} // namespace spin::coll
+
+/// Defines the collective engine's handler for the reductions `Reductions` (standard_reductions,
+/// or single_reduction<R> for a user reduction R) and declares its memory. Once per file.
+#define SPIN_COLL_ENGINE(Reductions)                                                                  \
+  SPIN_MEMORY(::spin::coll::engine_state_bytes, ::spin::coll::proto::scratch_bytes);                 \
+  SPIN_PAYLOAD_HANDLER(spin_coll_payload) { return ::spin::coll::engine_detail::engine<Reductions>::handle(ctx); }

@@ -1,0 +1,321 @@
+// Datatypes and reduction operations of the collectives, freestanding: the same definitions
+// run in NIC and switch handlers (compiled by spinc) and in host code (spin::coll, tests).
+//
+// A reduction is three functions on one element (docs/collectives.md, "Reductions"):
+//   widen(x)      element -> accumulator (exact for every standard type)
+//   combine(a, b) accumulator x accumulator -> accumulator; a holds the contributions of the
+//                 ranks that come earlier in the combination order, b the later ones
+//   narrow(a)     accumulator -> element, the one rounding step
+// Narrow floats (float16, bfloat16) accumulate in float32 and are rounded once, at the end
+// (Hoefler, Khalilov et al. 2026, obstacle 1). Every collective combines contributions in a
+// fixed order (docs/collectives.md, "Combination order"), so float results do not depend on
+// arrival order.
+//
+// Semantics (independent of arrival order, loss and retransmission):
+//   - integers: sum and prod wrap modulo 2^bits (two's complement); min/max are exact.
+//   - floats: IEEE 754 binary arithmetic with round-to-nearest-even in the accumulator type;
+//     overflow gives infinity; a NaN result is the canonical quiet NaN (positive, payload 0:
+//     0x7fc00000 for float32, 0x7ff8000000000000 for float64, 0x7e00 for float16, 0x7fc0 for
+//     bfloat16), whatever NaNs the inputs carried;
+//   - float min/max propagate NaN (any NaN operand gives NaN, IEEE 754-2019 minimum/maximum)
+//     and order -0 below +0, which makes them commutative and associative. (The handler API's
+//     float_min/float_max atomics follow minNum/maxNum instead.)
+#pragma once
+
+#include <spin/handler.hpp>
+
+namespace spin::coll {
+
+/// Datatype ids (`coll_desc::dtype` on the wire).
+enum class dtype : u8 {
+  f32 = 1,
+  f64 = 2,
+  f16 = 3,   ///< IEEE binary16
+  bf16 = 4,  ///< bfloat16 (the upper half of a float32)
+  i32 = 5,
+  i64 = 6,
+  u32 = 7,
+  u64 = 8,
+  custom = 255,  ///< a user reduction's own element type
+};
+
+/// Reduction operation ids (`coll_desc::op` on the wire).
+enum class op : u8 {
+  sum = 1,
+  min = 2,
+  max = 3,
+  prod = 4,
+  custom = 255,  ///< a user reduction
+};
+
+/// Static names ("f32", "sum", ...); "?" for an unknown id.
+constexpr const char* name(dtype t) {
+  switch (t) {
+  case dtype::f32: return "f32";
+  case dtype::f64: return "f64";
+  case dtype::f16: return "f16";
+  case dtype::bf16: return "bf16";
+  case dtype::i32: return "i32";
+  case dtype::i64: return "i64";
+  case dtype::u32: return "u32";
+  case dtype::u64: return "u64";
+  case dtype::custom: return "custom";
+  }
+  return "?";
+}
+constexpr const char* name(op o) {
+  switch (o) {
+  case op::sum: return "sum";
+  case op::min: return "min";
+  case op::max: return "max";
+  case op::prod: return "prod";
+  case op::custom: return "custom";
+  }
+  return "?";
+}
+
+// ---- bit-exact conversions ---------------------------------------------------------------------
+
+/// float32 bits -> float16 bits, round to nearest even; overflow gives infinity; NaN gives the
+/// canonical 0x7e00 (with the sign cleared).
+constexpr u16 f32_to_f16_bits(u32 x) {
+  const u32 sign = (x >> 16) & 0x8000u;
+  const u32 a = x & 0x7fffffffu;
+  if (a > 0x7f800000u) return 0x7e00u;                     // NaN
+  if (a >= 0x477ff000u) return static_cast<u16>(sign | 0x7c00u);  // rounds to or above 65520: inf
+  if (a < 0x38800000u) {                                    // below 2^-14: float16 subnormal or 0
+    if (a < 0x33000000u) return static_cast<u16>(sign);     // at most 2^-25: rounds to zero
+    const u32 e = a >> 23;                                  // 102..112
+    const u32 m = (a & 0x7fffffu) | 0x800000u;
+    const u32 shift = 126 - e;                              // 14..24
+    u32 q = m >> shift;
+    const u32 rest = m & ((1u << shift) - 1);
+    const u32 half = 1u << (shift - 1);
+    if (rest > half || (rest == half && (q & 1u) != 0)) ++q;
+    return static_cast<u16>(sign | q);
+  }
+  const u32 r = a + 0xfffu + ((a >> 13) & 1u) - 0x38000000u;  // round on the 13 dropped bits
+  return static_cast<u16>(sign | (r >> 13));
+}
+
+/// float16 bits -> float32 bits (exact). NaN payloads are kept.
+constexpr u32 f16_to_f32_bits(u16 h) {
+  const u32 sign = static_cast<u32>(h & 0x8000u) << 16;
+  const u32 e = (h >> 10) & 0x1fu;
+  u32 m = h & 0x3ffu;
+  if (e == 0x1f) return sign | 0x7f800000u | (m << 13);
+  if (e == 0) {
+    if (m == 0) return sign;
+    u32 s = 0;
+    for (u32 i = 0; i < 10; ++i) {  // normalise the subnormal (at most 10 steps)
+      if ((m & 0x400u) != 0) break;
+      m <<= 1;
+      ++s;
+    }
+    return sign | ((113 - s) << 23) | ((m & 0x3ffu) << 13);
+  }
+  return sign | ((e + 112) << 23) | (m << 13);
+}
+
+/// float32 bits -> bfloat16 bits, round to nearest even; NaN gives the canonical 0x7fc0.
+constexpr u16 f32_to_bf16_bits(u32 x) {
+  if ((x & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u;
+  return static_cast<u16>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+/// bfloat16 bits -> float32 bits (exact).
+constexpr u32 bf16_to_f32_bits(u16 h) { return static_cast<u32>(h) << 16; }
+
+namespace detail {
+template <class F> constexpr bool is_nan(F v) { return v != v; }
+template <class F> struct float_bits;
+template <> struct float_bits<float> {
+  using word = u32;
+  static constexpr word canonical_nan = 0x7fc00000u;
+  static constexpr word sign = 0x80000000u;
+};
+template <> struct float_bits<double> {
+  using word = u64;
+  static constexpr word canonical_nan = 0x7ff8000000000000ull;
+  static constexpr word sign = 0x8000000000000000ull;
+};
+template <class F> F canonical(F v) {
+  return is_nan(v) ? spin::detail::bit_cast<F>(float_bits<F>::canonical_nan) : v;
+}
+template <class F> bool sign_bit(F v) {
+  return (spin::detail::bit_cast<typename float_bits<F>::word>(v) & float_bits<F>::sign) != 0;
+}
+// minimum/maximum of IEEE 754-2019: NaN propagates, -0 < +0.
+template <class F> F fmin(F a, F b) {
+  if (is_nan(a) || is_nan(b)) return spin::detail::bit_cast<F>(float_bits<F>::canonical_nan);
+  if (a < b) return a;
+  if (b < a) return b;
+  return sign_bit(a) ? a : b;
+}
+template <class F> F fmax(F a, F b) {
+  if (is_nan(a) || is_nan(b)) return spin::detail::bit_cast<F>(float_bits<F>::canonical_nan);
+  if (a > b) return a;
+  if (b > a) return b;
+  return sign_bit(a) ? b : a;
+}
+// Wrapping integer arithmetic through the unsigned type (signed overflow is undefined in C++).
+template <class T> struct unsigned_of;
+template <> struct unsigned_of<i32> { using type = u32; };
+template <> struct unsigned_of<i64> { using type = u64; };
+template <> struct unsigned_of<u32> { using type = u32; };
+template <> struct unsigned_of<u64> { using type = u64; };
+template <class T> T wrap_add(T a, T b) {
+  using U = typename unsigned_of<T>::type;
+  return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+}
+template <class T> T wrap_mul(T a, T b) {
+  using U = typename unsigned_of<T>::type;
+  return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
+}
+} // namespace detail
+
+// ---- the standard reductions ---------------------------------------------------------------------
+// Each is a type with `elem` and `acc` (element and accumulator types) and static widen,
+// combine and narrow: the shape a user's reduction has too (docs/handler-guide.md,
+// "Custom reductions").
+
+/// A float16 element as stored (its bits).
+struct f16_bits {
+  u16 bits;
+};
+/// A bfloat16 element as stored (its bits).
+struct bf16_bits {
+  u16 bits;
+};
+
+namespace detail {
+template <class T> struct int_ops {
+  using elem = T;
+  using acc = T;
+  static acc widen(elem x) { return x; }
+  static elem narrow(acc a) { return a; }
+};
+template <class F> struct float_ops {
+  using elem = F;
+  using acc = F;
+  static acc widen(elem x) { return x; }
+  static elem narrow(acc a) { return canonical(a); }
+};
+struct f16_ops {
+  using elem = f16_bits;
+  using acc = float;
+  static acc widen(elem x) { return spin::detail::bit_cast<float>(f16_to_f32_bits(x.bits)); }
+  static elem narrow(acc a) { return elem{f32_to_f16_bits(spin::detail::bit_cast<u32>(a))}; }
+};
+struct bf16_ops {
+  using elem = bf16_bits;
+  using acc = float;
+  static acc widen(elem x) { return spin::detail::bit_cast<float>(bf16_to_f32_bits(x.bits)); }
+  static elem narrow(acc a) { return elem{f32_to_bf16_bits(spin::detail::bit_cast<u32>(a))}; }
+};
+} // namespace detail
+
+template <class T> struct sum_int : detail::int_ops<T> {
+  static T combine(T a, T b) { return detail::wrap_add(a, b); }
+};
+template <class T> struct prod_int : detail::int_ops<T> {
+  static T combine(T a, T b) { return detail::wrap_mul(a, b); }
+};
+template <class T> struct min_int : detail::int_ops<T> {
+  static T combine(T a, T b) { return b < a ? b : a; }
+};
+template <class T> struct max_int : detail::int_ops<T> {
+  static T combine(T a, T b) { return b > a ? b : a; }
+};
+template <class Base> struct sum_float : Base {
+  static typename Base::acc combine(typename Base::acc a, typename Base::acc b) { return a + b; }
+};
+template <class Base> struct prod_float : Base {
+  static typename Base::acc combine(typename Base::acc a, typename Base::acc b) { return a * b; }
+};
+template <class Base> struct min_float : Base {
+  static typename Base::acc combine(typename Base::acc a, typename Base::acc b) { return detail::fmin(a, b); }
+};
+template <class Base> struct max_float : Base {
+  static typename Base::acc combine(typename Base::acc a, typename Base::acc b) { return detail::fmax(a, b); }
+};
+
+// ---- element-wise kernels over byte buffers ----------------------------------------------------
+// Buffers are naturally aligned for their types (packet payloads and scratchpads are 8-byte
+// aligned). n is a count of elements.
+
+/// acc[i] = widen(elem[i])
+template <class R> void widen_n(void* acc, const void* elem, u32 n) {
+  auto* a = static_cast<typename R::acc*>(acc);
+  const auto* e = static_cast<const typename R::elem*>(elem);
+  for (u32 i = 0; i < n; ++i) a[i] = R::widen(e[i]);
+}
+/// acc[i] = combine(acc[i], widen(elem[i])): the element comes later in the order.
+template <class R> void fold_n(void* acc, const void* elem, u32 n) {
+  auto* a = static_cast<typename R::acc*>(acc);
+  const auto* e = static_cast<const typename R::elem*>(elem);
+  for (u32 i = 0; i < n; ++i) a[i] = R::combine(a[i], R::widen(e[i]));
+}
+/// acc[i] = combine(acc[i], later[i])
+template <class R> void combine_n(void* acc, const void* later, u32 n) {
+  auto* a = static_cast<typename R::acc*>(acc);
+  const auto* b = static_cast<const typename R::acc*>(later);
+  for (u32 i = 0; i < n; ++i) a[i] = R::combine(a[i], b[i]);
+}
+/// elem[i] = narrow(acc[i])
+template <class R> void narrow_n(void* elem, const void* acc, u32 n) {
+  auto* e = static_cast<typename R::elem*>(elem);
+  const auto* a = static_cast<const typename R::acc*>(acc);
+  for (u32 i = 0; i < n; ++i) e[i] = R::narrow(a[i]);
+}
+
+/// Calls f.template operator()<R>() with the standard reduction R of (o, t) and returns true,
+/// or returns false when the pair is not a standard reduction. One switch: handlers use it to
+/// dispatch without function pointers; host code (spin/coll/kernels.hpp) finds the same kernels.
+template <class F> bool with_standard(op o, dtype t, F&& f) {
+  using detail::bf16_ops;
+  using detail::f16_ops;
+  using detail::float_ops;
+  switch (t) {
+  case dtype::i32:
+  case dtype::i64:
+  case dtype::u32:
+  case dtype::u64: {
+    auto pick = [&](auto zero) -> bool {
+      using T = decltype(zero);
+      switch (o) {
+      case op::sum: f.template operator()<sum_int<T>>(); return true;
+      case op::prod: f.template operator()<prod_int<T>>(); return true;
+      case op::min: f.template operator()<min_int<T>>(); return true;
+      case op::max: f.template operator()<max_int<T>>(); return true;
+      default: return false;
+      }
+    };
+    if (t == dtype::i32) return pick(i32{});
+    if (t == dtype::i64) return pick(i64{});
+    if (t == dtype::u32) return pick(u32{});
+    return pick(u64{});
+  }
+  case dtype::f32:
+  case dtype::f64:
+  case dtype::f16:
+  case dtype::bf16: {
+    auto pick = [&](auto base) -> bool {
+      using B = decltype(base);
+      switch (o) {
+      case op::sum: f.template operator()<sum_float<B>>(); return true;
+      case op::prod: f.template operator()<prod_float<B>>(); return true;
+      case op::min: f.template operator()<min_float<B>>(); return true;
+      case op::max: f.template operator()<max_float<B>>(); return true;
+      default: return false;
+      }
+    };
+    if (t == dtype::f32) return pick(float_ops<float>{});
+    if (t == dtype::f64) return pick(float_ops<double>{});
+    if (t == dtype::f16) return pick(f16_ops{});
+    return pick(bf16_ops{});
+  }
+  default: return false;
+  }
+}
+
+} // namespace spin::coll

@@ -1,0 +1,70 @@
+// Test fixture of the collectives: a cluster of a topology, its driving thread, and one
+// communicator per host; run() calls a collective on every rank at once, one thread per rank.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <spin/coll/coll.hpp>
+#include <spin/emu/cluster.hpp>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+namespace spin::coll::test {
+
+struct driver {
+  std::atomic<bool> stop{false};
+  std::thread th;
+  void start(emu::cluster& c) {
+    th = std::thread([this, &c] { c.run(stop); });
+  }
+  ~driver() {
+    stop = true;
+    if (th.joinable()) th.join();
+  }
+};
+
+struct world {
+  std::unique_ptr<emu::cluster> cluster;
+  driver drv;  // stops before the cluster goes
+  std::vector<std::unique_ptr<communicator>> comms;  // go first: they uninstall on a running cluster
+
+  world(const emu::topology& t, const options& o = {}, std::uint32_t group_id = 1) {
+    emu::cluster_options co;
+    auto c = emu::cluster::create(t, co);
+    REQUIRE_MESSAGE(c.ok(), (c.ok() ? "" : c.err().message));
+    cluster = std::move(c.value());
+    drv.start(*cluster);
+    group g;
+    g.id = group_id;
+    const auto hosts = static_cast<std::uint32_t>(t.host_count());
+    for (std::uint32_t i = 0; i < hosts; ++i) g.members.push_back(t.nodes[i].rank);
+    for (std::uint32_t i = 0; i < hosts; ++i) {
+      g.me = i;
+      auto cm = communicator::create(*cluster->host(g.members[i]), g, o);
+      REQUIRE_MESSAGE(cm.ok(), (cm.ok() ? "" : cm.err().message));
+      comms.push_back(std::move(cm.value()));
+    }
+  }
+  std::uint32_t size() const { return static_cast<std::uint32_t>(comms.size()); }
+
+  /// Runs f(rank) on one thread per rank and returns each rank's result.
+  std::vector<result<void>> run(const std::function<result<void>(std::uint32_t)>& f) {
+    std::vector<result<void>> out(size());
+    std::vector<std::thread> th;
+    for (std::uint32_t r = 0; r < size(); ++r) th.emplace_back([&, r] { out[r] = f(r); });
+    for (auto& t : th) t.join();
+    return out;
+  }
+};
+
+inline emu::topology topology_for(std::uint32_t n, const emu::link_model& m = {}) {
+  if (n == 1 || n > 8) return emu::star(n, m);
+  if (n == 2) return emu::pair(m);
+  return emu::ring(n, m);
+}
+
+} // namespace spin::coll::test
