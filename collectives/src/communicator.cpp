@@ -13,6 +13,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 namespace spin::coll {
@@ -50,6 +51,11 @@ result<rt::loaded_package> standard_package() {
   }
   return *cached;
 }
+
+// Groups in use per NIC in this process: two communicators of one group id on one NIC would
+// share match bits, and the first installed EC would take the other's packets.
+std::mutex groups_mutex;
+std::set<std::pair<const void*, std::uint32_t>> groups_in_use;
 
 error describe_mismatch(std::uint32_t detail) {
   const auto f = static_cast<pr::field>(detail >> 16);
@@ -99,9 +105,15 @@ struct communicator::impl {
   std::map<std::size_t, std::size_t> free_list;  // offset -> bytes
   std::map<std::size_t, std::size_t> used;
 
+  bool group_claimed = false;
+
   explicit impl(emu::nic_control& n) : nic(n) {}
   ~impl() {
     if (ec_ok) (void)nic.uninstall(ec);
+    if (group_claimed) {
+      std::lock_guard<std::mutex> l(groups_mutex);
+      groups_in_use.erase({&nic, wire_id});
+    }
     if (region_ok) (void)nic.unregister_host_memory(region);
     if (arena != nullptr) ::munmap(arena, arena_bytes);
   }
@@ -325,6 +337,13 @@ result<std::unique_ptr<communicator>> communicator::create(emu::nic_control& nic
   p->g = g;
   p->o = o;
   p->wire_id = g.id << 4;
+  {
+    std::lock_guard<std::mutex> l(groups_mutex);
+    if (!groups_in_use.insert({&nic, p->wire_id}).second)
+      return fail(errc::exists, "communicator: group " + std::to_string(g.id) + " already has a communicator on NIC " +
+                                    nic.name());
+    p->group_claimed = true;
+  }
   void* mem = ::mmap(nullptr, o.arena_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (mem == MAP_FAILED) return fail(errc::no_memory, "communicator: cannot map the arena");
   p->arena = static_cast<std::byte*>(mem);

@@ -142,7 +142,17 @@ std::uint32_t cluster::poll() noexcept {
 }
 
 void cluster::run(const std::atomic<bool>& stop) noexcept {
-  while (!stop.load(std::memory_order_relaxed)) poll();
+  // One thread emulates every node, usually on a machine with fewer cores than the cluster
+  // has threads (HPUs, hosts): after a run of empty rounds it offers the core to them.
+  std::uint32_t empty = 0;
+  while (!stop.load(std::memory_order_relaxed)) {
+    if (poll() != 0) {
+      empty = 0;
+    } else if (++empty >= 64) {
+      empty = 0;
+      std::this_thread::yield();
+    }
+  }
 }
 
 bool cluster::quiesce(std::chrono::milliseconds timeout) {

@@ -44,8 +44,8 @@ struct options {
   /// that has not finished: none hangs).
   std::chrono::milliseconds timeout{10000};
   /// Repair timer: a NIC that saw no progress for one interval re-sends what is missing
-  /// (docs/collectives.md, "Reliability").
-  std::chrono::microseconds repair_interval{2000};
+  /// (docs/collectives.md, "Reliability"). SwitchML's default retransmission timeout.
+  std::chrono::microseconds repair_interval{10000};
   /// Off: lost packets are never repaired; a collective that loses one ends in a timeout.
   bool recovery = true;
   /// Packets each rank keeps in flight (1..256).
