@@ -1,5 +1,6 @@
 // spin::coll::communicator: the host side of the collective protocol (docs/collectives.md).
 #include <spin/coll/coll.hpp>
+#include <spin/coll/engine.hpp>
 #include <spin/coll/kernels.hpp>
 #include <spin/coll/protocol.hpp>
 #include <spin/rt/loader.hpp>
@@ -63,10 +64,6 @@ error describe_mismatch(std::uint32_t detail) {
                                           std::to_string(detail & 0xffffu) + " differs from rank 0");
 }
 
-bool overlaps(const void* a, const void* b, std::size_t n) {
-  const auto x = reinterpret_cast<std::uintptr_t>(a), y = reinterpret_cast<std::uintptr_t>(b);
-  return x < y + n && y < x + n;
-}
 } // namespace
 
 const char* name(algorithm a) {
@@ -85,18 +82,41 @@ std::uint32_t elem_bytes(dtype t) {
   return n;
 }
 
+// What a collective reduces with: which engine (slot), the wire ids, the kernels.
+struct op_spec {
+  std::uint32_t slot = 0;
+  std::uint8_t op = 0;
+  std::uint8_t dtype = 0;
+  std::uint32_t reduction_id = 0;
+  kernels k;
+};
+
+// FNV-1a, 32 bits: the id of a reduction's name (0 is kept for the standard package).
+std::uint32_t name_hash(const std::string& s) {
+  std::uint32_t h = 2166136261u;
+  for (unsigned char c : s) h = (h ^ c) * 16777619u;
+  return h == 0 ? 1 : h;
+}
+
 struct communicator::impl {
+  // One installed collective engine: slot 0 the standard package, 1..15 user reductions.
+  struct engine_ec {
+    std::uint32_t wire_id = 0;  // group id << 4 | slot
+    rt::ec_id ec = 0;
+    bool installed = false;
+    std::uint32_t epoch = 0;
+    std::string name;
+  };
+
   emu::nic_control& nic;
   group g;
   options o;
-  std::uint32_t wire_id = 0;  // group id << 4 | reduction slot (0: the standard package)
+  std::uint32_t base_id = 0;  // group id << 4
   std::byte* arena = nullptr;
   std::size_t arena_bytes = 0;
   rt::region_id region = 0;
   bool region_ok = false;
-  rt::ec_id ec = 0;
-  bool ec_ok = false;
-  std::uint32_t epoch = 0;
+  std::vector<engine_ec> engines;
   std::uint64_t next_msg = 1ull << 62;  // message ids of host commands
   std::uint32_t next_slot = 0;
   bool broken = false;
@@ -104,30 +124,31 @@ struct communicator::impl {
   comm_stats st;
   std::map<std::size_t, std::size_t> free_list;  // offset -> bytes
   std::map<std::size_t, std::size_t> used;
-
   bool group_claimed = false;
 
   explicit impl(emu::nic_control& n) : nic(n) {}
   ~impl() {
-    if (ec_ok) (void)nic.uninstall(ec);
+    for (auto& e : engines)
+      if (e.installed) (void)nic.uninstall(e.ec);
     if (group_claimed) {
       std::lock_guard<std::mutex> l(groups_mutex);
-      groups_in_use.erase({&nic, wire_id});
+      groups_in_use.erase({&nic, base_id});
     }
     if (region_ok) (void)nic.unregister_host_memory(region);
     if (arena != nullptr) ::munmap(arena, arena_bytes);
   }
 
+  std::uint32_t n() const { return static_cast<std::uint32_t>(g.members.size()); }
   std::size_t staging_in() const { return ctl_bytes; }
   std::size_t staging_out() const { return ctl_bytes + o.staging_bytes; }
   std::size_t heap_off() const { return ctl_bytes + 2 * o.staging_bytes; }
 
-  result<void> send_cmd(const pr::cmd& c) {
+  result<void> send_cmd(const engine_ec& e, const pr::cmd& c) {
     const std::size_t off = cmd_off + (next_slot++ % cmd_slots) * 64;
     std::memcpy(arena + off, &c, sizeof(c));
     emu::message_send m;
     m.dest_rank = nic.rank();
-    m.match_bits = pr::match_bits(wire_id, pr::k_cmd);
+    m.match_bits = pr::match_bits(e.wire_id, pr::k_cmd);
     m.message_id = next_msg++;
     m.region = region;
     m.offset_bytes = off;
@@ -135,30 +156,31 @@ struct communicator::impl {
     return nic.send(m, std::chrono::milliseconds(1000));
   }
 
-  // Waits for a host event for which `want` returns true; `tick` runs every repair interval.
+  // Waits for a host event of engine `e` for which `want` returns true; `tick` runs every
+  // repair interval.
   template <class Want, class Tick>
-  result<std::uint64_t> wait(clock::time_point deadline, Want want, Tick tick, const char* what) {
+  result<std::uint64_t> wait(const engine_ec& e, clock::time_point deadline, Want want, Tick tick, const std::string& what) {
     std::array<rt::host_event, 32> evs;
     auto next_tick = clock::now() + o.repair_interval;
     auto pause = std::chrono::microseconds(5);
     for (;;) {
-      const std::size_t n = nic.poll_events(ec, evs);
-      for (std::size_t i = 0; i < n; ++i) {
-        const rt::host_event& e = evs[i];
-        if (e.type == rt::host_event::kind::error)
-          return fail(errc::fault, std::string(what) + ": the collective engine's " +
-                                       std::string(rt::to_string(static_cast<handler_kind>(e.value))) +
-                                       " handler failed (" + errc_name(e.code) + ")");
-        if (want(e.value)) return e.value;
+      const std::size_t got = nic.poll_events(e.ec, evs);
+      for (std::size_t i = 0; i < got; ++i) {
+        const rt::host_event& ev = evs[i];
+        if (ev.type == rt::host_event::kind::error)
+          return fail(errc::fault, what + ": the collective engine's " +
+                                       std::string(rt::to_string(static_cast<handler_kind>(ev.value))) + " handler failed (" +
+                                       errc_name(ev.code) + ")");
+        if (want(ev.value)) return ev.value;
       }
-      if (n > 0) {
+      if (got > 0) {
         pause = std::chrono::microseconds(5);
         continue;
       }
       const auto now = clock::now();
       if (now >= deadline)
-        return fail(errc::timeout, std::string(what) + " did not finish within " + std::to_string(o.timeout.count()) +
-                                       " ms (rank " + std::to_string(g.me) + ", epoch " + std::to_string(epoch) + ")");
+        return fail(errc::timeout, what + " did not finish within " + std::to_string(o.timeout.count()) + " ms (rank " +
+                                       std::to_string(g.me) + ", epoch " + std::to_string(e.epoch) + ")");
       if (now >= next_tick) {
         if (auto r = tick(); !r.ok()) return r.err();
         next_tick = now + o.repair_interval;
@@ -168,25 +190,48 @@ struct communicator::impl {
     }
   }
 
-  result<void> setup() {
+  // Installs an engine from `pkg` in `slot` and tells it the members.
+  result<void> install_engine(const rt::loaded_package& pkg, std::uint32_t slot, const std::string& what) {
+    engine_ec e;
+    e.wire_id = base_id | slot;
+    e.name = what;
+    rt::ec_config cfg;
+    cfg.name = "coll." + std::to_string(g.id) + "." + what + ".rank" + std::to_string(g.me);
+    cfg.match.bits = pr::match_bits(e.wire_id, 0);
+    cfg.match.ignore_mask = pr::match_ignore_mask;
+    if (auto r = pkg.bind(cfg); !r.ok()) return r.err();
+    if (cfg.handler_mem_bytes < engine_state_bytes || cfg.scratchpad_bytes < pr::scratch_bytes)
+      return fail(errc::invalid_argument, what + ": the package is not a collective engine of this version (it declares " +
+                                              std::to_string(cfg.handler_mem_bytes) + " bytes of handler memory, the engine needs " +
+                                              std::to_string(engine_state_bytes) + ")");
+    cfg.window = rt::host_window{region, 0, arena_bytes};
+    cfg.limits.max_messages = 256;
+    cfg.limits.retired_history = 1u << 16;
+    cfg.limits.window_packets = 64;
+    cfg.limits.max_parked_packets = 256;
+    cfg.limits.event_queue_depth = 1024;
+    auto ec = nic.install(cfg);
+    if (!ec.ok()) return fail(ec.err().code, what + ": installing the collective engine: " + ec.err().message);
+    e.ec = ec.value();
+    e.installed = true;
+    engines.push_back(e);
     auto* table = reinterpret_cast<std::uint32_t*>(arena + members_off);
     for (std::size_t i = 0; i < g.members.size(); ++i) table[i] = g.members[i];
     pr::cmd c{};
     c.type = pr::cmd_setup;
     c.me = g.me;
-    c.nranks = static_cast<std::uint32_t>(g.members.size());
+    c.nranks = n();
     c.desc_off = members_off;
-    if (auto r = send_cmd(c); !r.ok()) return r;
+    if (auto r = send_cmd(engines.back(), c); !r.ok()) return r;
     auto ev = wait(
-        clock::now() + o.timeout, [](std::uint64_t v) { return pr::event_type_of(v) == pr::ev_setup; },
-        [] { return result<void>(); }, "communicator set-up");
+        engines.back(), clock::now() + o.timeout, [](std::uint64_t v) { return pr::event_type_of(v) == pr::ev_setup; },
+        [] { return result<void>(); }, what + " set-up");
     if (!ev.ok()) return ev.err();
-    if (pr::event_detail_of(ev.value()) != 0)
-      return fail(errc::invalid_argument, "communicator set-up: the NIC refused the member table");
+    if (pr::event_detail_of(ev.value()) != 0) return fail(errc::invalid_argument, what + " set-up: the NIC refused the member table");
     return {};
   }
 
-  // Offset of [p, p + bytes) in the arena, or npos.
+  // Offset of [p, p + bytes) in the arena's allocatable part, or npos.
   static constexpr std::size_t npos = ~std::size_t{0};
   std::size_t arena_offset(const void* p, std::size_t bytes) const {
     const auto a = reinterpret_cast<std::uintptr_t>(arena), x = reinterpret_cast<std::uintptr_t>(p);
@@ -194,101 +239,165 @@ struct communicator::impl {
     return x - a;
   }
 
-  // One epoch of the edge ring allreduce.
-  result<void> ring_epoch(const pr::params& p, std::size_t in_off, std::size_t out_off) {
-    ++epoch;
+  // One epoch: start it on the NIC and wait until this rank's part is done.
+  result<void> epoch_run(engine_ec& e, const pr::params& p, const pr::buffer_desc& in, const pr::buffer_desc& out,
+                         const char* what) {
+    ++e.epoch;
     ++st.epochs;
     pr::start_desc d{};
     d.p = p;
-    d.in_off = in_off;
-    d.out_off = out_off;
+    d.in = in;
+    d.out = out;
     d.window = o.window_packets;
     d.recovery = o.recovery ? 1 : 0;
-    const std::size_t doff = desc_off + (epoch & 1) * sizeof(pr::start_desc);
+    const std::size_t doff = desc_off + (e.epoch & 1) * sizeof(pr::start_desc);
     std::memcpy(arena + doff, &d, sizeof(d));
     pr::cmd c{};
     c.type = pr::cmd_start;
-    c.epoch = epoch;
+    c.epoch = e.epoch;
     c.desc_off = doff;
-    if (auto r = send_cmd(c); !r.ok()) return r;
-    const std::uint32_t k = epoch;
+    if (auto r = send_cmd(e, c); !r.ok()) return r;
+    const std::uint32_t k = e.epoch;
     auto tick = [&]() -> result<void> {
       if (!o.recovery) return {};
       ++st.repair_ticks;
       pr::cmd t{};
       t.type = pr::cmd_repair;
       t.epoch = k;
-      return send_cmd(t);
+      return send_cmd(e, t);
     };
     auto ev = wait(
-        clock::now() + o.timeout,
+        e, clock::now() + o.timeout,
         [&](std::uint64_t v) {
           const std::uint32_t ty = pr::event_type_of(v);
-          return pr::event_epoch_of(v) == (k & 0xffffffffu) && (ty == pr::ev_done || ty == pr::ev_mismatch || ty == pr::ev_error);
+          return pr::event_epoch_of(v) == k && (ty == pr::ev_done || ty == pr::ev_mismatch || ty == pr::ev_error);
         },
-        tick, "allreduce");
+        tick, what);
     if (!ev.ok()) return ev.err();
     switch (pr::event_type_of(ev.value())) {
     case pr::ev_done: return {};
     case pr::ev_mismatch: return describe_mismatch(pr::event_detail_of(ev.value()));
     default:
-      return fail(errc::invalid_argument, "allreduce: the NIC refused the start descriptor (reason " +
+      return fail(errc::invalid_argument, std::string(what) + ": the NIC refused the start descriptor (reason " +
                                               std::to_string(pr::event_detail_of(ev.value())) + ")");
     }
   }
 
-  result<void> allreduce(const void* in, void* out, std::uint64_t count, dtype t, op o_, algorithm a) {
-    if (broken) return fail(errc::bad_state, "communicator is broken by an earlier failure: " + broken_why);
-    kernels k{};
-    if (!with_standard(o_, t, [&]<class R>() { k = kernels_of<R>(); }))
-      return fail(errc::invalid_argument, std::string("allreduce: no standard reduction ") + name(o_) + " over " + name(t));
-    const std::uint32_t eb = k.elem_bytes, ab = k.acc_bytes;
+  result<op_spec> standard(dtype t, op o_, const char* what) const {
+    op_spec s;
+    if (!with_standard(o_, t, [&]<class R>() { s.k = kernels_of<R>(); }))
+      return fail(errc::invalid_argument, std::string(what) + ": no standard reduction " + name(o_) + " over " + name(t));
+    s.op = static_cast<std::uint8_t>(o_);
+    s.dtype = static_cast<std::uint8_t>(t);
+    return s;
+  }
+  result<op_spec> custom(const custom_op& r, const char* what) const {
+    if (r.slot == 0 || r.slot >= engines.size() || r.elem_bytes == 0)
+      return fail(errc::invalid_argument, std::string(what) + ": not a reduction added to this communicator");
+    op_spec s;
+    s.slot = r.slot;
+    s.op = static_cast<std::uint8_t>(op::custom);
+    s.dtype = static_cast<std::uint8_t>(dtype::custom);
+    s.reduction_id = r.id;
+    s.k = custom_kernels[r.slot];
+    return s;
+  }
+  std::vector<kernels> custom_kernels = std::vector<kernels>(16);
+
+  // The collective as a series of epochs. Units: allreduce and broadcast cut the vector;
+  // reduce-scatter and allgather cut every block the same way.
+  result<void> collective(pr::coll_kind kind, const void* in, void* out, std::uint64_t count, const op_spec& s,
+                          std::uint32_t root, algorithm a, const char* what) {
+    if (broken) return fail(errc::bad_state, std::string(what) + ": communicator is broken by an earlier failure: " + broken_why);
     if (a == algorithm::automatic) a = algorithm::edge_ring;
     if (a != algorithm::edge_ring)
-      return fail(errc::not_supported, std::string("allreduce: algorithm ") + name(a) + " is not available yet");
-    const std::uint64_t bytes = count * eb;
-    if (count != 0 && (in == nullptr || out == nullptr)) return fail(errc::invalid_argument, "allreduce: null buffer");
-    if (count > (std::uint64_t{1} << 40)) return fail(errc::invalid_argument, "allreduce: count above 2^40");
-    if (in != out && count != 0 && overlaps(in, out, bytes))
-      return fail(errc::invalid_argument, "allreduce: input and output overlap without being the same buffer");
-    const std::uint32_t n = static_cast<std::uint32_t>(g.members.size());
-    if (n == 1) {  // one rank: the result is its own input, rounded like every result
-      std::vector<std::byte> acc(std::size_t(std::min<std::uint64_t>(count, 4096)) * ab);
-      for (std::uint64_t i = 0; i < count; i += 4096) {
-        const auto m = static_cast<std::uint32_t>(std::min<std::uint64_t>(4096, count - i));
-        k.widen(acc.data(), static_cast<const std::byte*>(in) + i * eb, m);
-        k.narrow(static_cast<std::byte*>(out) + i * eb, acc.data(), m);
-      }
-      ++st.collectives;
-      return {};
-    }
+      return fail(errc::not_supported, std::string(what) + ": algorithm " + name(a) + " is not available yet");
+    const bool blocks = kind == pr::coll_kind::reduce_scatter || kind == pr::coll_kind::allgather;
+    const std::uint32_t nr = n(), eb = s.k.elem_bytes, ab = s.k.acc_bytes;
+    if (root >= nr) return fail(errc::invalid_argument, std::string(what) + ": root " + std::to_string(root) + " is not a rank");
+    if (count > (std::uint64_t{1} << 40) / (blocks ? nr : 1))
+      return fail(errc::invalid_argument, std::string(what) + ": count above 2^40 elements");
+    const std::uint64_t in_elems = kind == pr::coll_kind::reduce_scatter ? count * nr : count;
+    const std::uint64_t out_elems = kind == pr::coll_kind::allgather ? count * nr : count;
+    const bool reads_in = kind != pr::coll_kind::broadcast || g.me == root;
+    if (count != 0 && ((reads_in && in == nullptr) || out == nullptr))
+      return fail(errc::invalid_argument, std::string(what) + ": null buffer");
+    if (reads_in && in != out && count != 0 &&
+        overlaps_ranges(in, in_elems * eb, out, out_elems * eb))
+      return fail(errc::invalid_argument, std::string(what) + ": input and output overlap without being the same buffer");
+    if (in == out && in_elems != out_elems && count != 0)
+      return fail(errc::invalid_argument, std::string(what) + ": reduce-scatter and allgather cannot run in place");
+    if (nr == 1) return local(kind, in, out, count, s);
+
     const std::uint32_t pkt_elems = o.packet_bytes / std::max(eb, ab);
-    // Every rank cuts the same segments (the combination order depends on them).
-    const std::uint64_t seg = std::min<std::uint64_t>(std::uint64_t{pr::max_packets - n} * pkt_elems, o.staging_bytes / eb);
-    const std::size_t in_arena = arena_offset(in, bytes), out_arena = arena_offset(out, bytes);
+    // Every rank cuts the same epochs: they depend on options only, never on the buffers.
+    const std::uint32_t chunks = kind == pr::coll_kind::broadcast ? 1 : nr;
+    std::uint64_t seg = std::min<std::uint64_t>(std::uint64_t{pr::max_packets - chunks} * pkt_elems, o.staging_bytes / eb);
+    if (blocks) seg /= nr;
+    seg = std::max<std::uint64_t>(seg, 1);
+    const std::size_t in_arena = reads_in ? arena_offset(in, in_elems * eb) : npos;
+    const std::size_t out_arena = arena_offset(out, out_elems * eb);
     pr::params p{};
-    p.kind = static_cast<std::uint8_t>(pr::coll_kind::allreduce);
-    p.op = static_cast<std::uint8_t>(o_);
-    p.dtype = static_cast<std::uint8_t>(t);
+    p.kind = static_cast<std::uint8_t>(kind);
+    p.op = s.op;
+    p.dtype = s.dtype;
     p.algo = static_cast<std::uint8_t>(pr::algo::edge_ring);
-    p.nranks = n;
-    p.total_count = count;
+    p.nranks = nr;
+    p.total_count = blocks ? count * nr : count;  // the units of p.count
     p.elem_bytes = eb;
     p.acc_bytes = ab;
     p.pkt_elems = pkt_elems;
+    p.reduction_id = s.reduction_id;
+    p.root = root;
+    engine_ec& e = engines[s.slot];
     std::uint64_t done = 0;
     do {  // count 0 still runs one epoch: every rank learns whether the others agree
       const std::uint64_t m = std::min(seg, count - done);
-      p.count = m;
-      const std::size_t sb = static_cast<std::size_t>(m * eb), at = static_cast<std::size_t>(done * eb);
-      std::size_t ioff = in_arena != npos ? in_arena + at : staging_in();
-      std::size_t ooff = out_arena != npos ? out_arena + at : staging_out();
-      if (in_arena == npos && sb > 0) {
-        std::memcpy(arena + ioff, static_cast<const std::byte*>(in) + at, sb);
-        st.staged_bytes += sb;
+      p.count = blocks ? m * nr : m;
+      const std::uint64_t at = done * eb, mb = m * eb;
+      pr::buffer_desc bi{}, bo{};
+      // Input.
+      if (kind == pr::coll_kind::reduce_scatter) {
+        bi.blocked = 1;
+        if (in_arena != npos) {
+          bi.off = in_arena + at;
+          bi.stride = count * eb;
+        } else {
+          bi.off = staging_in();
+          bi.stride = mb;
+          for (std::uint32_t c = 0; c < nr; ++c)
+            std::memcpy(arena + bi.off + c * mb, static_cast<const std::byte*>(in) + c * count * eb + at, mb);
+          st.staged_bytes += mb * nr;
+        }
+      } else if (kind == pr::coll_kind::allgather) {
+        bi.blocked = 1;  // this rank's block only
+        bi.stride = 0;
+        bi.off = in_arena != npos ? in_arena + at : staging_in();
+        if (in_arena == npos) {
+          std::memcpy(arena + bi.off, static_cast<const std::byte*>(in) + at, mb);
+          st.staged_bytes += mb;
+        }
+      } else {
+        bi.off = in_arena != npos ? in_arena + at : staging_in();
+        if (reads_in && in_arena == npos) {
+          std::memcpy(arena + bi.off, static_cast<const std::byte*>(in) + at, mb);
+          st.staged_bytes += mb;
+        }
       }
-      if (in == out) ooff = ioff;  // in place stays in place
-      if (auto r = ring_epoch(p, ioff, ooff); !r.ok()) {
+      // Output.
+      if (kind == pr::coll_kind::allgather) {
+        bo.blocked = 1;
+        bo.off = out_arena != npos ? out_arena + at : staging_out();
+        bo.stride = out_arena != npos ? count * eb : mb;
+      } else if (kind == pr::coll_kind::reduce_scatter) {
+        bo.blocked = 1;  // this rank's block only
+        bo.stride = 0;
+        bo.off = out_arena != npos ? out_arena + at : staging_out();
+      } else {
+        bo.off = out_arena != npos ? out_arena + at : staging_out();
+        if (in == out && in_arena == npos && out_arena == npos) bo.off = bi.off;  // in place stays in place
+      }
+      if (auto r = epoch_run(e, p, bi, bo, what); !r.ok()) {
         ++st.failures;
         if (r.err().code == errc::timeout || r.err().code == errc::fault) {
           broken = true;
@@ -296,12 +405,40 @@ struct communicator::impl {
         }
         return r;
       }
-      if (out_arena == npos && sb > 0) {
-        std::memcpy(static_cast<std::byte*>(out) + at, arena + ooff, sb);
-        st.staged_bytes += sb;
+      if (out_arena == npos && mb > 0) {
+        if (kind == pr::coll_kind::allgather) {
+          for (std::uint32_t c = 0; c < nr; ++c)
+            std::memcpy(static_cast<std::byte*>(out) + c * count * eb + at, arena + bo.off + c * mb, mb);
+          st.staged_bytes += mb * nr;
+        } else {
+          std::memcpy(static_cast<std::byte*>(out) + at, arena + bo.off, mb);
+          st.staged_bytes += mb;
+        }
       }
       done += m;
     } while (done < count);
+    ++st.collectives;
+    return {};
+  }
+
+  static bool overlaps_ranges(const void* a, std::size_t an, const void* b, std::size_t bn) {
+    const auto x = reinterpret_cast<std::uintptr_t>(a), y = reinterpret_cast<std::uintptr_t>(b);
+    return x < y + bn && y < x + an;
+  }
+
+  // One-rank groups: the result is the rank's own input, rounded like every result.
+  result<void> local(pr::coll_kind kind, const void* in, void* out, std::uint64_t count, const op_spec& s) {
+    const std::uint32_t eb = s.k.elem_bytes;
+    if (kind == pr::coll_kind::allgather || kind == pr::coll_kind::broadcast) {
+      if (in != out && count != 0) std::memmove(out, in, count * eb);
+    } else {
+      std::vector<std::byte> acc(std::size_t(std::min<std::uint64_t>(count, 4096)) * s.k.acc_bytes);
+      for (std::uint64_t i = 0; i < count; i += 4096) {
+        const auto m = static_cast<std::uint32_t>(std::min<std::uint64_t>(4096, count - i));
+        s.k.widen(acc.data(), static_cast<const std::byte*>(in) + i * eb, m);
+        s.k.narrow(static_cast<std::byte*>(out) + i * eb, acc.data(), m);
+      }
+    }
     ++st.collectives;
     return {};
   }
@@ -336,10 +473,10 @@ result<std::unique_ptr<communicator>> communicator::create(emu::nic_control& nic
   auto p = std::make_unique<impl>(nic);
   p->g = g;
   p->o = o;
-  p->wire_id = g.id << 4;
+  p->base_id = g.id << 4;
   {
     std::lock_guard<std::mutex> l(groups_mutex);
-    if (!groups_in_use.insert({&nic, p->wire_id}).second)
+    if (!groups_in_use.insert({&nic, p->base_id}).second)
       return fail(errc::exists, "communicator: group " + std::to_string(g.id) + " already has a communicator on NIC " +
                                     nic.name());
     p->group_claimed = true;
@@ -356,30 +493,75 @@ result<std::unique_ptr<communicator>> communicator::create(emu::nic_control& nic
 
   auto pkg = standard_package();
   if (!pkg.ok()) return pkg.err();
-  rt::ec_config cfg;
-  cfg.name = "coll." + std::to_string(g.id) + ".rank" + std::to_string(g.me);
-  cfg.match.bits = pr::match_bits(p->wire_id, 0);
-  cfg.match.ignore_mask = pr::match_ignore_mask;
-  if (auto r = pkg.value().bind(cfg); !r.ok()) return r.err();
-  cfg.window = rt::host_window{p->region, 0, o.arena_bytes};
-  cfg.limits.max_messages = 256;
-  cfg.limits.retired_history = 1u << 16;
-  cfg.limits.window_packets = 64;
-  cfg.limits.max_parked_packets = 256;
-  cfg.limits.event_queue_depth = 1024;
-  auto ec = nic.install(cfg);
-  if (!ec.ok()) return fail(ec.err().code, "communicator: installing the collective engine: " + ec.err().message);
-  p->ec = ec.value();
-  p->ec_ok = true;
-  if (auto r = p->setup(); !r.ok()) return r.err();
+  if (auto r = p->install_engine(pkg.value(), 0, "standard"); !r.ok()) return fail(r.err().code, "communicator: " + r.err().message);
   return std::unique_ptr<communicator>(new communicator(std::move(p)));
 }
 
 std::uint32_t communicator::rank() const noexcept { return _p->g.me; }
-std::uint32_t communicator::size() const noexcept { return static_cast<std::uint32_t>(_p->g.members.size()); }
+std::uint32_t communicator::size() const noexcept { return _p->n(); }
 
 result<void> communicator::allreduce(const void* in, void* out, std::uint64_t count, dtype t, op o, algorithm a) {
-  return _p->allreduce(in, out, count, t, o, a);
+  auto s = _p->standard(t, o, "allreduce");
+  if (!s.ok()) return s.err();
+  return _p->collective(proto::coll_kind::allreduce, in, out, count, s.value(), 0, a, "allreduce");
+}
+
+result<void> communicator::allreduce(const void* in, void* out, std::uint64_t count, const custom_op& r, algorithm a) {
+  auto s = _p->custom(r, "allreduce");
+  if (!s.ok()) return s.err();
+  return _p->collective(proto::coll_kind::allreduce, in, out, count, s.value(), 0, a, "allreduce");
+}
+
+result<void> communicator::reduce_scatter(const void* in, void* out, std::uint64_t block_count, dtype t, op o, algorithm a) {
+  auto s = _p->standard(t, o, "reduce_scatter");
+  if (!s.ok()) return s.err();
+  return _p->collective(proto::coll_kind::reduce_scatter, in, out, block_count, s.value(), 0, a, "reduce_scatter");
+}
+
+result<void> communicator::reduce_scatter(const void* in, void* out, std::uint64_t block_count, const custom_op& r,
+                                           algorithm a) {
+  auto s = _p->custom(r, "reduce_scatter");
+  if (!s.ok()) return s.err();
+  return _p->collective(proto::coll_kind::reduce_scatter, in, out, block_count, s.value(), 0, a, "reduce_scatter");
+}
+
+result<void> communicator::allgather(const void* in, void* out, std::uint64_t block_count, dtype t, algorithm a) {
+  const std::uint32_t eb = elem_bytes(t);
+  if (eb == 0) return fail(errc::invalid_argument, std::string("allgather: unknown datatype ") + name(t));
+  op_spec s;
+  s.dtype = static_cast<std::uint8_t>(t);
+  s.k.elem_bytes = s.k.acc_bytes = eb;
+  return _p->collective(proto::coll_kind::allgather, in, out, block_count, s, 0, a, "allgather");
+}
+
+result<void> communicator::broadcast(const void* in, void* out, std::uint64_t count, dtype t, std::uint32_t root, algorithm a) {
+  const std::uint32_t eb = elem_bytes(t);
+  if (eb == 0) return fail(errc::invalid_argument, std::string("broadcast: unknown datatype ") + name(t));
+  op_spec s;
+  s.dtype = static_cast<std::uint8_t>(t);
+  s.k.elem_bytes = s.k.acc_bytes = eb;
+  return _p->collective(proto::coll_kind::broadcast, in, out, count, s, root, a, "broadcast");
+}
+
+result<custom_op> communicator::add_reduction(const reduction& r) {
+  if (_p->engines.size() >= 16) return fail(errc::no_space, "add_reduction: a communicator holds at most 15 reductions");
+  if (r.name.empty()) return fail(errc::invalid_argument, "add_reduction: the reduction needs a name");
+  if (r.host.elem_bytes == 0 || r.host.acc_bytes == 0 || r.host.elem_bytes > proto::max_packet_bytes ||
+      r.host.acc_bytes > proto::max_packet_bytes || r.host.widen == nullptr || r.host.narrow == nullptr)
+    return fail(errc::invalid_argument, "add_reduction " + r.name + ": host kernels missing or element sizes out of 1..4096");
+  if (std::max(r.host.elem_bytes, r.host.acc_bytes) > _p->o.packet_bytes)
+    return fail(errc::invalid_argument, "add_reduction " + r.name + ": an element is larger than a packet");
+  auto pkg = rt::load_package(r.package);
+  if (!pkg.ok()) return fail(errc::invalid_argument, "add_reduction " + r.name + ": " + pkg.err().message);
+  const auto slot = static_cast<std::uint32_t>(_p->engines.size());
+  if (auto res = _p->install_engine(pkg.value(), slot, r.name); !res.ok()) return res.err();
+  _p->custom_kernels[slot] = r.host;
+  custom_op c;
+  c.slot = slot;
+  c.id = name_hash(r.name);
+  c.elem_bytes = r.host.elem_bytes;
+  c.acc_bytes = r.host.acc_bytes;
+  return c;
 }
 
 std::span<std::byte> communicator::alloc(std::size_t bytes) {
@@ -424,15 +606,16 @@ result<std::string> communicator::engine_stats_json() {
   pr::cmd c{};
   c.type = pr::cmd_stats;
   c.desc_off = counters_off;
-  if (auto r = _p->send_cmd(c); !r.ok()) return r.err();
+  auto& e = _p->engines[0];
+  if (auto r = _p->send_cmd(e, c); !r.ok()) return r.err();
   auto ev = _p->wait(
-      clock::now() + _p->o.timeout, [](std::uint64_t v) { return pr::event_type_of(v) == pr::ev_stats; },
+      e, clock::now() + _p->o.timeout, [](std::uint64_t v) { return pr::event_type_of(v) == pr::ev_stats; },
       [] { return result<void>(); }, "engine statistics");
   if (!ev.ok()) return ev.err();
   pr::engine_counters k;
   std::memcpy(&k, _p->arena + counters_off, sizeof(k));
   static constexpr const char* drop_names[] = {"stale", "malformed", "stranger", "early", "duplicate", "send_failed", "dma_failed"};
-  static constexpr const char* kind_names[] = {"", "cmd", "hello", "hello_req", "rs", "ag", "nack", "done", "done_req"};
+  static constexpr const char* kind_names[] = {"", "cmd", "hello", "hello_req", "rs", "ag", "nack", "done", "done_req", "ack"};
   nlohmann::json j, d, s;
   for (std::size_t i = 0; i < pr::dr_count; ++i) d[drop_names[i]] = k.drops[i];
   for (std::size_t i = 1; i < std::size(kind_names); ++i) s[kind_names[i]] = k.sent[i];

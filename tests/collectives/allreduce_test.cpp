@@ -110,7 +110,7 @@ void check_allreduce(world& w, dtype t, op o, std::uint64_t count, algorithm a =
   vectors v = make_vectors(t, o, n, count);
   auto res = w.run([&](std::uint32_t r) { return w.comms[r]->allreduce(v.in[r].data(), v.out[r].data(), count, t, o, a); });
   for (std::uint32_t r = 0; r < n; ++r) {
-    INFO("ranks " << n << " rank " << r << " " << name(o) << " " << name(t) << " count " << count);
+    INFO("ranks " << n << " rank " << r << " " << std::string(name(o)) << " " << std::string(name(t)) << " count " << count);
     REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
     const long long bad = first_wrong(v.out[r], v.expected, v.eb);
     REQUIRE_MESSAGE(bad < 0, "first wrong element " << bad);
@@ -126,6 +126,68 @@ std::vector<std::uint64_t> boundary_counts(std::uint32_t n, std::uint32_t p) {
   std::sort(c.begin(), c.end());
   c.erase(std::unique(c.begin(), c.end()), c.end());
   return c;
+}
+
+
+// Reduce-scatter: rank r's input is n blocks; block k of the exact reduction lands at rank k.
+void check_reduce_scatter(world& w, dtype t, op o, std::uint64_t block) {
+  const std::uint32_t n = w.size();
+  vectors v = make_vectors(t, o, n, block * n);  // each rank's whole input vector, and the reduction
+  std::vector<std::vector<std::byte>> out(n, std::vector<std::byte>(block * v.eb, std::byte{0x5a}));
+  auto res = w.run([&](std::uint32_t r) { return w.comms[r]->reduce_scatter(v.in[r].data(), out[r].data(), block, t, o); });
+  for (std::uint32_t r = 0; r < n; ++r) {
+    INFO("reduce_scatter ranks " << n << " rank " << r << " " << std::string(name(o)) << " " << std::string(name(t)) << " block " << block);
+    REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+    REQUIRE(std::memcmp(out[r].data(), v.expected.data() + r * block * v.eb, block * v.eb) == 0);
+  }
+}
+
+// Allgather: every rank's block k is rank k's input.
+void check_allgather(world& w, dtype t, std::uint64_t block, bool in_arena = false) {
+  const std::uint32_t n = w.size(), eb = elem_bytes(t);
+  std::vector<std::vector<std::byte>> in(n, std::vector<std::byte>(block * eb)), out(n, std::vector<std::byte>(block * eb * n, std::byte{0x5a}));
+  std::vector<std::byte> want(block * eb * n);
+  for (std::uint32_t r = 0; r < n; ++r)
+    for (std::uint64_t i = 0; i < block * eb; ++i) in[r][i] = want[r * block * eb + i] = static_cast<std::byte>((r * 31 + i * 7 + (i >> 8)) & 0xff);
+  std::vector<std::span<std::byte>> ain(n), aout(n);
+  if (in_arena)
+    for (std::uint32_t r = 0; r < n; ++r) {
+      ain[r] = w.comms[r]->alloc(block * eb);
+      aout[r] = w.comms[r]->alloc(block * eb * n);
+      REQUIRE(aout[r].size() == block * eb * n);
+      std::memcpy(ain[r].data(), in[r].data(), block * eb);
+    }
+  auto res = w.run([&](std::uint32_t r) {
+    return in_arena ? w.comms[r]->allgather(ain[r].data(), aout[r].data(), block, t)
+                    : w.comms[r]->allgather(in[r].data(), out[r].data(), block, t);
+  });
+  for (std::uint32_t r = 0; r < n; ++r) {
+    INFO("allgather ranks " << n << " rank " << r << " " << std::string(name(t)) << " block " << block << " arena " << in_arena);
+    REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+    const std::byte* got = in_arena ? aout[r].data() : out[r].data();
+    REQUIRE(std::memcmp(got, want.data(), want.size()) == 0);
+    if (in_arena) {
+      w.comms[r]->free(ain[r]);
+      w.comms[r]->free(aout[r]);
+    }
+  }
+}
+
+// Broadcast from `root`: every rank's output is the root's input; in place at every rank.
+void check_broadcast(world& w, dtype t, std::uint64_t count, std::uint32_t root) {
+  const std::uint32_t n = w.size(), eb = elem_bytes(t);
+  std::vector<std::vector<std::byte>> buf(n, std::vector<std::byte>(count * eb, std::byte{0x5a}));
+  std::vector<std::byte> want(count * eb);
+  for (std::uint64_t i = 0; i < want.size(); ++i) want[i] = static_cast<std::byte>((i * 13 + root * 5 + (i >> 10)) & 0xff);
+  buf[root] = want;
+  auto res = w.run([&](std::uint32_t r) {
+    return w.comms[r]->broadcast(r == root ? buf[r].data() : nullptr, buf[r].data(), count, t, root);
+  });
+  for (std::uint32_t r = 0; r < n; ++r) {
+    INFO("broadcast ranks " << n << " root " << root << " rank " << r << " count " << count);
+    REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+    REQUIRE(std::memcmp(buf[r].data(), want.data(), want.size()) == 0);
+  }
 }
 
 } // namespace
@@ -374,6 +436,50 @@ TEST_CASE("float sums are bitwise identical on every rank, across runs, loss and
       }
     }
   }
+}
+
+
+TEST_CASE("edge ring reduce-scatter, allgather and broadcast are exact for ranks 1 to 8 and counts around packet boundaries") {
+  for (std::uint32_t n : {1u, 2u, 3u, 4u, 7u, 8u}) {
+    world w(test::topology_for(n));
+    for (std::uint64_t block : {0ull, 1ull, 255ull, 256ull, 257ull, 1000ull}) {
+      for (dtype t : all_dtypes) check_reduce_scatter(w, t, op::sum, block);
+      check_reduce_scatter(w, dtype::f32, op::max, block);
+      check_reduce_scatter(w, dtype::i64, op::prod, block);
+      check_allgather(w, dtype::f16, block);
+      check_allgather(w, dtype::f64, block, true);
+    }
+    for (std::uint64_t count : {0ull, 1ull, 255ull, 256ull, 257ull, 5000ull})
+      for (std::uint32_t root : {0u, n - 1, n / 2}) check_broadcast(w, dtype::u32, count, root);
+  }
+}
+
+TEST_CASE("reduce-scatter, allgather and broadcast are exact under loss, duplication and reordering") {
+  emu::link_model m;
+  m.loss = 0.01;
+  m.duplicate = 0.01;
+  m.reorder = 0.02;
+  m.seed = 5;
+  options o;
+  o.repair_interval = std::chrono::microseconds(1000);
+  world w(test::topology_for(4, m), o);
+  check_reduce_scatter(w, dtype::f32, op::sum, 5003);
+  check_allgather(w, dtype::i32, 5003);
+  check_broadcast(w, dtype::f64, 20011, 2);
+  std::uint64_t lost = 0;
+  for (const auto& l : w.cluster->stats().links) lost += l.stats.dropped_loss;
+  CHECK(lost > 0);
+}
+
+TEST_CASE("a broadcast whose ranks name different roots fails on every rank") {
+  world w(test::topology_for(3));
+  std::vector<std::vector<std::int32_t>> buf(3, std::vector<std::int32_t>(100, 7));
+  auto res = w.run([&](std::uint32_t r) { return w.comms[r]->broadcast(buf[r].data(), buf[r].data(), 100, dtype::i32, r == 1 ? 1 : 0); });
+  for (std::uint32_t r = 0; r < 3; ++r) {
+    REQUIRE_FALSE(res[r].ok());
+    CHECK(res[r].err().message.find("root") != std::string::npos);
+  }
+  CHECK(w.comms[0]->broadcast(buf[0].data(), buf[0].data(), 100, dtype::i32, 3).err().code == errc::invalid_argument);
 }
 
 }

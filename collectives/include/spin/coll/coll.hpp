@@ -13,6 +13,7 @@
 // groups) are independent and may be used from different threads at once.
 #pragma once
 
+#include <spin/coll/kernels.hpp>
 #include <spin/coll/types.hpp>
 #include <spin/emu/nic_control.hpp>
 #include <spin/rt/package.hpp>
@@ -70,6 +71,26 @@ struct group {
   std::uint32_t me = 0;
 };
 
+/// A user reduction (docs/handler-guide.md, "Custom reductions"): a type R with `elem`, `acc`,
+/// widen, combine and narrow, compiled twice: into a package by spinc, from a handler source
+/// that says `SPIN_COLL_ENGINE(spin::coll::single_reduction<R>)`, and into the host program,
+/// whose `kernels_of<R>()` one-rank groups use.
+struct reduction {
+  /// Names the reduction; every rank must use the same name (its hash is compared between
+  /// ranks, like count and datatype).
+  std::string name;
+  rt::package package;  ///< spinc's output for the handler source
+  kernels host;         ///< kernels_of<R>() of the same R
+};
+
+/// A reduction added to a communicator (add_reduction).
+struct custom_op {
+  std::uint32_t slot = 0;        ///< 1..15: which of the communicator's engines runs it
+  std::uint32_t id = 0;          ///< hash of the name
+  std::uint32_t elem_bytes = 0;
+  std::uint32_t acc_bytes = 0;
+};
+
 /// Counters of one communicator (this rank).
 struct comm_stats {
   std::uint64_t collectives = 0;       ///< calls that returned ok
@@ -113,6 +134,34 @@ public:
   /// Typed form: in.size() elements.
   template <class T> result<void> allreduce(std::span<const T> in, std::span<T> out, op o,
                                             algorithm a = algorithm::automatic);
+
+  /// Allreduce with a reduction from add_reduction (elements of r.elem_bytes).
+  result<void> allreduce(const void* in, void* out, std::uint64_t count, const custom_op& r,
+                         algorithm a = algorithm::automatic);
+
+  /// Reduce-scatter: `in` holds size() blocks of `block_count` elements; block k of the
+  /// reduction lands in `out` (block_count elements) of rank k. Errors as allreduce.
+  result<void> reduce_scatter(const void* in, void* out, std::uint64_t block_count, dtype t, op o,
+                              algorithm a = algorithm::automatic);
+  result<void> reduce_scatter(const void* in, void* out, std::uint64_t block_count, const custom_op& r,
+                              algorithm a = algorithm::automatic);
+
+  /// Allgather: `in` holds `block_count` elements of type t; `out` (size() blocks) receives
+  /// rank k's block at block k on every rank. No reduction: every datatype works.
+  result<void> allgather(const void* in, void* out, std::uint64_t block_count, dtype t,
+                         algorithm a = algorithm::automatic);
+
+  /// Broadcast: `count` elements at `in` of rank `root` arrive at `out` of every rank (the
+  /// root's too; in == out is fine). `in` is read only at the root and may be null elsewhere.
+  /// The pipeline forwards each packet as it arrives (Khalilov et al., SC24, section 3).
+  result<void> broadcast(const void* in, void* out, std::uint64_t count, dtype t, std::uint32_t root,
+                         algorithm a = algorithm::automatic);
+
+  /// Installs the engine of a user reduction on this rank's NIC. Every rank must add the same
+  /// reductions in the same order. Errors: invalid_argument (the package does not load or bind,
+  /// elem/acc sizes are zero or above 4096), no_space (15 reductions already), and those of
+  /// create's installation and set-up.
+  result<custom_op> add_reduction(const reduction& r);
 
   /// `bytes` of arena memory that collectives use in place (no staging copy), 64-byte aligned;
   /// empty when the arena is full. Freed by free() or with the communicator.

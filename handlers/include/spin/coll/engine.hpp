@@ -9,9 +9,15 @@
 // One payload handler serves every packet kind of spin/coll/protocol.hpp. Native target only
 // (float reductions; the engine's state is larger than an eBPF window).
 //
+// Paths (docs/collectives.md, "Edge ring"): a reduce-scatter packet of chunk c starts at c's
+// originator c+1 and is folded at every rank up to c's owner c; a result packet of chunk c
+// starts at c's owner and is passed on up to the owner's predecessor. Allreduce does both;
+// reduce-scatter ends at the owner, which acknowledges to the originator; allgather and
+// broadcast start with results, and the last rank of the path acknowledges to the owner.
+//
 // Concurrency: payload handlers of different packets run at once on several HPUs. Bank state
 // changes (claim, start, verdict) take the bank's lock; data packets read the start descriptor
-// only after seeing the bank running (acquire), and mark results in the bitmap with atomic
+// only after seeing the bank running (acquire), and mark results in bitmaps with atomic
 // read-modify-writes, which is what makes duplicates harmless: a result counts once, the first
 // time its bit is set.
 #pragma once
@@ -54,15 +60,18 @@ struct bank {
   start_desc d;        // this rank's start descriptor (valid from ph_started)
   u64 hello_bits[max_ranks / 64];
   params hellos[max_ranks];
+  u64 done_bits[max_ranks / 64];  // reduce-scatter: ranks that said k_done
   u64 next_orig;       // packets of this rank's chunk originated so far
   u64 results;         // distinct results held
-  u32 complete;        // 1 once every result is held (the k_done was sent)
+  u64 acks;            // distinct packets of this rank's chunk known delivered
+  u32 complete;        // 1 once every result is held and every originated packet delivered
   u32 succ_complete;   // 1 once the successor said k_done
   u32 done_posted;
   u32 pad;
   u64 progress;        // bumped by anything new; repair acts only when it stalls
   u64 progress_seen;   // progress at the previous repair tick
-  u64 bitmap[max_packets / 64];
+  u64 held[max_packets / 64];   // results this rank holds
+  u64 acked[max_packets / 64];  // packets this rank originated that reached the end of their path
 };
 
 struct state {
@@ -91,6 +100,11 @@ inline bool set_bit(u64* words, u64 i) {
 inline bool test_bit(const u64* words, u64 i) { return (load_acq(&words[i >> 6]) & (1ull << (i & 63))) != 0; }
 
 inline void drop(state* s, drop_reason r) { add(&s->drops[r], 1); }
+inline bool epoch_newer(u32 a, u32 b) { return static_cast<i32>(a - b) > 0; }
+
+inline u64 offset_of_lock(const state* s, const bank* b) {
+  return static_cast<u64>(reinterpret_cast<const u8*>(&b->lock) - reinterpret_cast<const u8*>(s));
+}
 
 /// Keeps a bank from being reset to a newer epoch while a handler uses it.
 struct pin {
@@ -113,16 +127,62 @@ struct pin {
     return true;
   }
 };
-inline bool epoch_newer(u32 a, u32 b) { return static_cast<i32>(a - b) > 0; }
 
-inline u64 offset_of_lock(const state* s, const bank* b) {
-  return static_cast<u64>(reinterpret_cast<const u8*>(&b->lock) - reinterpret_cast<const u8*>(s));
+/// What one collective looks like from one rank: its kind, chunks and roles.
+struct roles {
+  coll_kind kind;
+  u32 n;           // ranks
+  u32 me;
+  u32 root;
+  ring_geom g;
+
+  static roles of(const bank* b, u32 me) {
+    roles r;
+    r.kind = static_cast<coll_kind>(b->d.p.kind);
+    r.n = b->d.p.nranks;
+    r.me = me;
+    r.root = b->d.p.root;
+    r.g = ring_geom::make(b->d.p.count, r.kind == coll_kind::broadcast ? 1 : r.n, b->d.p.pkt_elems);
+    return r;
+  }
+  u32 succ_of(u32 x) const { return x + 1 == n ? 0 : x + 1; }
+  u32 pred_of(u32 x) const { return x == 0 ? n - 1 : x - 1; }
+  bool reduces() const { return kind == coll_kind::allreduce || kind == coll_kind::reduce_scatter; }
+  bool gathers() const { return kind != coll_kind::reduce_scatter; }
+  /// Allgather and broadcast end their result path with an acknowledgement.
+  bool acks_results() const { return kind == coll_kind::allgather || kind == coll_kind::broadcast; }
+  u32 owner(u64 c) const { return kind == coll_kind::broadcast ? root : static_cast<u32>(c); }
+  /// The rank that sends chunk c's first packets.
+  u32 originator(u64 c) const { return reduces() ? succ_of(owner(c)) : owner(c); }
+  /// Last rank of chunk c's result path.
+  u32 last(u64 c) const { return pred_of(owner(c)); }
+  /// The chunk this rank originates, or ~0 when none.
+  u64 my_chunk() const {
+    if (kind == coll_kind::broadcast) return me == root ? 0 : ~0ull;
+    return reduces() ? pred_of(me) : me;
+  }
+  u64 my_chunk_packets() const { return my_chunk() == ~0ull ? 0 : g.chunk_packets(my_chunk()); }
+  /// Results this rank must hold.
+  u64 results_needed() const { return kind == coll_kind::reduce_scatter ? g.chunk_packets(me) : g.total; }
+};
+
+inline u64 addr(const buffer_desc& b, const ring_geom& g, u64 c, u64 e, u32 eb) {
+  return b.blocked != 0 ? b.off + c * b.stride + (e - g.chunk_lo(c)) * eb : b.off + e * eb;
+}
+
+/// True when every element of every chunk lies in the host window.
+inline bool buffer_fits(const buffer_desc& b, const ring_geom& g, u32 chunks, u32 eb, u64 window) {
+  if (b.blocked == 0) return b.off <= window && g.count <= spin::div(window - b.off, u64{eb});
+  const u64 longest = g.chunk_len(0);  // the first chunk is never shorter than the others
+  if (b.stride != 0 && chunks > 1 && b.stride > spin::div(window, u64{chunks})) return false;
+  const u64 last_base = b.off + (chunks - 1) * b.stride;
+  return b.off <= window && last_base <= window && longest * eb <= window - last_base;
 }
 
 template <class Red> struct engine {
   // ---- sending ---------------------------------------------------------------------------------
   static errc send(spin::ctx* ctx, state* s, u32 to, u32 kind, u32 epoch, u32 aux, u32 elems, const void* data,
-                   u32 len, const params& p) {
+                   u32 len, const params& p, u16 slot = 0) {
     send_desc d{};
     d.size_bytes = sizeof(send_desc);
     d.dest_rank = s->members[to];
@@ -133,18 +193,20 @@ template <class Red> struct engine {
     d.data = data;
     d.len_bytes = len;
     d.flags = msg_start | msg_end | msg_coll;
-    d.coll = coll_desc{p.op, p.dtype, 0, elems, epoch, aux};
+    d.coll = coll_desc{p.op, p.dtype, slot, elems, epoch, aux};
     const errc e = ctx->send(d);
     if (e != errc::ok) drop(s, dr_send);
     else add(&s->sent[kind & 15], 1);
     return e;
   }
-  static void send_ctl(spin::ctx* ctx, state* s, u32 to, u32 kind, u32 epoch, const params& p) {
-    ctl* c = ctx->scratchpad<ctl>(0);
+  /// A control packet (k_hello_req, k_done, k_done_req, k_ack): aux is the packet index for
+  /// k_ack, else the sender.
+  static void send_ctl(spin::ctx* ctx, state* s, u32 to, u32 kind, u32 epoch, const params& p, u32 aux) {
+    ctl* c = ctx->scratchpad<ctl>(max_packet_bytes - sizeof(ctl));
     if (c == nullptr) return;
     c->sender = s->me;
     c->reserved = 0;
-    send(ctx, s, to, kind, epoch, s->me, 0, c, sizeof(ctl), p);
+    send(ctx, s, to, kind, epoch, aux, 0, c, sizeof(ctl), p);
   }
   static void send_hello(spin::ctx* ctx, state* s, bank* b, u32 to) {
     hello* h = ctx->scratchpad<hello>(0);
@@ -154,9 +216,6 @@ template <class Red> struct engine {
     h->p = b->d.p;
     send(ctx, s, to, k_hello, b->epoch, s->me, 0, h, sizeof(hello), b->d.p);
   }
-
-  static u32 succ(const state* s) { return s->me + 1 == s->nranks ? 0 : s->me + 1; }
-  static u32 pred(const state* s) { return s->me == 0 ? s->nranks - 1 : s->me - 1; }
 
   // ---- banks -------------------------------------------------------------------------------------
   /// The bank of `epoch`, reset for it when it held an older epoch; null when `epoch` is older
@@ -219,47 +278,84 @@ template <class Red> struct engine {
     }
   };
 
-  // ---- ring --------------------------------------------------------------------------------------
-  static ring_geom geom(const bank* b) { return ring_geom::make(b->d.p.count, b->d.p.nranks, b->d.p.pkt_elems); }
-
-  /// Sends the first reduce-scatter packet of packet g of this rank's chunk.
-  static void originate(spin::ctx* ctx, state* s, bank* b, const ring_geom& g, u64 pkt) {
-    const u32 c = pred(s);  // this rank originates the chunk of its predecessor
-    const u64 lo = g.packet_lo(c, pkt);
-    const u32 n = static_cast<u32>(g.packet_len(c, pkt));
+  // ---- the ring ----------------------------------------------------------------------------------
+  /// Sends the first packet of packet `pkt` of this rank's chunk. A repeat (`again`) carries
+  /// `ring_again`: ranks that hold it already pass it on to the end of its path, whose
+  /// acknowledgement may be what was lost.
+  static void originate(spin::ctx* ctx, state* s, bank* b, const roles& r, u64 pkt, bool again = false) {
+    const u64 c = r.my_chunk();
+    const u64 lo = r.g.packet_lo(c, pkt);
+    const u32 n = static_cast<u32>(r.g.packet_len(c, pkt));
     const params& p = b->d.p;
     u8* el = ctx->scratchpad<u8>(0, max_packet_bytes);
     u8* acc = ctx->scratchpad<u8>(max_packet_bytes, max_packet_bytes);
     if (el == nullptr || acc == nullptr) return;
-    if (ctx->dma_from_host(el, b->d.in_off + lo * p.elem_bytes, u64{n} * p.elem_bytes) != errc::ok) {
+    if (ctx->dma_from_host(el, addr(b->d.in, r.g, c, lo, p.elem_bytes), u64{n} * p.elem_bytes) != errc::ok) {
       drop(s, dr_dma);
       return;
     }
-    Red::dispatch(p.op, p.dtype, widen_fn{acc, el, n});
-    send(ctx, s, succ(s), k_rs, b->epoch, static_cast<u32>(pkt), n, acc, n * p.acc_bytes, p);
+    if (r.reduces()) {
+      Red::dispatch(p.op, p.dtype, widen_fn{acc, el, n});
+      send(ctx, s, r.succ_of(s->me), k_rs, b->epoch, static_cast<u32>(pkt), n, acc, n * p.acc_bytes, p);
+      return;
+    }
+    // Allgather and broadcast: the origin holds its own block too.
+    if (ctx->dma_to_host(addr(b->d.out, r.g, c, lo, p.elem_bytes), el, u64{n} * p.elem_bytes) != errc::ok) {
+      drop(s, dr_dma);
+      return;
+    }
+    if (set_bit(b->held, pkt)) {
+      add(&b->results, 1);
+      add(&b->progress, 1);
+    }
+    send(ctx, s, r.succ_of(s->me), k_ag, b->epoch, static_cast<u32>(pkt), n, el, n * p.elem_bytes, p,
+         again ? ring_again : 0);
   }
 
   /// Originates up to `budget` packets of this rank's chunk that are not yet out.
-  static void originate_next(spin::ctx* ctx, state* s, bank* b, const ring_geom& g, u32 budget) {
-    const u32 c = pred(s);
-    const u64 first = g.first_packet(c), npk = g.chunk_packets(c);
+  static void originate_next(spin::ctx* ctx, state* s, bank* b, const roles& r, u32 budget) {
+    const u64 npk = r.my_chunk_packets();
+    if (npk == 0) return;
+    const u64 first = r.g.first_packet(r.my_chunk());
     for (u32 i = 0; i < budget; ++i) {
       const u64 k = add(&b->next_orig, 1);
       if (k >= npk) return;
-      originate(ctx, s, b, g, first + k);
+      originate(ctx, s, b, r, first + k);
     }
   }
 
-  static void post_done_if_ready(spin::ctx* ctx, bank* b) {
-    if (load_acq(&b->complete) != 0 && load_acq(&b->succ_complete) != 0 && swap(&b->done_posted, 1) == 0)
-      ctx->post_event(event(ev_done, b->epoch, 0));
+  static bool all_bits(const u64* words, u32 n) {
+    for (u32 w = 0; w < max_ranks / 64; ++w) {
+      const u64 lo = u64{w} * 64;
+      if (lo >= n) break;
+      const u64 want = n - lo >= 64 ? ~0ull : (1ull << (n - lo)) - 1;
+      if ((load_acq(&words[w]) & want) != want) return false;
+    }
+    return true;
   }
-  static void check_complete(spin::ctx* ctx, state* s, bank* b, const ring_geom& g) {
-    if (load_acq(&b->results) < g.total) return;
+
+  static void post_done_if_ready(spin::ctx* ctx, state* s, bank* b, const roles& r) {
+    if (load_acq(&b->complete) == 0) return;
+    const bool ready = r.kind == coll_kind::reduce_scatter ? all_bits(b->done_bits, s->nranks)
+                                                           : load_acq(&b->succ_complete) != 0;
+    if (ready && swap(&b->done_posted, 1) == 0) ctx->post_event(event(ev_done, b->epoch, 0));
+  }
+  /// Completion (docs/collectives.md, "Completion"): every result held and every originated
+  /// packet delivered. Allreduce, allgather and broadcast then wait for the successor (which
+  /// this rank serves repairs from its output); reduce-scatter waits for every rank, because
+  /// every rank's input may still be folded into a repaired packet.
+  static void check_complete(spin::ctx* ctx, state* s, bank* b, const roles& r) {
+    if (load_acq(&b->results) < r.results_needed() || load_acq(&b->acks) < r.my_chunk_packets()) return;
     if (swap(&b->complete, 1) != 0) return;
     add(&b->progress, 1);
-    if (s->nranks > 1) send_ctl(ctx, s, pred(s), k_done, b->epoch, b->d.p);
-    post_done_if_ready(ctx, b);
+    if (r.kind == coll_kind::reduce_scatter) {
+      set_bit(b->done_bits, s->me);
+      for (u32 i = 0; i < s->nranks; ++i)
+        if (i != s->me) send_ctl(ctx, s, i, k_done, b->epoch, b->d.p, s->me);
+    } else {
+      send_ctl(ctx, s, r.pred_of(s->me), k_done, b->epoch, b->d.p, s->me);
+    }
+    post_done_if_ready(ctx, s, b, r);
   }
 
   /// ph_started -> ph_running (exactly once): originate the first window.
@@ -271,21 +367,14 @@ template <class Red> struct engine {
     ctx->unlock(lk);
     if (!go) return;
     add(&b->progress, 1);
-    const ring_geom g = geom(b);
-    originate_next(ctx, s, b, g, b->d.window);
-    check_complete(ctx, s, b, g);
+    const roles r = roles::of(b, s->me);
+    originate_next(ctx, s, b, r, b->d.window);
+    check_complete(ctx, s, b, r);
   }
 
   /// When every hello is in: compare them; start or fail.
   static void verdict(spin::ctx* ctx, state* s, bank* b) {
-    if (load_acq(&b->phase) != ph_started) return;
-    for (u32 w = 0; w < max_ranks / 64; ++w) {
-      const u64 have = load_acq(&b->hello_bits[w]);
-      const u64 lo = u64{w} * 64;
-      if (lo >= s->nranks) break;
-      const u64 want = s->nranks - lo >= 64 ? ~0ull : (1ull << (s->nranks - lo)) - 1;
-      if ((have & want) != want) return;
-    }
+    if (load_acq(&b->phase) != ph_started || !all_bits(b->hello_bits, s->nranks)) return;
     for (u32 i = 1; i < s->nranks; ++i) {
       const field f = first_difference(b->hellos[0], b->hellos[i]);
       if (f != field::none) {
@@ -317,79 +406,126 @@ template <class Red> struct engine {
     return true;
   }
 
+  /// Marks packet `pkt` of this rank's chunk delivered; the next one may go (self-clocking,
+  /// as SwitchML's workers).
+  static void delivered(spin::ctx* ctx, state* s, bank* b, const roles& r, u64 pkt) {
+    if (!set_bit(b->acked, pkt)) return;
+    add(&b->acks, 1);
+    add(&b->progress, 1);
+    originate_next(ctx, s, b, r, 1);
+  }
+
   static ret on_rs(spin::ctx* ctx, state* s) {
-    if (ctx->msg.source_rank != s->members[pred(s)]) return drop(s, dr_stranger), ret::drop;
+    if (ctx->msg.source_rank != s->members[s->me == 0 ? s->nranks - 1 : s->me - 1])
+      return drop(s, dr_stranger), ret::drop;
     pin pn;
     if (!data_bank(ctx, s, ctx->coll.epoch, pn)) return ret::drop;
     bank* b = pn.b;
     const params& p = b->d.p;
-    const ring_geom g = geom(b);
+    const roles r = roles::of(b, s->me);
     const u64 pkt = ctx->coll.aux;
-    if (pkt >= g.total) return drop(s, dr_malformed), ret::drop;
-    const u64 c = g.chunk_of(pkt);
-    const u32 n = static_cast<u32>(g.packet_len(c, pkt));
-    if (c == pred(s) || ctx->coll.elem_count != n ||
-        ctx->packet.size() != u64{n} * p.acc_bytes)
+    if (!r.reduces() || pkt >= r.g.total) return drop(s, dr_malformed), ret::drop;
+    const u64 c = r.g.chunk_of(pkt);
+    const u32 n = static_cast<u32>(r.g.packet_len(c, pkt));
+    if (r.originator(c) == s->me || ctx->coll.elem_count != n || ctx->packet.size() != u64{n} * p.acc_bytes)
       return drop(s, dr_malformed), ret::drop;
-    if (c == s->me && test_bit(b->bitmap, pkt)) return drop(s, dr_duplicate), ret::drop;
+    const bool owner = r.owner(c) == s->me;
+    if (owner && test_bit(b->held, pkt)) {
+      // The originator missed the acknowledgement (reduce-scatter); allreduce repairs the
+      // result path with NACKs instead.
+      if (r.kind == coll_kind::reduce_scatter) send_ctl(ctx, s, r.succ_of(s->me), k_ack, b->epoch, p, static_cast<u32>(pkt));
+      return drop(s, dr_duplicate), ret::drop;
+    }
     u8* acc = ctx->payload<u8>(0, u64{n} * p.acc_bytes);
     u8* el = ctx->scratchpad<u8>(0, max_packet_bytes);
     if (acc == nullptr || el == nullptr) return drop(s, dr_malformed), ret::drop;
-    const u64 lo = g.packet_lo(c, pkt);
-    if (ctx->dma_from_host(el, b->d.in_off + lo * p.elem_bytes, u64{n} * p.elem_bytes) != errc::ok)
+    const u64 lo = r.g.packet_lo(c, pkt);
+    if (ctx->dma_from_host(el, addr(b->d.in, r.g, c, lo, p.elem_bytes), u64{n} * p.elem_bytes) != errc::ok)
       return drop(s, dr_dma), ret::drop;
     Red::dispatch(p.op, p.dtype, fold_fn{acc, el, n});
-    if (c != s->me) {
-      send(ctx, s, succ(s), k_rs, b->epoch, static_cast<u32>(pkt), n, acc, n * p.acc_bytes, p);
+    if (!owner) {
+      send(ctx, s, r.succ_of(s->me), k_rs, b->epoch, static_cast<u32>(pkt), n, acc, n * p.acc_bytes, p);
       return ret::success;
     }
-    // The owner: round once, keep the result, start its allgather.
+    // The owner: round once, keep the result, then pass it on (allreduce) or acknowledge it.
     Red::dispatch(p.op, p.dtype, narrow_fn{el, acc, n});
-    if (ctx->dma_to_host(b->d.out_off + lo * p.elem_bytes, el, u64{n} * p.elem_bytes) != errc::ok)
+    if (ctx->dma_to_host(addr(b->d.out, r.g, c, lo, p.elem_bytes), el, u64{n} * p.elem_bytes) != errc::ok)
       return drop(s, dr_dma), ret::drop;
-    if (!set_bit(b->bitmap, pkt)) return drop(s, dr_duplicate), ret::drop;
+    if (!set_bit(b->held, pkt)) return drop(s, dr_duplicate), ret::drop;
     add(&b->results, 1);
     add(&b->progress, 1);
-    send(ctx, s, succ(s), k_ag, b->epoch, static_cast<u32>(pkt), n, el, n * p.elem_bytes, p);
-    check_complete(ctx, s, b, g);
+    if (r.kind == coll_kind::allreduce)
+      send(ctx, s, r.succ_of(s->me), k_ag, b->epoch, static_cast<u32>(pkt), n, el, n * p.elem_bytes, p);
+    else
+      send_ctl(ctx, s, r.succ_of(s->me), k_ack, b->epoch, p, static_cast<u32>(pkt));
+    check_complete(ctx, s, b, r);
     return ret::success;
   }
 
   static ret on_ag(spin::ctx* ctx, state* s) {
-    if (ctx->msg.source_rank != s->members[pred(s)]) return drop(s, dr_stranger), ret::drop;
+    if (ctx->msg.source_rank != s->members[s->me == 0 ? s->nranks - 1 : s->me - 1])
+      return drop(s, dr_stranger), ret::drop;
     pin pn;
     if (!data_bank(ctx, s, ctx->coll.epoch, pn)) return ret::drop;
     bank* b = pn.b;
     const params& p = b->d.p;
-    const ring_geom g = geom(b);
+    const roles r = roles::of(b, s->me);
     const u64 pkt = ctx->coll.aux;
-    if (pkt >= g.total) return drop(s, dr_malformed), ret::drop;
-    const u64 c = g.chunk_of(pkt);
-    const u32 n = static_cast<u32>(g.packet_len(c, pkt));
-    if (c == s->me || ctx->coll.elem_count != n || ctx->packet.size() != u64{n} * p.elem_bytes)
+    if (!r.gathers() || pkt >= r.g.total) return drop(s, dr_malformed), ret::drop;
+    const u64 c = r.g.chunk_of(pkt);
+    const u32 n = static_cast<u32>(r.g.packet_len(c, pkt));
+    if (r.owner(c) == s->me || ctx->coll.elem_count != n || ctx->packet.size() != u64{n} * p.elem_bytes)
       return drop(s, dr_malformed), ret::drop;
-    if (test_bit(b->bitmap, pkt)) return drop(s, dr_duplicate), ret::drop;
+    const bool last = r.last(c) == s->me;
     const u8* el = ctx->payload<u8>(0, u64{n} * p.elem_bytes);
     if (el == nullptr) return drop(s, dr_malformed), ret::drop;
-    const u64 lo = g.packet_lo(c, pkt);
+    if (test_bit(b->held, pkt)) {
+      if (last && r.acks_results()) send_ctl(ctx, s, r.succ_of(s->me), k_ack, b->epoch, p, static_cast<u32>(pkt));
+      else if (!last && (ctx->coll.slot & ring_again) != 0)
+        send(ctx, s, r.succ_of(s->me), k_ag, b->epoch, static_cast<u32>(pkt), n, el, n * p.elem_bytes, p, ring_again);
+      return drop(s, dr_duplicate), ret::drop;
+    }
+    const u64 lo = r.g.packet_lo(c, pkt);
     // Data first, then the bit: a NACK served from the host copy never reads a half-written result.
-    if (ctx->dma_to_host(b->d.out_off + lo * p.elem_bytes, el, u64{n} * p.elem_bytes) != errc::ok)
+    if (ctx->dma_to_host(addr(b->d.out, r.g, c, lo, p.elem_bytes), el, u64{n} * p.elem_bytes) != errc::ok)
       return drop(s, dr_dma), ret::drop;
-    if (!set_bit(b->bitmap, pkt)) return drop(s, dr_duplicate), ret::drop;
+    if (!set_bit(b->held, pkt)) return drop(s, dr_duplicate), ret::drop;
     add(&b->results, 1);
     add(&b->progress, 1);
-    if (succ(s) != c) ctx->forward(s->members[succ(s)]) == errc::ok ? void(add(&s->sent[k_ag], 1)) : drop(s, dr_send);
-    // The originator of chunk c is c's successor: the result of its own packet returned, so
-    // the next one may go (self-clocking, as SwitchML's workers).
-    if (c == pred(s)) originate_next(ctx, s, b, g, 1);
-    check_complete(ctx, s, b, g);
+    if (!last) {
+      // A new message id: ctx->forward would keep the sender's, which may collide with this
+      // NIC's own ids at the next rank (its duplicate filter keys on source and id).
+      send(ctx, s, r.succ_of(s->me), k_ag, b->epoch, static_cast<u32>(pkt), n, el, n * p.elem_bytes, p);
+    } else if (r.acks_results()) {
+      send_ctl(ctx, s, r.succ_of(s->me), k_ack, b->epoch, p, static_cast<u32>(pkt));
+    }
+    // Allreduce: the originator of chunk c is the first rank of its result path.
+    if (r.kind == coll_kind::allreduce && r.originator(c) == s->me) delivered(ctx, s, b, r, pkt);
+    check_complete(ctx, s, b, r);
+    return ret::success;
+  }
+
+  static ret on_ack(spin::ctx* ctx, state* s) {
+    if (ctx->msg.source_rank != s->members[s->me == 0 ? s->nranks - 1 : s->me - 1])
+      return drop(s, dr_stranger), ret::drop;
+    pin pn;
+    if (!data_bank(ctx, s, ctx->coll.epoch, pn)) return ret::drop;
+    bank* b = pn.b;
+    const roles r = roles::of(b, s->me);
+    const u64 pkt = ctx->coll.aux;
+    if (r.kind == coll_kind::allreduce || pkt >= r.g.total || r.g.chunk_of(pkt) != r.my_chunk() ||
+        ctx->packet.size() != sizeof(ctl))
+      return drop(s, dr_malformed), ret::drop;
+    delivered(ctx, s, b, r, pkt);
+    check_complete(ctx, s, b, r);
     return ret::success;
   }
 
   /// A successor asks for results: resend those it lacks and this rank holds, from the host
-  /// copy, at most `budget` of them.
+  /// copy, at most 4 windows of them.
   static ret on_nack(spin::ctx* ctx, state* s) {
-    if (ctx->msg.source_rank != s->members[succ(s)]) return drop(s, dr_stranger), ret::drop;
+    if (ctx->msg.source_rank != s->members[s->me + 1 == s->nranks ? 0 : s->me + 1])
+      return drop(s, dr_stranger), ret::drop;
     bank* b = find(s, ctx->coll.epoch);
     pin pn;
     if (b == nullptr || !pn.enter(b, ctx->coll.epoch, ph_running)) return drop(s, dr_stale), ret::drop;
@@ -399,25 +535,26 @@ template <class Red> struct engine {
       return drop(s, dr_malformed), ret::drop;
     const u64* theirs = ctx->payload<u64>(sizeof(nack_head), h->nwords);
     const params& p = b->d.p;
-    const ring_geom g = geom(b);
+    const roles r = roles::of(b, s->me);
     u8* el = ctx->scratchpad<u8>(0, max_packet_bytes);
-    if ((theirs == nullptr && h->nwords > 0) || el == nullptr) return drop(s, dr_malformed), ret::drop;
+    if ((theirs == nullptr && h->nwords > 0) || el == nullptr || !r.gathers()) return drop(s, dr_malformed), ret::drop;
+    const u32 requester = r.succ_of(s->me);
     u32 budget = 4 * b->d.window;
     for (u32 w = 0; w < h->nwords && budget > 0; ++w) {
       const u64 word = h->first_word + w;
-      u64 want = load_acq(&b->bitmap[word]) & ~theirs[w];
+      u64 want = load_acq(&b->held[word]) & ~theirs[w];
       while (want != 0 && budget > 0) {
         const u32 bit = static_cast<u32>(__builtin_ctzll(want));
         want &= want - 1;
         const u64 pkt = word * 64 + bit;
-        if (pkt >= g.total) break;
-        const u64 c = g.chunk_of(pkt);
-        if (c == succ(s)) continue;  // the successor owns it: its originator repairs it
-        const u32 n = static_cast<u32>(g.packet_len(c, pkt));
-        if (ctx->dma_from_host(el, b->d.out_off + g.packet_lo(c, pkt) * p.elem_bytes, u64{n} * p.elem_bytes) !=
-            errc::ok)
+        if (pkt >= r.g.total) break;
+        const u64 c = r.g.chunk_of(pkt);
+        if (r.owner(c) == requester) continue;  // its own chunk: repaired by origination
+        const u32 n = static_cast<u32>(r.g.packet_len(c, pkt));
+        const u64 lo = r.g.packet_lo(c, pkt);
+        if (ctx->dma_from_host(el, addr(b->d.out, r.g, c, lo, p.elem_bytes), u64{n} * p.elem_bytes) != errc::ok)
           return drop(s, dr_dma), ret::drop;
-        if (send(ctx, s, succ(s), k_ag, b->epoch, static_cast<u32>(pkt), n, el, n * p.elem_bytes, p) != errc::ok)
+        if (send(ctx, s, requester, k_ag, b->epoch, static_cast<u32>(pkt), n, el, n * p.elem_bytes, p) != errc::ok)
           return ret::success;  // transmit queue full: the next tick asks again
         --budget;
       }
@@ -431,36 +568,38 @@ template <class Red> struct engine {
     const params& p = b->d.p;
     if (ph == ph_started) {
       for (u32 i = 0; i < s->nranks; ++i)
-        if (i != s->me && !test_bit(b->hello_bits, i)) send_ctl(ctx, s, i, k_hello_req, b->epoch, p);
+        if (i != s->me && !test_bit(b->hello_bits, i)) send_ctl(ctx, s, i, k_hello_req, b->epoch, p, s->me);
       return;
     }
     if (ph != ph_running) return;
-    const ring_geom g = geom(b);
-    // Packets of this rank's chunk whose result has not come back: originate them again.
-    const u32 mine = pred(s);
-    const u64 first = g.first_packet(mine), npk = g.chunk_packets(mine);
-    u64 out = load_acq(&b->next_orig);
-    if (out > npk) out = npk;
-    u32 budget = b->d.window;
-    for (u64 k = 0; k < out && budget > 0; ++k) {
-      if (test_bit(b->bitmap, first + k)) continue;
-      originate(ctx, s, b, g, first + k);
-      --budget;
+    const roles r = roles::of(b, s->me);
+    // Packets of this rank's chunk not known delivered: originate them again.
+    const u64 npk = r.my_chunk_packets();
+    if (npk > 0) {
+      const u64 first = r.g.first_packet(r.my_chunk());
+      u64 out = load_acq(&b->next_orig);
+      if (out > npk) out = npk;
+      u32 budget = b->d.window;
+      for (u64 k = 0; k < out && budget > 0; ++k) {
+        if (test_bit(b->acked, first + k)) continue;
+        originate(ctx, s, b, r, first + k, true);
+        --budget;
+      }
     }
-    if (load_acq(&b->complete) == 0) {
+    if (load_acq(&b->results) < r.results_needed() && r.gathers()) {
       // Ask the predecessor for every result missing here, a bitmap window per packet.
       nack_head* h = ctx->scratchpad<nack_head>(0);
       u64* words = ctx->scratchpad<u64>(sizeof(nack_head), nack_max_words);
       if (h == nullptr || words == nullptr) return;
-      const u64 nwords_total = (g.total + 63) / 64;
+      const u64 nwords_total = (r.g.total + 63) / 64;
       u32 packets = 0;
       for (u64 w0 = 0; w0 < nwords_total && packets < 4; w0 += nack_max_words) {
         const u32 nw = static_cast<u32>(nwords_total - w0 < nack_max_words ? nwords_total - w0 : nack_max_words);
         bool missing = false;
         for (u32 i = 0; i < nw; ++i) {
-          u64 v = load_acq(&b->bitmap[w0 + i]);
+          u64 v = load_acq(&b->held[w0 + i]);
           const u64 lo = (w0 + i) * 64;
-          if (g.total - lo < 64) v |= ~((1ull << (g.total - lo)) - 1);  // bits past the end count as held
+          if (r.g.total - lo < 64) v |= ~((1ull << (r.g.total - lo)) - 1);  // bits past the end count as held
           words[i] = v;
           missing = missing || v != ~0ull;
         }
@@ -469,15 +608,42 @@ template <class Red> struct engine {
         h->first_word = static_cast<u32>(w0);
         h->nwords = nw;
         h->reserved = 0;
-        send(ctx, s, pred(s), k_nack, b->epoch, s->me, 0, h, static_cast<u32>(sizeof(nack_head) + nw * 8ull), p);
+        send(ctx, s, r.pred_of(s->me), k_nack, b->epoch, s->me, 0, h, static_cast<u32>(sizeof(nack_head) + nw * 8ull), p);
         ++packets;
       }
-    } else if (load_acq(&b->succ_complete) == 0) {
-      send_ctl(ctx, s, succ(s), k_done_req, b->epoch, p);
+    }
+    if (load_acq(&b->complete) != 0) {
+      if (r.kind == coll_kind::reduce_scatter) {
+        for (u32 i = 0; i < s->nranks; ++i)
+          if (i != s->me && !test_bit(b->done_bits, i)) send_ctl(ctx, s, i, k_done_req, b->epoch, p, s->me);
+      } else if (load_acq(&b->succ_complete) == 0) {
+        send_ctl(ctx, s, r.succ_of(s->me), k_done_req, b->epoch, p, s->me);
+      }
     }
   }
 
   // ---- commands from this NIC's host -------------------------------------------------------------
+  static bool valid_start(spin::ctx* ctx, state* s, const start_desc* d, u32& why) {
+    u32 eb = 0, ab = 0;
+    const bool known = Red::dispatch(d->p.op, d->p.dtype, size_fn{&eb, &ab});
+    const coll_kind k = static_cast<coll_kind>(d->p.kind);
+    const bool kind_ok = k == coll_kind::allreduce || k == coll_kind::reduce_scatter || k == coll_kind::allgather ||
+                         k == coll_kind::broadcast;
+    const bool reduces = k == coll_kind::allreduce || k == coll_kind::reduce_scatter;
+    why = se_params;
+    if (!kind_ok || (reduces && (!known || eb != d->p.elem_bytes || ab != d->p.acc_bytes)) || d->p.elem_bytes == 0 ||
+        d->p.nranks != s->nranks || d->p.pkt_elems == 0 || d->p.root >= d->p.nranks ||
+        u64{d->p.pkt_elems} * (d->p.elem_bytes > d->p.acc_bytes ? d->p.elem_bytes : d->p.acc_bytes) > max_packet_bytes ||
+        d->window == 0 || d->window > max_window || d->p.count > d->p.total_count || d->p.count > (1ull << 40))
+      return false;
+    const u32 chunks = k == coll_kind::broadcast ? 1 : d->p.nranks;
+    const ring_geom g = ring_geom::make(d->p.count, chunks, d->p.pkt_elems);
+    if (g.total > max_packets) return false;
+    why = se_window;
+    return buffer_fits(d->in, g, chunks, d->p.elem_bytes, ctx->host_window_len_bytes) &&
+           buffer_fits(d->out, g, chunks, d->p.elem_bytes, ctx->host_window_len_bytes);
+  }
+
   static ret on_cmd(spin::ctx* ctx, state* s) {
     const cmd* c = ctx->payload<cmd>(0);
     if (c == nullptr || ctx->packet.size() != sizeof(cmd)) return drop(s, dr_malformed), ret::drop;
@@ -524,18 +690,9 @@ template <class Red> struct engine {
       ctx->post_event(event(ev_error, c->epoch, se_desc));
       return ret::success;
     }
-    u32 eb = 0, ab = 0;
-    const bool known = Red::dispatch(d->p.op, d->p.dtype, size_fn{&eb, &ab});
-    if (!known || eb != d->p.elem_bytes || ab != d->p.acc_bytes || d->p.nranks != s->nranks || d->p.pkt_elems == 0 ||
-        u64{d->p.pkt_elems} * (eb > ab ? eb : ab) > max_packet_bytes || d->window == 0 || d->window > max_window ||
-        d->p.count > d->p.total_count || ring_geom::make(d->p.count, d->p.nranks, d->p.pkt_elems).total > max_packets) {
-      ctx->post_event(event(ev_error, c->epoch, se_params));
-      return ret::success;
-    }
-    if (d->in_off > ctx->host_window_len_bytes || d->out_off > ctx->host_window_len_bytes ||
-        d->p.count * eb > ctx->host_window_len_bytes - d->in_off ||
-        d->p.count * eb > ctx->host_window_len_bytes - d->out_off) {
-      ctx->post_event(event(ev_error, c->epoch, se_window));
+    u32 why = 0;
+    if (!valid_start(ctx, s, d, why)) {
+      ctx->post_event(event(ev_error, c->epoch, why));
       return ret::success;
     }
     const u64 lk = offset_of_lock(s, b);
@@ -579,15 +736,19 @@ template <class Red> struct engine {
     bank* b = find(s, ctx->coll.epoch);
     pin pn;
     if (b == nullptr || !pn.enter(b, ctx->coll.epoch, 0)) return drop(s, dr_stale), ret::drop;
+    const roles r = roles::of(b, s->me);
     if (kind == k_hello_req) {
       send_hello(ctx, s, b, c->sender);
     } else if (kind == k_done) {
-      if (c->sender != succ(s)) return drop(s, dr_stranger), ret::drop;
-      if (swap(&b->succ_complete, 1) == 0) add(&b->progress, 1);
-      post_done_if_ready(ctx, b);
+      if (r.kind == coll_kind::reduce_scatter) {
+        if (set_bit(b->done_bits, c->sender)) add(&b->progress, 1);
+      } else {
+        if (c->sender != r.succ_of(s->me)) return drop(s, dr_stranger), ret::drop;
+        if (swap(&b->succ_complete, 1) == 0) add(&b->progress, 1);
+      }
+      post_done_if_ready(ctx, s, b, r);
     } else {  // k_done_req
-      if (c->sender != pred(s)) return drop(s, dr_stranger), ret::drop;
-      if (load_acq(&b->complete) != 0) send_ctl(ctx, s, pred(s), k_done, b->epoch, b->d.p);
+      if (load_acq(&b->complete) != 0) send_ctl(ctx, s, c->sender, k_done, b->epoch, b->d.p, s->me);
     }
     return ret::success;
   }
@@ -603,6 +764,7 @@ template <class Red> struct engine {
     case k_hello: return on_hello(ctx, s);
     case k_rs: return on_rs(ctx, s);
     case k_ag: return on_ag(ctx, s);
+    case k_ack: return on_ack(ctx, s);
     case k_nack: return on_nack(ctx, s);
     case k_hello_req:
     case k_done:

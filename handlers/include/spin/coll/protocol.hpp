@@ -37,7 +37,12 @@ enum kind : u32 {
   k_nack = 6,       ///< "send me the results I lack" (payload: nack, the requester's bitmap)
   k_done = 7,       ///< "I hold every result" (to the predecessor; payload: ctl)
   k_done_req = 8,   ///< "do you hold every result?" (to the successor; payload: ctl)
+  k_ack = 9,        ///< "packet aux arrived at the end of its path" (to its originator; payload: ctl)
 };
+
+/// `coll_desc::slot` of a ring packet: a repeat from its originator, passed on to the end of
+/// its path even by ranks that hold it.
+inline constexpr u16 ring_again = 1;
 
 /// Collective kinds.
 enum class coll_kind : u8 { allreduce = 1, reduce_scatter = 2, allgather = 3, broadcast = 4 };
@@ -135,12 +140,23 @@ struct cmd {
 };
 
 /// What a host tells its NIC about one collective (read by DMA at cmd_start).
+/// Where the elements of a chunk live in a host buffer. Element e of chunk c (whose first
+/// element is lo(c)) is at byte off + e * elem_bytes when `blocked` is 0, and at
+/// off + c * stride + (e - lo(c)) * elem_bytes when it is 1 (a buffer of per-rank blocks, or
+/// with stride 0 one block that holds only this rank's chunk).
+struct buffer_desc {
+  u64 off;
+  u64 stride;
+  u32 blocked;
+  u32 reserved;
+};
+
 struct start_desc {
   params p;
-  u64 in_off;    ///< host window offset of this rank's input (bytes)
-  u64 out_off;   ///< host window offset of the output (bytes)
-  u32 window;    ///< packets each originator keeps in flight (1..max_window)
-  u32 recovery;  ///< 1: repair on timer ticks; 0: never (a lost packet ends in a timeout)
+  buffer_desc in;   ///< this rank's input
+  buffer_desc out;  ///< the output
+  u32 window;       ///< packets each originator keeps in flight (1..max_window)
+  u32 recovery;     ///< 1: repair on timer ticks; 0: never (a lost packet ends in a timeout)
 };
 inline constexpr u32 max_window = 256;
 
@@ -196,12 +212,13 @@ enum drop_reason : u32 {
   dr_count = 7,
 };
 
-// ---- the ring (docs/collectives.md, "Edge ring allreduce") -----------------------------------
-// The count is cut into N chunks, chunk c holding elements [lo(c), lo(c+1)); the first
-// count % N chunks have one element more. Chunk c is reduced along the ring starting at rank
-// c+1 (its originator) and ending at rank c (its owner), which rounds the result and starts the
-// allgather c -> c+1 -> ... -> c-1. Packets are numbered over the whole collective: chunk 0's
-// first, then chunk 1's.
+// ---- the ring (docs/collectives.md, "Edge ring") ------------------------------------------------
+// The count is cut into chunks, chunk c holding elements [lo(c), lo(c+1)); the first
+// count % chunks chunks have one element more. Allreduce and reduce-scatter have one chunk per
+// rank: chunk c is reduced along the ring starting at rank c+1 (its originator) and ending at
+// rank c (its owner), which rounds the result; allreduce then passes it on c -> c+1 -> ... ->
+// c-1. Allgather has one chunk per rank, passed on from its owner; broadcast one chunk, the
+// root's. Packets are numbered over the whole collective: chunk 0's first, then chunk 1's.
 struct ring_geom {
   u64 count = 0;
   u32 n = 1;          ///< ranks
