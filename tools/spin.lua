@@ -43,7 +43,7 @@ f.coll_slot = ProtoField.uint16("spin.coll.slot", "Slot", base.DEC, nil, 0x7fff)
 f.coll_shadow = ProtoField.bool("spin.coll.shadow", "Shadow copy", 16, nil, 0x8000)
 f.coll_elem_count = ProtoField.uint32("spin.coll.elem_count", "Element count", base.DEC)
 f.coll_epoch = ProtoField.uint32("spin.coll.epoch", "Epoch", base.DEC)
-f.coll_reserved = ProtoField.uint32("spin.coll.reserved", "Reserved", base.HEX)
+f.coll_aux = ProtoField.uint32("spin.coll.aux", "Aux", base.HEX)
 
 -- Expert info, named after wire::reject reasons.
 local MALFORMED, ERROR = expert.group.MALFORMED, expert.severity.ERROR
@@ -174,7 +174,7 @@ function spin.dissector(tvb, pinfo, tree)
       ci:add(f.coll_shadow, c(2, 2))
       ci:add(f.coll_elem_count, c(4, 4))
       ci:add(f.coll_epoch, c(8, 4))
-      ci:add(f.coll_reserved, c(12, 4))
+      ci:add(f.coll_aux, c(12, 4))
       local slot = c(2, 2):uint()
       info = info .. string.format(" op=%u dtype=%u slot=%u%s epoch=%u", c(0, 1):uint(), c(1, 1):uint(),
                                    bit.band(slot, 0x7fff), bit.band(slot, 0x8000) ~= 0 and " shadow" or "",

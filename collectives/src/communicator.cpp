@@ -10,6 +10,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <array>
 #include <cstring>
 #include <map>
@@ -106,6 +107,8 @@ struct communicator::impl {
     bool installed = false;
     std::uint32_t epoch = 0;
     std::string name;
+    bool joined = false;  // holds a fabric membership
+    fabric::lease lease;  // switch slots of this engine's group (none: lease.reason says why)
   };
 
   emu::nic_control& nic;
@@ -128,8 +131,10 @@ struct communicator::impl {
 
   explicit impl(emu::nic_control& n) : nic(n) {}
   ~impl() {
-    for (auto& e : engines)
+    for (auto& e : engines) {
       if (e.installed) (void)nic.uninstall(e.ec);
+      if (e.joined) o.switches->leave(e.wire_id);
+    }
     if (group_claimed) {
       std::lock_guard<std::mutex> l(groups_mutex);
       groups_in_use.erase({&nic, base_id});
@@ -228,7 +233,20 @@ struct communicator::impl {
         [] { return result<void>(); }, what + " set-up");
     if (!ev.ok()) return ev.err();
     if (pr::event_detail_of(ev.value()) != 0) return fail(errc::invalid_argument, what + " set-up: the NIC refused the member table");
+    if (o.switches != nullptr) {
+      engine_ec& me = engines.back();
+      auto l = o.switches->join(me.wire_id, g.members, o.switch_slots, o.packet_bytes, o.switch_wait, pkg);
+      if (!l.ok()) return l.err();
+      me.joined = true;
+      me.lease = l.value();
+      if (me.lease.slots == 0) say("group " + std::to_string(g.id) + " (" + what + ") runs without switch aggregation: " + me.lease.reason);
+    }
     return {};
+  }
+
+  void say(const std::string& line) const {
+    if (o.log != nullptr) o.log(line);
+    else std::fprintf(stderr, "spin::coll: %s\n", line.c_str());
   }
 
   // Offset of [p, p + bytes) in the arena's allocatable part, or npos.
@@ -241,7 +259,7 @@ struct communicator::impl {
 
   // One epoch: start it on the NIC and wait until this rank's part is done.
   result<void> epoch_run(engine_ec& e, const pr::params& p, const pr::buffer_desc& in, const pr::buffer_desc& out,
-                         const char* what) {
+                         const char* what, std::uint32_t switch_rank) {
     ++e.epoch;
     ++st.epochs;
     pr::start_desc d{};
@@ -250,6 +268,7 @@ struct communicator::impl {
     d.out = out;
     d.window = o.window_packets;
     d.recovery = o.recovery ? 1 : 0;
+    d.switch_rank = switch_rank;
     const std::size_t doff = desc_off + (e.epoch & 1) * sizeof(pr::start_desc);
     std::memcpy(arena + doff, &d, sizeof(d));
     pr::cmd c{};
@@ -309,9 +328,19 @@ struct communicator::impl {
   result<void> collective(pr::coll_kind kind, const void* in, void* out, std::uint64_t count, const op_spec& s,
                           std::uint32_t root, algorithm a, const char* what) {
     if (broken) return fail(errc::bad_state, std::string(what) + ": communicator is broken by an earlier failure: " + broken_why);
-    if (a == algorithm::automatic) a = algorithm::edge_ring;
-    if (a != algorithm::edge_ring)
+    engine_ec& e = engines[s.slot];
+    if (a == algorithm::automatic)
+      a = kind == pr::coll_kind::allreduce && e.lease.slots > 0 ? algorithm::switch_agg : algorithm::edge_ring;
+    if (a == algorithm::switch_agg) {
+      if (kind != pr::coll_kind::allreduce)
+        return fail(errc::not_supported, std::string(what) + ": switch aggregation runs allreduce only");
+      if (e.lease.slots == 0)
+        return fail(errc::not_supported, std::string(what) + ": no switch slots: " +
+                                             (o.switches == nullptr ? std::string("the communicator has no fabric") : e.lease.reason));
+    } else if (a != algorithm::edge_ring) {
       return fail(errc::not_supported, std::string(what) + ": algorithm " + name(a) + " is not available yet");
+    }
+    const bool via_switch = a == algorithm::switch_agg;
     const bool blocks = kind == pr::coll_kind::reduce_scatter || kind == pr::coll_kind::allgather;
     const std::uint32_t nr = n(), eb = s.k.elem_bytes, ab = s.k.acc_bytes;
     if (root >= nr) return fail(errc::invalid_argument, std::string(what) + ": root " + std::to_string(root) + " is not a rank");
@@ -341,7 +370,8 @@ struct communicator::impl {
     p.kind = static_cast<std::uint8_t>(kind);
     p.op = s.op;
     p.dtype = s.dtype;
-    p.algo = static_cast<std::uint8_t>(pr::algo::edge_ring);
+    p.algo = static_cast<std::uint8_t>(via_switch ? pr::algo::switch_agg : pr::algo::edge_ring);
+    p.slots = via_switch ? e.lease.slots : 0;
     p.nranks = nr;
     p.total_count = blocks ? count * nr : count;  // the units of p.count
     p.elem_bytes = eb;
@@ -349,7 +379,6 @@ struct communicator::impl {
     p.pkt_elems = pkt_elems;
     p.reduction_id = s.reduction_id;
     p.root = root;
-    engine_ec& e = engines[s.slot];
     std::uint64_t done = 0;
     do {  // count 0 still runs one epoch: every rank learns whether the others agree
       const std::uint64_t m = std::min(seg, count - done);
@@ -397,7 +426,7 @@ struct communicator::impl {
         bo.off = out_arena != npos ? out_arena + at : staging_out();
         if (in == out && in_arena == npos && out_arena == npos) bo.off = bi.off;  // in place stays in place
       }
-      if (auto r = epoch_run(e, p, bi, bo, what); !r.ok()) {
+      if (auto r = epoch_run(e, p, bi, bo, what, via_switch ? e.lease.switch_rank : 0); !r.ok()) {
         ++st.failures;
         if (r.err().code == errc::timeout || r.err().code == errc::fault) {
           broken = true;
@@ -615,7 +644,7 @@ result<std::string> communicator::engine_stats_json() {
   pr::engine_counters k;
   std::memcpy(&k, _p->arena + counters_off, sizeof(k));
   static constexpr const char* drop_names[] = {"stale", "malformed", "stranger", "early", "duplicate", "send_failed", "dma_failed"};
-  static constexpr const char* kind_names[] = {"", "cmd", "hello", "hello_req", "rs", "ag", "nack", "done", "done_req", "ack"};
+  static constexpr const char* kind_names[] = {"", "cmd", "hello", "hello_req", "rs", "ag", "nack", "done", "done_req", "ack", "up", "down"};
   nlohmann::json j, d, s;
   for (std::size_t i = 0; i < pr::dr_count; ++i) d[drop_names[i]] = k.drops[i];
   for (std::size_t i = 1; i < std::size(kind_names); ++i) s[kind_names[i]] = k.sent[i];

@@ -79,6 +79,10 @@ result<std::unique_ptr<cluster>> cluster::create(const topology& t, const cluste
   std::uint32_t max_host_rank = 0;
   for (const auto& n : t.nodes)
     if (n.kind == node_kind::host) max_host_rank = std::max(max_host_rank, n.rank);
+  // Switches have addresses too (switch_rank): a host's handler may send to one (Core-INC).
+  std::vector<std::pair<std::uint32_t, std::vector<std::uint32_t>>> to_switch;  // rank, port per node
+  for (std::uint32_t i = 0, k = 0; i < t.nodes.size(); ++i)
+    if (t.nodes[i].kind == node_kind::switch_) to_switch.emplace_back(switch_rank(k++), ports_towards(t, i));
   std::uint32_t sw = 0;
   for (std::uint32_t i = 0; i < t.nodes.size(); ++i) {
     const emu::node& n = t.nodes[i];
@@ -103,9 +107,11 @@ result<std::unique_ptr<cluster>> cluster::create(const topology& t, const cluste
       c->_ports.push_back(*pid);
       nc.ports.push_back(*pid);
     }
-    nc.routes.assign(max_host_rank + 1, -1);
+    nc.routes.assign(to_switch.empty() ? max_host_rank + 1 : std::size_t{max_rank} + 1, -1);
     for (std::uint32_t r = 0; r <= max_host_rank; ++r)
       if (auto np = routes.next_port(i, r)) nc.routes[r] = static_cast<std::int32_t>(*np);
+    for (const auto& [rank, ports] : to_switch)
+      if (ports[i] != no_port) nc.routes[rank] = static_cast<std::int32_t>(ports[i]);
     auto made = nic::create(nc);
     if (!made) return fail(made.err().code, "node " + n.name + ": " + made.err().message);
     c->_nodes.push_back(std::move(made.value()));

@@ -474,6 +474,26 @@ std::string to_toml(const topology& t) {
 
 // ---- routes --------------------------------------------------------------------------------
 
+std::vector<std::uint32_t> ports_towards(const topology& t, std::uint32_t dest) {
+  std::vector<std::uint32_t> out(t.nodes.size(), no_port);
+  if (dest >= t.nodes.size()) return out;
+  const std::vector<std::uint32_t> dist = bfs(t, dest);
+  for (std::uint32_t n = 0; n < t.nodes.size(); ++n) {
+    if (n == dest || dist[n] == unreached) continue;
+    std::uint32_t best_link = no_port;
+    const auto& ports = t.nodes[n].ports;
+    for (std::uint32_t p = 0; p < ports.size(); ++p) {
+      const link_spec& s = t.links[ports[p]];
+      const std::uint32_t m = s.a == n ? s.b : s.a;
+      if (dist[m] + 1 == dist[n] && ports[p] < best_link) {
+        best_link = ports[p];
+        out[n] = p;
+      }
+    }
+  }
+  return out;
+}
+
 routing_table routes(const topology& t) {
   routing_table rt;
   rt._nodes = static_cast<std::uint32_t>(t.nodes.size());

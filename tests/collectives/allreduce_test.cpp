@@ -439,6 +439,62 @@ TEST_CASE("float sums are bitwise identical on every rank, across runs, loss and
 }
 
 
+TEST_CASE("switch aggregation allreduce is exact for every operation and datatype, ranks 1 to 8, counts around packet and slot boundaries") {
+  options o;
+  o.switch_slots = 4;  // few slots: every slot is reused, both shadow copies
+  for (std::uint32_t n : {1u, 2u, 3u, 4u, 7u, 8u}) {
+    world w(emu::star(n, {}), o, 1, test::switches::fabric);
+    for (dtype t : all_dtypes)
+      for (op op_ : all_ops) {
+        const std::uint32_t acc_bytes = t == dtype::f16 || t == dtype::bf16 ? 4 : elem_bytes(t);
+        const std::uint32_t p = 1024 / acc_bytes;
+        std::vector<std::uint64_t> counts = boundary_counts(n, p);
+        for (std::uint64_t k : {4ull * p - 1, 4ull * p, 4ull * p + 1, 9ull * p}) counts.push_back(k);  // slot boundaries
+        for (std::uint64_t count : counts) check_allreduce(w, t, op_, count, algorithm::switch_agg);
+      }
+  }
+}
+
+TEST_CASE("switch aggregation gives the edge ring's bits, under loss, duplication and reordering too") {
+  const std::uint32_t n = 5;
+  const std::uint64_t count = 40000;
+  std::mt19937_64 rng(7);
+  std::normal_distribution<float> dist(0.0f, 100.0f);
+  std::vector<std::vector<float>> in(n, std::vector<float>(count));
+  for (auto& v : in)
+    for (auto& x : v) x = dist(rng) * std::exp2(static_cast<float>(static_cast<int>(rng() % 16) - 8));
+  std::vector<std::vector<float>> ring(n, std::vector<float>(count));
+  for (double loss : {0.0, 0.01}) {
+    emu::link_model m;
+    m.loss = loss;
+    m.duplicate = loss > 0 ? 0.01 : 0.0;
+    m.reorder = loss > 0 ? 0.03 : 0.0;
+    m.seed = 21;
+    options o;
+    o.repair_interval = std::chrono::microseconds(1000);
+    o.switch_slots = 16;
+    world w(emu::star(n, m), o, 1, test::switches::fabric);
+    for (algorithm a : {algorithm::edge_ring, algorithm::switch_agg, algorithm::automatic}) {
+      std::vector<std::vector<float>> out(n, std::vector<float>(count));
+      auto res = w.run([&](std::uint32_t r) {
+        return w.comms[r]->allreduce(std::span<const float>(in[r]), std::span<float>(out[r]), op::sum, a);
+      });
+      for (std::uint32_t r = 0; r < n; ++r) {
+        INFO("loss " << loss << " " << name(a) << " rank " << r);
+        REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+        if (a == algorithm::edge_ring && loss == 0.0) ring[r] = out[r];
+        REQUIRE(std::memcmp(out[r].data(), ring[0].data(), count * 4) == 0);
+      }
+    }
+    if (loss > 0) {
+      std::uint64_t lost = 0;
+      for (const auto& l : w.cluster->stats().links) lost += l.stats.dropped_loss;
+      CHECK(lost > 0);
+      for (dtype t : {dtype::i32, dtype::f16}) check_allreduce(w, t, op::sum, 20011, algorithm::switch_agg);
+    }
+  }
+}
+
 TEST_CASE("edge ring reduce-scatter, allgather and broadcast are exact for ranks 1 to 8 and counts around packet boundaries") {
   for (std::uint32_t n : {1u, 2u, 3u, 4u, 7u, 8u}) {
     world w(test::topology_for(n));

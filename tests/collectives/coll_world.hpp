@@ -27,17 +27,28 @@ struct driver {
   }
 };
 
+/// Whether a world's communicators get the cluster's switches (a fabric).
+enum class switches { none, fabric };
+
 struct world {
   std::unique_ptr<emu::cluster> cluster;
   driver drv;  // stops before the cluster goes
+  std::unique_ptr<fabric> fab;
   std::vector<std::unique_ptr<communicator>> comms;  // go first: they uninstall on a running cluster
 
-  world(const emu::topology& t, const options& o = {}, std::uint32_t group_id = 1) {
+  world(const emu::topology& t, options o = {}, std::uint32_t group_id = 1, switches sw = switches::none,
+        const fabric_options& fo = {}) {
     emu::cluster_options co;
     auto c = emu::cluster::create(t, co);
     REQUIRE_MESSAGE(c.ok(), (c.ok() ? "" : c.err().message));
     cluster = std::move(c.value());
     drv.start(*cluster);
+    if (sw == switches::fabric) {
+      auto f = fabric::create(*cluster, fo);
+      REQUIRE_MESSAGE(f.ok(), (f.ok() ? "" : f.err().message));
+      fab = std::move(f.value());
+      o.switches = fab.get();
+    }
     group g;
     g.id = group_id;
     const auto hosts = static_cast<std::uint32_t>(t.host_count());

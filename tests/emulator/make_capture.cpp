@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
     h.source_rank = 3;
     h.message_id = 0x100;
     h.match_bits = 0xfeedface00000001ull;
-    h.coll = wire::coll_ext{.op = 1, .dtype = 3, .slot = 0x8005, .elem_count = 16, .epoch = 9, .reserved = 0};
+    h.coll = wire::coll_ext{.op = 1, .dtype = 3, .slot = 0x8005, .elem_count = 16, .epoch = 9, .aux = 0};
     frames.push_back(encode(h, 64));
   }
   // 4: retransmission of frame 2.

@@ -25,7 +25,7 @@ FIELDS = [
     "spin.flags.end", "spin.flags.retransmit", "spin.flags.coll", "spin.src_rank", "spin.match_bits",
     "spin.msg_id", "spin.seq", "spin.payload_len", "spin.msg_len", "spin.offset", "spin.coll.op",
     "spin.coll.dtype", "spin.coll.slot", "spin.coll.shadow", "spin.coll.elem_count", "spin.coll.epoch",
-    "spin.coll.reserved", "data.len",
+    "spin.coll.aux", "data.len",
 ]
 
 M_1234 = "0x0000000000001234"

@@ -15,7 +15,9 @@
 
 #include <spin/coll/kernels.hpp>
 #include <spin/coll/types.hpp>
+#include <spin/emu/cluster.hpp>
 #include <spin/emu/nic_control.hpp>
+#include <spin/rt/loader.hpp>
 #include <spin/rt/package.hpp>
 #include <spin/rt/result.hpp>
 
@@ -31,15 +33,17 @@ namespace spin::coll {
 
 /// Who does the work (docs/collectives.md, "Algorithms").
 enum class algorithm : std::uint8_t {
-  automatic = 0,  ///< the best available for the group: today edge_ring
+  automatic = 0,  ///< switch_agg for allreduce when the group holds switch slots, else edge_ring
   edge_ring = 1,  ///< Edge-INC: NIC handlers reduce and forward along a ring of the members
-  switch_agg = 2, ///< Core-INC: switch handlers aggregate (not available yet: not_supported)
+  switch_agg = 2, ///< Core-INC: a switch's handlers aggregate (allreduce; needs a fabric with slots)
   host_ring = 3,  ///< the no-INC baseline: host threads reduce (not available yet: not_supported)
 };
 /// "automatic", "edge_ring", "switch", "host_ring".
 const char* name(algorithm a);
 
-/// Options of a communicator. Every member must use the same packet_bytes and segment_packets.
+class fabric;
+
+/// Options of a communicator. Every member must use the same packet_bytes and staging_bytes.
 struct options {
   /// A collective that has not finished after this long returns errc::timeout (on every rank
   /// that has not finished: none hangs).
@@ -58,6 +62,76 @@ struct options {
   std::size_t arena_bytes = std::size_t{256} << 20;
   /// Bytes of each of the two staging buffers through which buffers outside the arena pass.
   std::size_t staging_bytes = std::size_t{32} << 20;
+  /// The cluster's switches as Core-INC resources: with a fabric, the group asks for
+  /// aggregator slots on a switch next to every member (algorithm::switch_agg). Must outlive
+  /// the communicator. Null: edge algorithms only.
+  fabric* switches = nullptr;
+  /// Aggregator slots the group asks for on its switch (1..32767). Every member must ask for
+  /// the same number.
+  std::uint32_t switch_slots = 64;
+  /// How long the first member waits for a switch's slots to free up before the group runs
+  /// without them (fabric_options, "first come, first served").
+  std::chrono::milliseconds switch_wait{0};
+  /// Where the communicator says why it runs without the switch (one line per reason). Null:
+  /// standard error.
+  void (*log)(const std::string& line) = nullptr;
+};
+
+/// How a fabric shares its switches (docs/collectives.md, "Several jobs").
+struct fabric_options {
+  /// Aggregator slots of each switch, shared by every group that aggregates there. Each slot
+  /// has two shadow copies of (members + 1) x slot_bytes bytes in the switch's NIC memory.
+  std::uint32_t slots_per_switch = 256;
+  /// Largest contribution per slot (bytes, a multiple of 8, at most 4096); a communicator's
+  /// packet_bytes may not exceed it.
+  std::uint32_t slot_bytes = 1024;
+};
+
+/// The switches of an in-process cluster as Core-INC resources: each switch's pool of
+/// aggregator slots and the groups that hold some. Policy: a group asks once, when its first
+/// member creates its communicator, for options::switch_slots slots on a switch linked to every
+/// member; it gets all of them or none (first come, first served; a group holds its slots until
+/// its last communicator is destroyed). A group without slots runs its collectives on the edge
+/// algorithms; automatic algorithm selection says why through options::log. Every group's
+/// slots live in an EC of its own on the switch, so no group can address another's data.
+/// Thread-safe.
+class fabric {
+public:
+  /// Errors: invalid_argument (options out of range), not_found (the cluster has no switch).
+  static result<std::unique_ptr<fabric>> create(emu::cluster& c, const fabric_options& o = {});
+  ~fabric();
+  fabric(const fabric&) = delete;
+  fabric& operator=(const fabric&) = delete;
+
+  /// One switch's pool.
+  struct switch_usage {
+    std::string name;
+    std::uint32_t rank = 0;
+    std::uint32_t slots = 0;  ///< pool size
+    std::uint32_t free = 0;
+    std::uint32_t groups = 0; ///< groups holding slots here
+  };
+  std::vector<switch_usage> usage() const;
+
+  /// A group's answer (communicator internals). granted == 0: no slots; `reason` says why.
+  struct lease {
+    std::uint32_t switch_rank = 0;
+    std::uint32_t slots = 0;
+    std::string reason;
+  };
+  /// Joins group `wire_id` (communicator internals): the first member installs the group's
+  /// aggregation engine (package `pkg`, the reduction's) on the switch; later members get the
+  /// same lease. Errors: invalid_argument (members or slots differ from the first member's).
+  result<lease> join(std::uint32_t wire_id, const std::vector<std::uint32_t>& members, std::uint32_t slots,
+                     std::uint32_t packet_bytes, std::chrono::milliseconds wait, const rt::loaded_package& pkg);
+  /// Leaves group `wire_id`; the last member's leave frees the slots.
+  void leave(std::uint32_t wire_id);
+
+  struct impl;
+
+private:
+  explicit fabric(std::unique_ptr<impl> p);
+  std::unique_ptr<impl> _p;
 };
 
 /// The members of a communicator.

@@ -144,6 +144,14 @@ private:
 /// routes are deterministic. Control path.
 routing_table routes(const topology& t);
 
+/// No egress port (ports_towards).
+inline constexpr std::uint32_t no_port = 0xffffffffu;
+
+/// The egress port of every node towards node `dest` (a switch, or any node) along a shortest
+/// path, with routes()'s tie-break; no_port for `dest` itself and for nodes that cannot reach
+/// it. Control path.
+std::vector<std::uint32_t> ports_towards(const topology& t, std::uint32_t dest);
+
 /// A star: hosts "h0".."h<n-1>" (ranks 0..n-1) each linked to switch "s0" (link i joins host
 /// i and the switch; the switch's port i leads to host i). Link i's seed is model.seed + i.
 /// n_hosts must be 1 .. 65536 for a valid topology.

@@ -74,18 +74,46 @@ struct bank {
   u64 acked[max_packets / 64];  // packets this rank originated that reached the end of their path
 };
 
+enum role : u32 { role_member = 0, role_switch = 1 };
+
 struct state {
   u64 setup_lock;
   u32 me;
-  u32 nranks;          // 0 until cmd_setup
+  u32 nranks;          // 0 until cmd_setup / cmd_switch_setup
   u32 comm_id;
-  u32 pad;
+  u32 role;            // role_member or role_switch
+  u32 slots;           // switch: aggregator slots (each with two shadow copies)
+  u32 slot_bytes;      // switch: largest contribution
+  u64 slot_stride;     // switch: bytes of one slot copy (header, n contributions, result)
   u64 send_seq;        // message ids of packets this NIC sends
   u64 drops[dr_count];
   u64 sent[16];        // packets sent, by kind
   u32 members[max_ranks];  // NIC rank of each member
   bank banks[2];
 };
+
+/// One shadow copy of an aggregator slot on a switch; its contributions (one per rank, element
+/// format) and its result follow it in handler memory.
+struct slot_hdr {
+  u64 lock;
+  u32 used;        // 1 once a packet claimed it
+  u32 epoch;       // the packet it holds: (epoch, pkt)
+  u32 pkt;
+  u32 chunk;
+  u32 nelems;
+  u32 count;       // contributions held
+  u32 complete;
+  u8 op;
+  u8 dtype;
+  u16 pad;
+  u64 bits[max_ranks / 64];  // ranks whose contribution it holds
+};
+/// Handler memory of a switch engine before its slots (the member state, unused there).
+inline constexpr u64 slots_offset() { return (sizeof(state) + 63) & ~u64{63}; }
+/// Bytes of one slot copy for `nranks` ranks and contributions of `slot_bytes`.
+constexpr u64 slot_stride_bytes(u32 nranks, u32 slot_bytes) {
+  return (sizeof(slot_hdr) + (u64{nranks} + 1) * slot_bytes + 63) & ~u64{63};
+}
 
 inline u64 load_acq(const u64* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 inline u32 load_acq(const u32* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
@@ -134,6 +162,8 @@ struct roles {
   u32 n;           // ranks
   u32 me;
   u32 root;
+  bool via_switch;  // switch_agg: every rank sends every packet up to the switch
+  u32 slots;
   ring_geom g;
 
   static roles of(const bank* b, u32 me) {
@@ -142,6 +172,8 @@ struct roles {
     r.n = b->d.p.nranks;
     r.me = me;
     r.root = b->d.p.root;
+    r.via_switch = b->d.p.algo == static_cast<u8>(algo::switch_agg);
+    r.slots = b->d.p.slots;
     r.g = ring_geom::make(b->d.p.count, r.kind == coll_kind::broadcast ? 1 : r.n, b->d.p.pkt_elems);
     return r;
   }
@@ -161,7 +193,9 @@ struct roles {
     if (kind == coll_kind::broadcast) return me == root ? 0 : ~0ull;
     return reduces() ? pred_of(me) : me;
   }
-  u64 my_chunk_packets() const { return my_chunk() == ~0ull ? 0 : g.chunk_packets(my_chunk()); }
+  /// Packets this rank originates whose delivery it must see acknowledged (the switch's
+  /// results are the acknowledgement of a switch_agg packet: none).
+  u64 my_chunk_packets() const { return via_switch || my_chunk() == ~0ull ? 0 : g.chunk_packets(my_chunk()); }
   /// Results this rank must hold.
   u64 results_needed() const { return kind == coll_kind::reduce_scatter ? g.chunk_packets(me) : g.total; }
 };
@@ -183,9 +217,14 @@ template <class Red> struct engine {
   // ---- sending ---------------------------------------------------------------------------------
   static errc send(spin::ctx* ctx, state* s, u32 to, u32 kind, u32 epoch, u32 aux, u32 elems, const void* data,
                    u32 len, const params& p, u16 slot = 0) {
+    return send_to_rank(ctx, s, s->members[to], kind, epoch, aux, elems, data, len, p, slot);
+  }
+  /// As send, to NIC rank `dest` (a switch) instead of a member.
+  static errc send_to_rank(spin::ctx* ctx, state* s, u32 dest, u32 kind, u32 epoch, u32 aux, u32 elems, const void* data,
+                           u32 len, const params& p, u16 slot = 0) {
     send_desc d{};
     d.size_bytes = sizeof(send_desc);
-    d.dest_rank = s->members[to];
+    d.dest_rank = dest;
     d.match_bits = match_bits(s->comm_id, kind);
     d.message_id = add(&s->send_seq, 1);
     d.offset_bytes = 0;
@@ -336,8 +375,10 @@ template <class Red> struct engine {
 
   static void post_done_if_ready(spin::ctx* ctx, state* s, bank* b, const roles& r) {
     if (load_acq(&b->complete) == 0) return;
-    const bool ready = r.kind == coll_kind::reduce_scatter ? all_bits(b->done_bits, s->nranks)
-                                                           : load_acq(&b->succ_complete) != 0;
+    // switch_agg: the switch serves repairs from its slots, never from this rank's memory.
+    const bool ready = r.via_switch ? true
+                       : r.kind == coll_kind::reduce_scatter ? all_bits(b->done_bits, s->nranks)
+                                                             : load_acq(&b->succ_complete) != 0;
     if (ready && swap(&b->done_posted, 1) == 0) ctx->post_event(event(ev_done, b->epoch, 0));
   }
   /// Completion (docs/collectives.md, "Completion"): every result held and every originated
@@ -348,7 +389,9 @@ template <class Red> struct engine {
     if (load_acq(&b->results) < r.results_needed() || load_acq(&b->acks) < r.my_chunk_packets()) return;
     if (swap(&b->complete, 1) != 0) return;
     add(&b->progress, 1);
-    if (r.kind == coll_kind::reduce_scatter) {
+    if (r.via_switch) {
+      // nothing to tell: see post_done_if_ready
+    } else if (r.kind == coll_kind::reduce_scatter) {
       set_bit(b->done_bits, s->me);
       for (u32 i = 0; i < s->nranks; ++i)
         if (i != s->me) send_ctl(ctx, s, i, k_done, b->epoch, b->d.p, s->me);
@@ -368,8 +411,162 @@ template <class Red> struct engine {
     if (!go) return;
     add(&b->progress, 1);
     const roles r = roles::of(b, s->me);
-    originate_next(ctx, s, b, r, b->d.window);
+    if (r.via_switch) {
+      // One packet per slot: the first `slots` packets go at once (SwitchML's worker start).
+      for (u64 j = 0; j < r.g.total && j < r.slots; ++j) originate_up(ctx, s, b, r, j);
+    } else {
+      originate_next(ctx, s, b, r, b->d.window);
+    }
     check_complete(ctx, s, b, r);
+  }
+
+  // ---- switch aggregation, worker side (docs/collectives.md, "Switch aggregation") -------------
+  /// Sends this rank's contribution to packet j into slot j mod slots, shadow copy
+  /// (j / slots) mod 2.
+  static void originate_up(spin::ctx* ctx, state* s, bank* b, const roles& r, u64 j) {
+    const u64 c = r.g.chunk_of(j);
+    const u64 lo = r.g.packet_lo(c, j);
+    const u32 n = static_cast<u32>(r.g.packet_len(c, j));
+    const params& p = b->d.p;
+    u8* el = ctx->scratchpad<u8>(0, max_packet_bytes);
+    if (el == nullptr) return;
+    if (ctx->dma_from_host(el, addr(b->d.in, r.g, c, lo, p.elem_bytes), u64{n} * p.elem_bytes) != errc::ok) {
+      drop(s, dr_dma);
+      return;
+    }
+    const u32 slot = static_cast<u32>(spin::rem(j, u64{r.slots})), shadow = static_cast<u32>(spin::div(j, u64{r.slots}) & 1);
+    send_to_rank(ctx, s, b->d.switch_rank, k_up, b->epoch, switch_aux(c, j), n, el, n * p.elem_bytes, p,
+                 switch_slot(slot, shadow));
+    // The highest packet sent so far bounds what repair resends.
+    u64 hi = load_acq(&b->next_orig);
+    while (hi < j + 1 && !__atomic_compare_exchange_n(&b->next_orig, &hi, j + 1, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+    }
+  }
+
+  static ret on_down(spin::ctx* ctx, state* s) {
+    pin pn;
+    if (!data_bank(ctx, s, ctx->coll.epoch, pn)) return ret::drop;
+    bank* b = pn.b;
+    const params& p = b->d.p;
+    const roles r = roles::of(b, s->me);
+    if (!r.via_switch || ctx->msg.source_rank != b->d.switch_rank) return drop(s, dr_stranger), ret::drop;
+    const u64 j = ctx->coll.aux & 0xffffu, c = ctx->coll.aux >> 16;
+    if (j >= r.g.total || r.g.chunk_of(j) != c) return drop(s, dr_malformed), ret::drop;
+    const u32 n = static_cast<u32>(r.g.packet_len(c, j));
+    if (ctx->coll.elem_count != n || ctx->packet.size() != u64{n} * p.elem_bytes) return drop(s, dr_malformed), ret::drop;
+    if (test_bit(b->held, j)) return drop(s, dr_duplicate), ret::drop;
+    const u8* el = ctx->payload<u8>(0, u64{n} * p.elem_bytes);
+    if (el == nullptr) return drop(s, dr_malformed), ret::drop;
+    if (ctx->dma_to_host(addr(b->d.out, r.g, c, r.g.packet_lo(c, j), p.elem_bytes), el, u64{n} * p.elem_bytes) != errc::ok)
+      return drop(s, dr_dma), ret::drop;
+    if (!set_bit(b->held, j)) return drop(s, dr_duplicate), ret::drop;
+    add(&b->results, 1);
+    add(&b->progress, 1);
+    // The slot's result came back: it may take the next packet (self-clocking).
+    if (j + r.slots < r.g.total) originate_up(ctx, s, b, r, j + r.slots);
+    check_complete(ctx, s, b, r);
+    return ret::success;
+  }
+
+  // ---- switch aggregation, switch side -------------------------------------------------------------
+  static slot_hdr* slot_at(spin::ctx* ctx, const state* s, u32 slot, u32 shadow) {
+    return ctx->mem<slot_hdr>(slots_offset() + (u64{slot} * 2 + shadow) * s->slot_stride);
+  }
+  static u64 slot_off(const state* s, u32 slot, u32 shadow) { return slots_offset() + (u64{slot} * 2 + shadow) * s->slot_stride; }
+  /// Contribution k (k < nranks) or, with k == nranks, the result of a slot copy.
+  static u8* slot_data(spin::ctx* ctx, const state* s, u32 slot, u32 shadow, u32 k, u64 bytes) {
+    return ctx->mem<u8>(slot_off(s, slot, shadow) + sizeof(slot_hdr) + u64{k} * s->slot_bytes, bytes);
+  }
+
+  static bool key_newer(u32 e, u32 j, const slot_hdr* h) {
+    return epoch_newer(e, h->epoch) || (e == h->epoch && j > h->pkt);
+  }
+
+  /// A contribution: keep it; when every rank's is in, combine them in the fixed order (the
+  /// ring's: chunk c starts at rank c+1), keep the result and multicast it to every member.
+  /// A contribution the slot already holds gets the result again when the slot is complete
+  /// (the worker lost it), else nothing. SwitchML (NSDI 2021) algorithm 3, with the bitmap
+  /// and shadow copies, and contributions kept instead of added so the order is fixed.
+  static ret on_up(spin::ctx* ctx, state* s) {
+    u32 sender = s->nranks;
+    for (u32 i = 0; i < s->nranks; ++i)
+      if (s->members[i] == ctx->msg.source_rank) {
+        sender = i;
+        break;
+      }
+    if (sender == s->nranks) return drop(s, dr_stranger), ret::drop;
+    const u32 j = ctx->coll.aux & 0xffffu, c = ctx->coll.aux >> 16, n = ctx->coll.elem_count;
+    const u32 slot = ctx->coll.slot & 0x7fffu, shadow = static_cast<u32>(ctx->coll.slot >> 15);
+    u32 eb = 0, ab = 0;
+    if (!Red::dispatch(ctx->coll.op, ctx->coll.dtype, size_fn{&eb, &ab}) || slot >= s->slots || c >= s->nranks ||
+        ctx->packet.size() != u64{n} * eb || u64{n} * eb > s->slot_bytes || u64{n} * ab > max_packet_bytes)
+      return drop(s, dr_malformed), ret::drop;
+    slot_hdr* h = slot_at(ctx, s, slot, shadow);
+    const u8* in = ctx->payload<u8>(0, u64{n} * eb);
+    u8* mine = slot_data(ctx, s, slot, shadow, sender, s->slot_bytes);
+    u8* result = slot_data(ctx, s, slot, shadow, s->nranks, s->slot_bytes);
+    if (h == nullptr || (in == nullptr && n > 0) || mine == nullptr || result == nullptr) return drop(s, dr_malformed), ret::drop;
+    const u64 lk = slot_off(s, slot, shadow);
+    if (ctx->lock(lk) != errc::ok) return ret::drop;
+    const u32 epoch = ctx->coll.epoch;
+    if (h->used == 0 || key_newer(epoch, j, h)) {
+      // A new packet for this copy: every worker already holds the result of the packet it held
+      // (it sent this one only after its previous result came back).
+      h->used = 1;
+      h->epoch = epoch;
+      h->pkt = j;
+      h->chunk = c;
+      h->nelems = n;
+      h->count = 0;
+      h->complete = 0;
+      h->op = ctx->coll.op;
+      h->dtype = ctx->coll.dtype;
+      for (u32 w = 0; w < max_ranks / 64; ++w) h->bits[w] = 0;
+    } else if (h->epoch != epoch || h->pkt != j) {
+      ctx->unlock(lk);
+      return drop(s, dr_stale), ret::drop;
+    }
+    if (h->nelems != n || h->chunk != c || h->op != ctx->coll.op || h->dtype != ctx->coll.dtype) {
+      ctx->unlock(lk);
+      return drop(s, dr_malformed), ret::drop;
+    }
+    const u64 bit = 1ull << (sender & 63);
+    if ((h->bits[sender >> 6] & bit) != 0) {
+      const bool again = h->complete != 0;
+      ctx->unlock(lk);
+      if (again) send(ctx, s, sender, k_down, epoch, ctx->coll.aux, n, result, n * eb, h_params(ctx), ctx->coll.slot);
+      return drop(s, dr_duplicate), ret::drop;
+    }
+    for (u64 i = 0; i < u64{n} * eb; ++i) mine[i] = in[i];
+    h->bits[sender >> 6] |= bit;
+    bool done = ++h->count == s->nranks;
+    if (done) {
+      u8* acc = ctx->scratchpad<u8>(max_packet_bytes, max_packet_bytes);
+      if (acc == nullptr) {
+        ctx->unlock(lk);
+        return ret::drop;
+      }
+      const u32 first = c + 1 == s->nranks ? 0 : c + 1;
+      Red::dispatch(h->op, h->dtype, widen_fn{acc, slot_data(ctx, s, slot, shadow, first, s->slot_bytes), n});
+      for (u32 k = 1; k < s->nranks; ++k) {
+        const u32 rank = first + k >= s->nranks ? first + k - s->nranks : first + k;
+        Red::dispatch(h->op, h->dtype, fold_fn{acc, slot_data(ctx, s, slot, shadow, rank, s->slot_bytes), n});
+      }
+      Red::dispatch(h->op, h->dtype, narrow_fn{result, acc, n});
+      h->complete = 1;
+    }
+    ctx->unlock(lk);
+    // Multicast. The copy cannot be reused before every member has this result (see above).
+    if (done)
+      for (u32 i = 0; i < s->nranks; ++i) send(ctx, s, i, k_down, epoch, ctx->coll.aux, n, result, n * eb, h_params(ctx), ctx->coll.slot);
+    return ret::success;
+  }
+  /// The op and dtype of the packet being handled, as send() takes them.
+  static params h_params(spin::ctx* ctx) {
+    params p{};
+    p.op = ctx->coll.op;
+    p.dtype = ctx->coll.dtype;
+    return p;
   }
 
   /// When every hello is in: compare them; start or fail.
@@ -573,6 +770,21 @@ template <class Red> struct engine {
     }
     if (ph != ph_running) return;
     const roles r = roles::of(b, s->me);
+    if (r.via_switch) {
+      // Contributions sent whose result has not come back: the switch keeps what it has and
+      // answers a contribution it holds with the result once the slot is complete. Packet j
+      // went out when the result of j - slots came back; one that did not go out yet must not:
+      // its slot copy may still hold a result that another worker lacks.
+      u64 out = load_acq(&b->next_orig);
+      if (out > r.g.total) out = r.g.total;
+      u32 budget = r.slots;
+      for (u64 j = 0; j < out && budget > 0; ++j) {
+        if (test_bit(b->held, j) || (j >= r.slots && !test_bit(b->held, j - r.slots))) continue;
+        originate_up(ctx, s, b, r, j);
+        --budget;
+      }
+      return;
+    }
     // Packets of this rank's chunk not known delivered: originate them again.
     const u64 npk = r.my_chunk_packets();
     if (npk > 0) {
@@ -630,7 +842,10 @@ template <class Red> struct engine {
     const bool kind_ok = k == coll_kind::allreduce || k == coll_kind::reduce_scatter || k == coll_kind::allgather ||
                          k == coll_kind::broadcast;
     const bool reduces = k == coll_kind::allreduce || k == coll_kind::reduce_scatter;
+    const bool via_switch = d->p.algo == static_cast<u8>(algo::switch_agg);
     why = se_params;
+    if (via_switch && (k != coll_kind::allreduce || d->p.slots == 0 || d->p.slots > max_switch_slots)) return false;
+    if (!via_switch && d->p.algo != static_cast<u8>(algo::edge_ring)) return false;
     if (!kind_ok || (reduces && (!known || eb != d->p.elem_bytes || ab != d->p.acc_bytes)) || d->p.elem_bytes == 0 ||
         d->p.nranks != s->nranks || d->p.pkt_elems == 0 || d->p.root >= d->p.nranks ||
         u64{d->p.pkt_elems} * (d->p.elem_bytes > d->p.acc_bytes ? d->p.elem_bytes : d->p.acc_bytes) > max_packet_bytes ||
@@ -660,7 +875,34 @@ template <class Red> struct engine {
       ctx->post_event(event(ev_setup, 0, ok ? 0 : 1));
       return ret::success;
     }
-    if (load_acq(&s->nranks) == 0 || ctx->msg.source_rank != s->members[s->me]) return drop(s, dr_stranger), ret::drop;
+    if (c->type == cmd_switch_setup) {
+      if (load_acq(&s->nranks) != 0) return drop(s, dr_stranger), ret::drop;
+      switch_setup* w = ctx->scratchpad<switch_setup>(0);
+      u32 ok = w != nullptr && ctx->dma_from_host(w, c->desc_off, sizeof(switch_setup)) == errc::ok ? 1 : 0;
+      ok = ok && w->nranks >= 1 && w->nranks <= max_ranks && w->slots >= 1 && w->slots <= max_switch_slots &&
+           w->slot_bytes >= 8 && w->slot_bytes <= max_packet_bytes && w->slot_bytes % 8 == 0;
+      const u64 stride = ok ? slot_stride_bytes(w->nranks, w->slot_bytes) : 0;
+      ok = ok && slots_offset() + u64{w->slots} * 2 * stride <= ctx->handler_mem.len_bytes &&
+           ctx->dma_from_host(s->members, c->desc_off + sizeof(switch_setup), u64{w->nranks} * sizeof(u32)) == errc::ok;
+      if (ok) {
+        s->role = role_switch;
+        s->me = 0;
+        s->comm_id = comm_of(ctx->msg.match_bits);
+        s->slots = w->slots;
+        s->slot_bytes = w->slot_bytes;
+        s->slot_stride = stride;
+        __atomic_store_n(&s->nranks, w->nranks, __ATOMIC_RELEASE);
+      }
+      ctx->post_event(event(ev_setup, 0, ok ? 0 : 1));
+      return ret::success;
+    }
+    if (load_acq(&s->nranks) == 0) return drop(s, dr_stranger), ret::drop;
+    if (s->role == role_switch) {
+      // The switch's control plane only reads its counters.
+      if (c->type != cmd_stats) return drop(s, dr_malformed), ret::drop;
+    } else if (ctx->msg.source_rank != s->members[s->me]) {
+      return drop(s, dr_stranger), ret::drop;
+    }
     if (c->type == cmd_repair) {
       bank* b = find(s, c->epoch);
       pin pn;
@@ -760,7 +1002,9 @@ template <class Red> struct engine {
     if (kind == k_cmd) return on_cmd(ctx, s);  // a host message: no collective fields
     if ((ctx->msg.flags & msg_coll) == 0) return drop(s, dr_malformed), ret::drop;
     if (load_acq(&s->nranks) == 0) return drop(s, dr_early), ret::drop;
+    if (s->role == role_switch) return kind == k_up ? on_up(ctx, s) : (drop(s, dr_malformed), ret::drop);
     switch (kind) {
+    case k_down: return on_down(ctx, s);
     case k_hello: return on_hello(ctx, s);
     case k_rs: return on_rs(ctx, s);
     case k_ag: return on_ag(ctx, s);

@@ -38,7 +38,16 @@ enum kind : u32 {
   k_done = 7,       ///< "I hold every result" (to the predecessor; payload: ctl)
   k_done_req = 8,   ///< "do you hold every result?" (to the successor; payload: ctl)
   k_ack = 9,        ///< "packet aux arrived at the end of its path" (to its originator; payload: ctl)
+  k_up = 10,        ///< worker -> switch: a contribution to an aggregator slot (element format)
+  k_down = 11,      ///< switch -> worker: the result of a slot (element format)
 };
+
+/// `coll_desc::aux` of k_up and k_down: chunk << 16 | packet index (max_packets is 2^16).
+constexpr u32 switch_aux(u64 chunk, u64 pkt) { return static_cast<u32>((chunk << 16) | pkt); }
+/// `coll_desc::slot` of k_up and k_down: slot index | shadow copy << 15 (SwitchML's pool index
+/// and version).
+constexpr u16 switch_slot(u32 slot, u32 shadow) { return static_cast<u16>((slot & 0x7fffu) | ((shadow & 1u) << 15)); }
+inline constexpr u32 max_switch_slots = 0x7fff;
 
 /// `coll_desc::slot` of a ring packet: a repeat from its originator, passed on to the end of
 /// its path even by ranks that hold it.
@@ -72,12 +81,12 @@ struct params {
   u32 pkt_elems;    ///< elements per packet
   u32 reduction_id; ///< which reduction package (a hash of its name); 0 for the standard ones
   u32 root;
-  u32 reserved;
+  u32 slots;        ///< switch_agg: aggregator slots of the job (0 for the ring)
 };
 static_assert(sizeof(params) == 48);
 
 /// Names of the params fields, in the order `first_difference` reports them.
-enum class field : u8 { none = 0, kind, op, dtype, algo, nranks, total_count, count, elem_bytes, acc_bytes, pkt_elems, reduction_id, root };
+enum class field : u8 { none = 0, kind, op, dtype, algo, nranks, total_count, count, elem_bytes, acc_bytes, pkt_elems, reduction_id, root, slots };
 
 /// The first field in which a and b differ.
 constexpr field first_difference(const params& a, const params& b) {
@@ -93,6 +102,7 @@ constexpr field first_difference(const params& a, const params& b) {
   if (a.pkt_elems != b.pkt_elems) return field::pkt_elems;
   if (a.reduction_id != b.reduction_id) return field::reduction_id;
   if (a.root != b.root) return field::root;
+  if (a.slots != b.slots) return field::slots;
   return field::none;
 }
 
@@ -111,6 +121,7 @@ constexpr const char* field_name(field f) {
   case field::pkt_elems: return "elements per packet";
   case field::reduction_id: return "reduction";
   case field::root: return "root";
+  case field::slots: return "switch slots";
   }
   return "?";
 }
@@ -121,6 +132,15 @@ enum cmd_type : u32 {
   cmd_start = 2,   ///< start epoch `epoch` (DMA of a `start_desc` from host offset `desc_off`)
   cmd_repair = 3,  ///< a timer tick of epoch `epoch`: repair when nothing progressed since the last tick
   cmd_stats = 4,   ///< DMA the engine's counters (engine_counters) to host offset `desc_off`
+  cmd_switch_setup = 5,  ///< become a switch aggregator: DMA a switch_setup from host offset `desc_off`
+};
+
+/// What a switch's engine learns at cmd_switch_setup (followed by `nranks` u32 NIC ranks).
+struct switch_setup {
+  u32 nranks;
+  u32 slots;       ///< aggregator slots of the job (each with two shadow copies)
+  u32 slot_bytes;  ///< largest contribution (packet payload bytes)
+  u32 reserved;
 };
 
 /// The engine's counters as cmd_stats writes them.
@@ -157,6 +177,8 @@ struct start_desc {
   buffer_desc out;  ///< the output
   u32 window;       ///< packets each originator keeps in flight (1..max_window)
   u32 recovery;     ///< 1: repair on timer ticks; 0: never (a lost packet ends in a timeout)
+  u32 switch_rank;  ///< switch_agg: NIC rank of the aggregating switch
+  u32 reserved;
 };
 inline constexpr u32 max_window = 256;
 
