@@ -365,7 +365,7 @@ TEST_CASE("allreduce is exact under loss, duplication and reordering") {
     o.repair_interval = std::chrono::microseconds(1000);
     world w(test::topology_for(4, m), o);
     for (dtype t : {dtype::i64, dtype::f32, dtype::bf16}) {
-      INFO("loss " << loss << " " << name(t));
+      INFO("loss " << loss << " " << std::string(name(t)));
       check_allreduce(w, t, op::sum, 20011);
     }
     std::uint64_t lost = 0, duplicated = 0;
@@ -480,7 +480,7 @@ TEST_CASE("switch aggregation gives the edge ring's bits, under loss, duplicatio
         return w.comms[r]->allreduce(std::span<const float>(in[r]), std::span<float>(out[r]), op::sum, a);
       });
       for (std::uint32_t r = 0; r < n; ++r) {
-        INFO("loss " << loss << " " << name(a) << " rank " << r);
+        INFO("loss " << loss << " " << std::string(name(a)) << " rank " << r);
         REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
         if (a == algorithm::edge_ring && loss == 0.0) ring[r] = out[r];
         REQUIRE(std::memcmp(out[r].data(), ring[0].data(), count * 4) == 0);

@@ -1,0 +1,259 @@
+// Core-INC: switch aggregation's traffic per host, groups that share a switch's slots, the slot
+// policy, recovery, and user reductions on the switch.
+#include "coll_world.hpp"
+#include "handlers/argmax.hpp"
+
+#include <spin/coll/kernels.hpp>
+#include <spin/rt/package.hpp>
+
+#include <cstring>
+#include <mutex>
+#include <string>
+
+using namespace spin;
+using namespace spin::coll;
+using spin::coll::test::world;
+
+namespace {
+
+// Frame bytes each host sent to and received from the switch, from the link counters.
+struct host_traffic {
+  std::vector<std::uint64_t> up, down;
+};
+host_traffic traffic(emu::cluster& c, std::uint32_t hosts) {
+  host_traffic t{std::vector<std::uint64_t>(hosts), std::vector<std::uint64_t>(hosts)};
+  for (const auto& l : c.stats().links)
+    for (std::uint32_t h = 0; h < hosts; ++h) {
+      if (l.from == "h" + std::to_string(h) && l.to == "s0") t.up[h] += l.stats.bytes_delivered;
+      if (l.from == "s0" && l.to == "h" + std::to_string(h)) t.down[h] += l.stats.bytes_delivered;
+    }
+  return t;
+}
+
+std::vector<std::string>* log_lines = nullptr;
+std::mutex log_mutex;
+void capture_log(const std::string& line) {
+  std::lock_guard<std::mutex> l(log_mutex);
+  if (log_lines != nullptr) log_lines->push_back(line);
+}
+
+} // namespace
+
+TEST_SUITE("collectives") {
+
+TEST_CASE("switch allreduce sends S bytes up and receives S down per host; the ring sends 2(N-1)/N x S") {
+  const std::uint32_t n = 4;
+  const std::uint64_t count = 1 << 18;  // S = 1 MiB of float32
+  const double s_bytes = count * 4.0;
+  world w(emu::star(n, {}), {}, 1, test::switches::fabric);
+  std::vector<std::vector<float>> in(n, std::vector<float>(count, 1.0f)), out(n, std::vector<float>(count));
+  // Per packet: 1024 payload bytes and 104 bytes of Ethernet, IPv4, UDP and spin headers.
+  const double per_packet = 1.0 + 104.0 / 1024.0;
+  for (algorithm a : {algorithm::switch_agg, algorithm::edge_ring}) {
+    const host_traffic before = traffic(*w.cluster, n);
+    auto res = w.run([&](std::uint32_t r) { return w.comms[r]->allreduce(std::span<const float>(in[r]), std::span<float>(out[r]), op::sum, a); });
+    const host_traffic after = traffic(*w.cluster, n);
+    const double want = a == algorithm::switch_agg ? 1.0 : 2.0 * (n - 1) / n;
+    for (std::uint32_t r = 0; r < n; ++r) {
+      INFO(name(a) << " rank " << r);
+      REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+      CHECK(out[r][count - 1] == 4.0f);
+      const double up = static_cast<double>(after.up[r] - before.up[r]) / s_bytes;
+      const double down = static_cast<double>(after.down[r] - before.down[r]) / s_bytes;
+      MESSAGE(name(a) << " rank " << r << ": up " << up << " x S, down " << down << " x S (payload alone: " << want << " x S)");
+      // Payload plus headers, plus a little control traffic (hellos, acknowledgements).
+      CHECK(up >= want);
+      CHECK(up <= want * per_packet + 0.01);
+      CHECK(down >= want);
+      CHECK(down <= want * per_packet + 0.01);
+    }
+  }
+}
+
+TEST_CASE("groups share a switch's slots first come, first served; a group without slots runs on the edge ring and says why") {
+  std::vector<std::string> lines;
+  log_lines = &lines;
+  emu::cluster_options co;
+  auto c = emu::cluster::create(emu::star(4, {}), co);
+  REQUIRE(c.ok());
+  test::driver drv;
+  drv.start(*c.value());
+  fabric_options fo;
+  fo.slots_per_switch = 100;
+  auto fab = fabric::create(*c.value(), fo);
+  REQUIRE(fab.ok());
+  auto make = [&](std::uint32_t id, std::vector<std::uint32_t> members, std::uint32_t slots) {
+    std::vector<std::unique_ptr<communicator>> out;
+    options o;
+    o.switches = fab.value().get();
+    o.switch_slots = slots;
+    o.log = capture_log;
+    group g;
+    g.id = id;
+    g.members = members;
+    for (std::uint32_t i = 0; i < members.size(); ++i) {
+      g.me = i;
+      auto cm = communicator::create(*c.value()->host(members[i]), g, o);
+      REQUIRE_MESSAGE(cm.ok(), cm.err().message);
+      out.push_back(std::move(cm.value()));
+    }
+    return out;
+  };
+  auto a = make(1, {0, 1, 2, 3}, 64);
+  auto b = make(2, {0, 1}, 64);  // 36 left: refused
+  auto cgroup = make(3, {2, 3}, 32);
+  {
+    const auto u = fab.value()->usage();
+    REQUIRE(u.size() == 1);
+    CHECK(u[0].free == 4);
+    CHECK(u[0].groups == 2);
+  }
+  REQUIRE(lines.size() == 2);  // one line per member of b
+  CHECK(lines[0].find("36 free slots of 100") != std::string::npos);
+
+  // a and c run at once on the switch, each with its own data; b falls back to the edge ring.
+  const std::uint64_t count = 30011;
+  auto values = [](std::uint32_t group, std::uint32_t rank, std::uint64_t i) {
+    return static_cast<std::int64_t>(group * 1000003 + rank * 7919 + i);
+  };
+  struct job {
+    std::uint32_t id;
+    std::vector<std::unique_ptr<communicator>>* comms;
+    std::vector<std::vector<std::int64_t>> in, out;
+  };
+  std::vector<job> jobs = {{1, &a, {}, {}}, {3, &cgroup, {}, {}}, {2, &b, {}, {}}};
+  for (auto& j : jobs) {
+    const auto m = static_cast<std::uint32_t>(j.comms->size());
+    j.in.assign(m, std::vector<std::int64_t>(count));
+    j.out.assign(m, std::vector<std::int64_t>(count));
+    for (std::uint32_t r = 0; r < m; ++r)
+      for (std::uint64_t i = 0; i < count; ++i) j.in[r][i] = values(j.id, r, i);
+  }
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors;
+  std::mutex em;
+  for (auto& j : jobs)
+    for (std::uint32_t r = 0; r < j.comms->size(); ++r)
+      threads.emplace_back([&, r, jp = &j] {
+        auto res = (*jp->comms)[r]->allreduce(std::span<const std::int64_t>(jp->in[r]), std::span<std::int64_t>(jp->out[r]), op::sum);
+        if (!res.ok()) {
+          std::lock_guard<std::mutex> l(em);
+          errors.push_back(res.err().message);
+        }
+      });
+  for (auto& t : threads) t.join();
+  REQUIRE_MESSAGE(errors.empty(), (errors.empty() ? "" : errors[0]));
+  for (auto& j : jobs) {
+    const auto m = static_cast<std::uint32_t>(j.comms->size());
+    for (std::uint32_t r = 0; r < m; ++r)
+      for (std::uint64_t i = 0; i < count; ++i) {
+        std::int64_t want = 0;
+        for (std::uint32_t q = 0; q < m; ++q) want += values(j.id, q, i);
+        REQUIRE(j.out[r][i] == want);
+      }
+  }
+  // Asking b for the switch says why it cannot.
+  std::vector<std::int64_t> x(4), y(4);
+  auto refused = b[0]->allreduce(x.data(), y.data(), 4, dtype::i64, op::sum, algorithm::switch_agg);
+  CHECK(refused.err().code == errc::not_supported);
+  CHECK(refused.err().message.find("free slots") != std::string::npos);
+  // Slots come back when a group ends.
+  a.clear();
+  CHECK(fab.value()->usage()[0].free == 68);
+  b.clear();
+  cgroup.clear();
+  CHECK(fab.value()->usage()[0].free == 100);
+  log_lines = nullptr;
+}
+
+TEST_CASE("a group whose members share no switch runs without one; a cluster without switches has no fabric") {
+  emu::cluster_options co;
+  auto ring = emu::cluster::create(emu::ring(3, {}), co);
+  REQUIRE(ring.ok());
+  CHECK(fabric::create(*ring.value()).err().code == errc::not_found);
+  ring.value().reset();
+
+  // Two switches, each with two hosts.
+  emu::topology t;
+  for (std::uint32_t h = 0; h < 4; ++h) t.nodes.push_back({emu::node_kind::host, "h" + std::to_string(h), h, 1, {}});
+  t.nodes.push_back({emu::node_kind::switch_, "s0", 0, 1, {}});
+  t.nodes.push_back({emu::node_kind::switch_, "s1", 0, 1, {}});
+  auto link = [&](std::uint32_t a, std::uint32_t b) {
+    emu::link_spec l;
+    l.a = a;
+    l.b = b;
+    l.a_port = static_cast<std::uint32_t>(t.nodes[a].ports.size());
+    l.b_port = static_cast<std::uint32_t>(t.nodes[b].ports.size());
+    t.nodes[a].ports.push_back(static_cast<std::uint32_t>(t.links.size()));
+    t.nodes[b].ports.push_back(static_cast<std::uint32_t>(t.links.size()));
+    t.links.push_back(l);
+  };
+  link(0, 4);
+  link(1, 4);
+  link(2, 5);
+  link(3, 5);
+  link(4, 5);
+  REQUIRE(emu::validate(t).ok());
+  std::vector<std::string> lines;
+  log_lines = &lines;
+  options o;
+  o.log = capture_log;
+  world w(t, o, 1, test::switches::fabric);
+  REQUIRE(!lines.empty());
+  CHECK(lines[0].find("no switch is linked to every member") != std::string::npos);
+  std::vector<std::vector<std::int32_t>> in(4, std::vector<std::int32_t>(1000, 2)), out(4, std::vector<std::int32_t>(1000));
+  auto res = w.run([&](std::uint32_t r) { return w.comms[r]->allreduce(in[r].data(), out[r].data(), 1000, dtype::i32, op::sum); });
+  for (std::uint32_t r = 0; r < 4; ++r) {
+    REQUIRE(res[r].ok());
+    CHECK(out[r][999] == 8);
+  }
+  log_lines = nullptr;
+}
+
+TEST_CASE("switch allreduce without recovery ends in a timeout on every rank when packets are lost") {
+  emu::link_model m;
+  m.loss = 0.05;
+  m.seed = 9;
+  options o;
+  o.recovery = false;
+  o.timeout = std::chrono::milliseconds(300);
+  world w(emu::star(3, m), o, 1, test::switches::fabric);
+  std::vector<std::vector<std::int32_t>> in(3, std::vector<std::int32_t>(50000, 1)), out(3, std::vector<std::int32_t>(50000));
+  auto res = w.run([&](std::uint32_t r) {
+    return w.comms[r]->allreduce(in[r].data(), out[r].data(), 50000, dtype::i32, op::sum, algorithm::switch_agg);
+  });
+  for (std::uint32_t r = 0; r < 3; ++r) {
+    REQUIRE_FALSE(res[r].ok());
+    CHECK(res[r].err().code == errc::timeout);
+  }
+}
+
+TEST_CASE("a user reduction aggregates on the switch too") {
+  auto pkg = rt::read_package_file(SPIN_ARGMAX_PACKAGE);
+  REQUIRE(pkg.ok());
+  world w(emu::star(4, {}), {}, 1, test::switches::fabric);
+  std::vector<custom_op> ops;
+  for (auto& c : w.comms) {
+    auto op_ = c->add_reduction(reduction{"argmax", pkg.value(), kernels_of<argmax>()});
+    REQUIRE_MESSAGE(op_.ok(), op_.err().message);
+    ops.push_back(op_.value());
+  }
+  CHECK(w.fab->usage()[0].groups == 2);  // the standard engine's slots and the reduction's
+  const std::uint64_t count = 5000;
+  std::vector<std::vector<value_index>> in(4, std::vector<value_index>(count)), out(4, std::vector<value_index>(count));
+  for (std::uint32_t r = 0; r < 4; ++r)
+    for (std::uint64_t i = 0; i < count; ++i) in[r][i] = {static_cast<float>((i * 3 + r * 5) % 7), static_cast<std::uint32_t>(r * count + i)};
+  for (algorithm a : {algorithm::switch_agg, algorithm::automatic}) {
+    auto res = w.run([&](std::uint32_t r) { return w.comms[r]->allreduce(in[r].data(), out[r].data(), count, ops[r], a); });
+    for (std::uint32_t r = 0; r < 4; ++r) {
+      REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+      for (std::uint64_t i = 0; i < count; ++i) {
+        value_index best = in[0][i];
+        for (std::uint32_t q = 1; q < 4; ++q) best = argmax::combine(best, in[q][i]);
+        REQUIRE(out[r][i].index == best.index);
+      }
+    }
+  }
+}
+
+}
