@@ -15,6 +15,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -170,14 +171,18 @@ struct communicator::impl {
     auto pause = std::chrono::microseconds(5);
     for (;;) {
       const std::size_t got = nic.poll_events(e.ec, evs);
+      // Every event goes to `want` (it may record those it does not wait for); the first it
+      // accepts is returned once the batch is through.
+      std::optional<std::uint64_t> hit;
       for (std::size_t i = 0; i < got; ++i) {
         const rt::host_event& ev = evs[i];
         if (ev.type == rt::host_event::kind::error)
           return fail(errc::fault, what + ": the collective engine's " +
                                        std::string(rt::to_string(static_cast<handler_kind>(ev.value))) + " handler failed (" +
                                        errc_name(ev.code) + ")");
-        if (want(ev.value)) return ev.value;
+        if (want(ev.value) && !hit) hit = ev.value;
       }
+      if (hit) return *hit;
       if (got > 0) {
         pause = std::chrono::microseconds(5);
         continue;
@@ -258,8 +263,9 @@ struct communicator::impl {
   }
 
   // One epoch: start it on the NIC and wait until this rank's part is done.
-  result<void> epoch_run(engine_ec& e, const pr::params& p, const pr::buffer_desc& in, const pr::buffer_desc& out,
-                         const char* what, std::uint32_t switch_rank) {
+  // Writes epoch e.epoch + 1's start descriptor and starts it on the NIC.
+  result<void> epoch_start(engine_ec& e, const pr::params& p, const pr::buffer_desc& in, const pr::buffer_desc& out,
+                           std::uint32_t switch_rank, std::uint64_t recv_off) {
     ++e.epoch;
     ++st.epochs;
     pr::start_desc d{};
@@ -269,37 +275,133 @@ struct communicator::impl {
     d.window = o.window_packets;
     d.recovery = o.recovery ? 1 : 0;
     d.switch_rank = switch_rank;
+    d.recv_off = recv_off;
     const std::size_t doff = desc_off + (e.epoch & 1) * sizeof(pr::start_desc);
     std::memcpy(arena + doff, &d, sizeof(d));
     pr::cmd c{};
     c.type = pr::cmd_start;
     c.epoch = e.epoch;
     c.desc_off = doff;
-    if (auto r = send_cmd(e, c); !r.ok()) return r;
-    const std::uint32_t k = e.epoch;
-    auto tick = [&]() -> result<void> {
-      if (!o.recovery) return {};
-      ++st.repair_ticks;
-      pr::cmd t{};
-      t.type = pr::cmd_repair;
-      t.epoch = k;
-      return send_cmd(e, t);
+    return send_cmd(e, c);
+  }
+
+  result<void> repair_tick(engine_ec& e) {
+    if (!o.recovery) return {};
+    ++st.repair_ticks;
+    pr::cmd t{};
+    t.type = pr::cmd_repair;
+    t.epoch = e.epoch;
+    return send_cmd(e, t);
+  }
+
+  static error refused(const char* what, std::uint64_t v) {
+    if (pr::event_type_of(v) == pr::ev_mismatch) return describe_mismatch(pr::event_detail_of(v));
+    return fail(errc::invalid_argument, std::string(what) + ": the NIC refused the start descriptor (reason " +
+                                            std::to_string(pr::event_detail_of(v)) + ")");
+  }
+
+  // One epoch of host_ring: the host folds each chunk; its NIC only moves chunks reliably
+  // (docs/collectives.md, "Host ring"). The steps are the edge ring's, so are the bits.
+  result<void> host_ring_epoch(engine_ec& e, const pr::params& p, const pr::buffer_desc& in, const pr::buffer_desc& out,
+                               const op_spec& s, std::size_t recv_off, const char* what) {
+    if (auto r = epoch_start(e, p, in, out, 0, recv_off); !r.ok()) return r;
+    const std::uint32_t k = e.epoch, nr = n(), me = g.me, eb = s.k.elem_bytes, ab = s.k.acc_bytes;
+    const auto deadline = clock::now() + o.timeout;
+    std::set<std::uint32_t> recv, sent;  // phase << 16 | chunk
+    std::optional<std::uint64_t> bad;
+    auto record = [&](std::uint64_t v) {
+      if (pr::event_epoch_of(v) != k) return false;
+      switch (pr::event_type_of(v)) {
+      case pr::ev_recv: recv.insert(pr::event_detail_of(v)); return true;
+      case pr::ev_sent: sent.insert(pr::event_detail_of(v)); return true;
+      case pr::ev_go: return true;
+      case pr::ev_mismatch:
+      case pr::ev_error: bad = v; return true;
+      default: return false;
+      }
     };
+    auto tick = [&] { return repair_tick(e); };
+    bool go = false;
+    auto wait_until = [&](auto cond) -> result<void> {
+      while (!cond() && !bad) {
+        auto ev = wait(e, deadline, [&](std::uint64_t v) {
+          const bool mine = record(v);
+          if (pr::event_type_of(v) == pr::ev_go && pr::event_epoch_of(v) == k) go = true;
+          return mine;
+        }, tick, what);
+        if (!ev.ok()) return ev.err();
+      }
+      if (bad) return refused(what, *bad);
+      return {};
+    };
+    if (auto r = wait_until([&] { return go; }); !r.ok()) return r;
+
+    const pr::ring_geom geo = pr::ring_geom::make(p.count, nr, p.pkt_elems);
+    auto key = [](std::uint32_t phase, std::uint64_t c) { return static_cast<std::uint32_t>(phase << 16 | c); };
+    std::optional<std::uint32_t> pending;  // the transfer in flight
+    auto transfer = [&](std::uint32_t phase, std::uint64_t c, std::uint64_t off) -> result<void> {
+      if (pending)
+        if (auto r = wait_until([&] { return sent.count(*pending) != 0; }); !r.ok()) return r;
+      pr::cmd x{};
+      x.type = pr::cmd_xfer;
+      x.epoch = k;
+      x.phase = phase;
+      x.chunk = static_cast<std::uint32_t>(c);
+      x.desc_off = off;
+      pending = key(phase, c);
+      return send_cmd(e, x);
+    };
+    auto in_at = [&](std::uint64_t elem) { return arena + in.off + elem * eb; };
+    auto out_at = [&](std::uint64_t elem) { return arena + out.off + elem * eb; };
+    auto recv_at = [&](std::uint64_t elem) { return arena + recv_off + elem * ab; };
+    auto for_chunk = [&](std::uint64_t c, auto f) {  // f(first element, elements) in pieces
+      const std::uint64_t lo = geo.chunk_lo(c), len = geo.chunk_len(c);
+      for (std::uint64_t i = 0; i < len; i += 65536) f(lo + i, static_cast<std::uint32_t>(std::min<std::uint64_t>(65536, len - i)));
+    };
+    // Reduce-scatter: chunk c leaves rank c+1 and is folded up to its owner c.
+    const std::uint64_t first = (me + nr - 1) % nr;
+    for_chunk(first, [&](std::uint64_t at, std::uint32_t m) { s.k.widen(recv_at(at), in_at(at), m); });
+    if (auto r = transfer(pr::xfer_rs, first, recv_off + geo.chunk_lo(first) * ab); !r.ok()) return r;
+    for (std::uint32_t step = 1; step < nr; ++step) {
+      const std::uint64_t c = (me + 2 * nr - 1 - step) % nr;
+      // A chunk without packets (fewer elements than ranks) never arrives: nothing to wait for.
+      if (auto r = wait_until([&] { return geo.chunk_packets(c) == 0 || recv.count(key(pr::xfer_rs, c)) != 0; }); !r.ok())
+        return r;
+      for_chunk(c, [&](std::uint64_t at, std::uint32_t m) { s.k.fold(recv_at(at), in_at(at), m); });
+      if (step + 1 < nr) {
+        if (auto r = transfer(pr::xfer_rs, c, recv_off + geo.chunk_lo(c) * ab); !r.ok()) return r;
+      } else {  // c == me: round once, then start the allgather
+        for_chunk(c, [&](std::uint64_t at, std::uint32_t m) { s.k.narrow(out_at(at), recv_at(at), m); });
+        if (auto r = transfer(pr::xfer_ag, c, out.off + geo.chunk_lo(c) * eb); !r.ok()) return r;
+      }
+    }
+    // Allgather: chunk c leaves its owner and stops at the owner's predecessor.
+    for (std::uint32_t step = 1; step < nr; ++step) {
+      const std::uint64_t c = (me + nr - step) % nr;
+      if (auto r = wait_until([&] { return geo.chunk_packets(c) == 0 || recv.count(key(pr::xfer_ag, c)) != 0; }); !r.ok())
+        return r;
+      if ((me + 1) % nr != c)
+        if (auto r = transfer(pr::xfer_ag, c, out.off + geo.chunk_lo(c) * eb); !r.ok()) return r;
+    }
+    if (pending)
+      if (auto r = wait_until([&] { return sent.count(*pending) != 0; }); !r.ok()) return r;
+    return {};
+  }
+
+  result<void> epoch_run(engine_ec& e, const pr::params& p, const pr::buffer_desc& in, const pr::buffer_desc& out,
+                         const char* what, std::uint32_t switch_rank) {
+    if (auto r = epoch_start(e, p, in, out, switch_rank, 0); !r.ok()) return r;
+    const std::uint32_t k = e.epoch;
     auto ev = wait(
         e, clock::now() + o.timeout,
         [&](std::uint64_t v) {
           const std::uint32_t ty = pr::event_type_of(v);
           return pr::event_epoch_of(v) == k && (ty == pr::ev_done || ty == pr::ev_mismatch || ty == pr::ev_error);
         },
-        tick, what);
+        [&] { return repair_tick(e); }, what);
     if (!ev.ok()) return ev.err();
-    switch (pr::event_type_of(ev.value())) {
-    case pr::ev_done: return {};
-    case pr::ev_mismatch: return describe_mismatch(pr::event_detail_of(ev.value()));
-    default:
-      return fail(errc::invalid_argument, std::string(what) + ": the NIC refused the start descriptor (reason " +
-                                              std::to_string(pr::event_detail_of(ev.value())) + ")");
-    }
+    if (pr::event_type_of(ev.value()) == pr::ev_done) return {};
+    return refused(what, ev.value());
   }
 
   result<op_spec> standard(dtype t, op o_, const char* what) const {
@@ -322,6 +424,42 @@ struct communicator::impl {
     return s;
   }
   std::vector<kernels> custom_kernels = std::vector<kernels>(16);
+  std::span<std::byte> host_ring_area;  // host_ring's partial sums, from the arena
+
+  std::span<std::byte> alloc_span(std::size_t bytes) {
+    const std::size_t want = (std::max<std::size_t>(bytes, 1) + 63) & ~std::size_t{63};
+    for (auto it = free_list.begin(); it != free_list.end(); ++it) {
+      if (it->second < want) continue;
+      const std::size_t off = it->first, len = it->second;
+      free_list.erase(it);
+      if (len > want) free_list[off + want] = len - want;
+      used[off] = want;
+      return {arena + off, bytes};
+    }
+    return {};
+  }
+  void release_span(std::span<std::byte> buffer) {
+    if (buffer.data() == nullptr) return;
+    const std::size_t off = static_cast<std::size_t>(buffer.data() - arena);
+    auto it = used.find(off);
+    if (it == used.end()) return;
+    std::size_t start = off, len = it->second;
+    used.erase(it);
+    auto next = free_list.lower_bound(start);
+    if (next != free_list.end() && start + len == next->first) {
+      len += next->second;
+      next = free_list.erase(next);
+    }
+    if (next != free_list.begin()) {
+      auto prev = std::prev(next);
+      if (prev->first + prev->second == start) {
+        start = prev->first;
+        len += prev->second;
+        free_list.erase(prev);
+      }
+    }
+    free_list[start] = len;
+  }
 
   // The collective as a series of epochs. Units: allreduce and broadcast cut the vector;
   // reduce-scatter and allgather cut every block the same way.
@@ -337,10 +475,13 @@ struct communicator::impl {
       if (e.lease.slots == 0)
         return fail(errc::not_supported, std::string(what) + ": no switch slots: " +
                                              (o.switches == nullptr ? std::string("the communicator has no fabric") : e.lease.reason));
+    } else if (a == algorithm::host_ring) {
+      if (kind != pr::coll_kind::allreduce)
+        return fail(errc::not_supported, std::string(what) + ": host_ring runs allreduce only");
     } else if (a != algorithm::edge_ring) {
-      return fail(errc::not_supported, std::string(what) + ": algorithm " + name(a) + " is not available yet");
+      return fail(errc::invalid_argument, std::string(what) + ": unknown algorithm");
     }
-    const bool via_switch = a == algorithm::switch_agg;
+    const bool via_switch = a == algorithm::switch_agg, via_host = a == algorithm::host_ring;
     const bool blocks = kind == pr::coll_kind::reduce_scatter || kind == pr::coll_kind::allgather;
     const std::uint32_t nr = n(), eb = s.k.elem_bytes, ab = s.k.acc_bytes;
     if (root >= nr) return fail(errc::invalid_argument, std::string(what) + ": root " + std::to_string(root) + " is not a rank");
@@ -370,7 +511,19 @@ struct communicator::impl {
     p.kind = static_cast<std::uint8_t>(kind);
     p.op = s.op;
     p.dtype = s.dtype;
-    p.algo = static_cast<std::uint8_t>(via_switch ? pr::algo::switch_agg : pr::algo::edge_ring);
+    p.algo = static_cast<std::uint8_t>(via_switch ? pr::algo::switch_agg : via_host ? pr::algo::host_ring : pr::algo::edge_ring);
+    std::size_t recv_off = 0;
+    if (via_host && count > 0) {  // where reduce-scatter partials land
+      const std::size_t want = static_cast<std::size_t>(seg * ab);
+      if (host_ring_area.size() < want) {
+        if (!host_ring_area.empty()) release_span(host_ring_area);
+        host_ring_area = alloc_span(want);
+        if (host_ring_area.size() < want)
+          return fail(errc::no_memory, std::string(what) + ": the arena cannot hold host_ring's " + std::to_string(want) +
+                                           " bytes of partial sums");
+      }
+      recv_off = static_cast<std::size_t>(host_ring_area.data() - arena);
+    }
     p.slots = via_switch ? e.lease.slots : 0;
     p.nranks = nr;
     p.total_count = blocks ? count * nr : count;  // the units of p.count
@@ -426,7 +579,9 @@ struct communicator::impl {
         bo.off = out_arena != npos ? out_arena + at : staging_out();
         if (in == out && in_arena == npos && out_arena == npos) bo.off = bi.off;  // in place stays in place
       }
-      if (auto r = epoch_run(e, p, bi, bo, what, via_switch ? e.lease.switch_rank : 0); !r.ok()) {
+      auto r = via_host ? host_ring_epoch(e, p, bi, bo, s, recv_off, what)
+                        : epoch_run(e, p, bi, bo, what, via_switch ? e.lease.switch_rank : 0);
+      if (!r.ok()) {
         ++st.failures;
         if (r.err().code == errc::timeout || r.err().code == errc::fault) {
           broken = true;
@@ -593,40 +748,11 @@ result<custom_op> communicator::add_reduction(const reduction& r) {
   return c;
 }
 
-std::span<std::byte> communicator::alloc(std::size_t bytes) {
-  const std::size_t want = (std::max<std::size_t>(bytes, 1) + 63) & ~std::size_t{63};
-  for (auto it = _p->free_list.begin(); it != _p->free_list.end(); ++it) {
-    if (it->second < want) continue;
-    const std::size_t off = it->first, len = it->second;
-    _p->free_list.erase(it);
-    if (len > want) _p->free_list[off + want] = len - want;
-    _p->used[off] = want;
-    return {_p->arena + off, bytes};
-  }
-  return {};
-}
+std::span<std::byte> communicator::alloc(std::size_t bytes) { return _p->alloc_span(bytes); }
 
 void communicator::free(std::span<std::byte> buffer) {
-  if (buffer.data() == nullptr) return;
-  const std::size_t off = static_cast<std::size_t>(buffer.data() - _p->arena);
-  auto it = _p->used.find(off);
-  if (it == _p->used.end()) return;
-  std::size_t start = off, len = it->second;
-  _p->used.erase(it);
-  auto next = _p->free_list.lower_bound(start);
-  if (next != _p->free_list.end() && start + len == next->first) {
-    len += next->second;
-    next = _p->free_list.erase(next);
-  }
-  if (next != _p->free_list.begin()) {
-    auto prev = std::prev(next);
-    if (prev->first + prev->second == start) {
-      start = prev->first;
-      len += prev->second;
-      _p->free_list.erase(prev);
-    }
-  }
-  _p->free_list[start] = len;
+  if (buffer.data() == _p->host_ring_area.data()) return;  // not the caller's
+  _p->release_span(buffer);
 }
 
 comm_stats communicator::stats() const { return _p->st; }

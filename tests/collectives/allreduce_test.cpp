@@ -344,7 +344,9 @@ TEST_CASE("bad arguments are refused before anything is sent") {
   CHECK(r.err().code == errc::invalid_argument);
   r = w.comms[0]->allreduce(a.data(), b.data(), 10, dtype::custom, op::sum);
   CHECK(r.err().code == errc::invalid_argument);
-  r = w.comms[0]->allreduce(a.data(), b.data(), 10, dtype::i32, op::sum, algorithm::host_ring);
+  r = w.comms[0]->allreduce(a.data(), b.data(), 10, dtype::i32, op::sum, algorithm::switch_agg);
+  CHECK(r.err().code == errc::not_supported);  // no fabric
+  r = w.comms[0]->reduce_scatter(a.data(), b.data(), 5, dtype::i32, op::sum, algorithm::host_ring);
   CHECK(r.err().code == errc::not_supported);
   group g;
   g.members = {0, 0};
@@ -452,6 +454,53 @@ TEST_CASE("switch aggregation allreduce is exact for every operation and datatyp
         for (std::uint64_t k : {4ull * p - 1, 4ull * p, 4ull * p + 1, 9ull * p}) counts.push_back(k);  // slot boundaries
         for (std::uint64_t count : counts) check_allreduce(w, t, op_, count, algorithm::switch_agg);
       }
+  }
+}
+
+TEST_CASE("host_ring allreduce (host folds, NIC moves) is exact for every operation and datatype, ranks 1 to 8") {
+  for (std::uint32_t n : {1u, 2u, 3u, 4u, 7u, 8u}) {
+    world w(test::topology_for(n));
+    for (dtype t : all_dtypes)
+      for (op op_ : all_ops) {
+        const std::uint32_t acc_bytes = t == dtype::f16 || t == dtype::bf16 ? 4 : elem_bytes(t);
+        const std::uint32_t p = 1024 / acc_bytes;
+        for (std::uint64_t count : {0ull, 1ull, n + 1ull, p + 1ull, 1ull * n * p + 1, 3ull * n * p + 7})
+          check_allreduce(w, t, op_, count, algorithm::host_ring);
+      }
+  }
+}
+
+TEST_CASE("host_ring gives the edge ring's bits and stays exact under loss; ranks that disagree on the algorithm fail alike") {
+  const std::uint32_t n = 4;
+  const std::uint64_t count = 30011;
+  std::mt19937_64 rng(3);
+  std::normal_distribution<float> dist(0.0f, 10.0f);
+  std::vector<std::vector<float>> in(n, std::vector<float>(count));
+  for (auto& v : in)
+    for (auto& x : v) x = dist(rng) * std::exp2(static_cast<float>(static_cast<int>(rng() % 16) - 8));
+  emu::link_model m;
+  m.loss = 0.01;
+  m.duplicate = 0.01;
+  m.reorder = 0.03;
+  m.seed = 4;
+  options o;
+  o.repair_interval = std::chrono::microseconds(1000);
+  world w(test::topology_for(n, m), o);
+  std::vector<std::vector<float>> ring(n, std::vector<float>(count)), host(n, std::vector<float>(count));
+  auto res = w.run([&](std::uint32_t r) { return w.comms[r]->allreduce(std::span<const float>(in[r]), std::span<float>(ring[r]), op::sum, algorithm::edge_ring); });
+  for (auto& x : res) REQUIRE(x.ok());
+  res = w.run([&](std::uint32_t r) { return w.comms[r]->allreduce(std::span<const float>(in[r]), std::span<float>(host[r]), op::sum, algorithm::host_ring); });
+  for (std::uint32_t r = 0; r < n; ++r) {
+    REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+    REQUIRE(std::memcmp(host[r].data(), ring[0].data(), count * 4) == 0);
+  }
+  check_allreduce(w, dtype::i64, op::sum, 20011, algorithm::host_ring);
+  res = w.run([&](std::uint32_t r) {
+    return w.comms[r]->allreduce(std::span<const float>(in[r]), std::span<float>(host[r]), op::sum, r == 1 ? algorithm::host_ring : algorithm::edge_ring);
+  });
+  for (std::uint32_t r = 0; r < n; ++r) {
+    REQUIRE_FALSE(res[r].ok());
+    CHECK(res[r].err().message.find("algorithm") != std::string::npos);
   }
 }
 

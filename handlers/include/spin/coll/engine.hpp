@@ -72,6 +72,15 @@ struct bank {
   u64 progress_seen;   // progress at the previous repair tick
   u64 held[max_packets / 64];   // results this rank holds
   u64 acked[max_packets / 64];  // packets this rank originated that reached the end of their path
+  // host_ring: the transfer in progress and what arrived.
+  u32 xfer_phase;
+  u32 xfer_chunk;
+  u64 xfer_off;
+  u64 xfer_next;       // packets of the transfer sent so far
+  u64 xfer_acks;       // packets of the transfer acknowledged
+  u32 rcv_count[2][max_ranks];  // packets received, by phase and chunk
+  u64 rs_held[max_packets / 64];   // reduce-scatter packets received (allgather ones: held)
+  u64 rs_acked[max_packets / 64];  // reduce-scatter packets acknowledged (allgather ones: acked)
 };
 
 enum role : u32 { role_member = 0, role_switch = 1 };
@@ -163,6 +172,7 @@ struct roles {
   u32 me;
   u32 root;
   bool via_switch;  // switch_agg: every rank sends every packet up to the switch
+  bool via_host;    // host_ring: the NIC only moves chunks the host asks it to
   u32 slots;
   ring_geom g;
 
@@ -173,6 +183,7 @@ struct roles {
     r.me = me;
     r.root = b->d.p.root;
     r.via_switch = b->d.p.algo == static_cast<u8>(algo::switch_agg);
+    r.via_host = b->d.p.algo == static_cast<u8>(algo::host_ring);
     r.slots = b->d.p.slots;
     r.g = ring_geom::make(b->d.p.count, r.kind == coll_kind::broadcast ? 1 : r.n, b->d.p.pkt_elems);
     return r;
@@ -240,12 +251,12 @@ template <class Red> struct engine {
   }
   /// A control packet (k_hello_req, k_done, k_done_req, k_ack): aux is the packet index for
   /// k_ack, else the sender.
-  static void send_ctl(spin::ctx* ctx, state* s, u32 to, u32 kind, u32 epoch, const params& p, u32 aux) {
+  static void send_ctl(spin::ctx* ctx, state* s, u32 to, u32 kind, u32 epoch, const params& p, u32 aux, u16 slot = 0) {
     ctl* c = ctx->scratchpad<ctl>(max_packet_bytes - sizeof(ctl));
     if (c == nullptr) return;
     c->sender = s->me;
     c->reserved = 0;
-    send(ctx, s, to, kind, epoch, aux, 0, c, sizeof(ctl), p);
+    send(ctx, s, to, kind, epoch, aux, 0, c, sizeof(ctl), p, slot);
   }
   static void send_hello(spin::ctx* ctx, state* s, bank* b, u32 to) {
     hello* h = ctx->scratchpad<hello>(0);
@@ -411,6 +422,10 @@ template <class Red> struct engine {
     if (!go) return;
     add(&b->progress, 1);
     const roles r = roles::of(b, s->me);
+    if (r.via_host) {
+      ctx->post_event(event(ev_go, b->epoch, 0));  // the host drives every step
+      return;
+    }
     if (r.via_switch) {
       // One packet per slot: the first `slots` packets go at once (SwitchML's worker start).
       for (u64 j = 0; j < r.g.total && j < r.slots; ++j) originate_up(ctx, s, b, r, j);
@@ -418,6 +433,102 @@ template <class Red> struct engine {
       originate_next(ctx, s, b, r, b->d.window);
     }
     check_complete(ctx, s, b, r);
+  }
+
+  // ---- host_ring: the NIC as plain reliable transport (docs/collectives.md, "Host ring") ------
+  static u64* rcv_bits(bank* b, u32 phase) { return phase == xfer_rs ? b->rs_held : b->held; }
+  static u64* ack_bits(bank* b, u32 phase) { return phase == xfer_rs ? b->rs_acked : b->acked; }
+  static u32 xfer_bytes(const bank* b, u32 phase) { return phase == xfer_rs ? b->d.p.acc_bytes : b->d.p.elem_bytes; }
+
+  /// Sends packet k of the current transfer (its chunk's k-th packet) to the successor.
+  static void xfer_send(spin::ctx* ctx, state* s, bank* b, const roles& r, u64 k, bool again) {
+    const u64 c = b->xfer_chunk, g = r.g.first_packet(c) + k;
+    const u32 n = static_cast<u32>(r.g.packet_len(c, g)), eb = xfer_bytes(b, b->xfer_phase);
+    u8* buf = ctx->scratchpad<u8>(0, max_packet_bytes);
+    if (buf == nullptr) return;
+    if (ctx->dma_from_host(buf, b->xfer_off + k * b->d.p.pkt_elems * eb, u64{n} * eb) != errc::ok) {
+      drop(s, dr_dma);
+      return;
+    }
+    send(ctx, s, r.succ_of(s->me), k_xfer, b->epoch, static_cast<u32>(g), n, buf, n * eb, b->d.p,
+         static_cast<u16>((b->xfer_phase << 1) | (again ? ring_again : 0)));
+  }
+  static void xfer_next_pkts(spin::ctx* ctx, state* s, bank* b, const roles& r, u32 budget) {
+    const u64 npk = r.g.chunk_packets(b->xfer_chunk);
+    for (u32 i = 0; i < budget; ++i) {
+      const u64 k = add(&b->xfer_next, 1);
+      if (k >= npk) return;
+      xfer_send(ctx, s, b, r, k, false);
+    }
+  }
+
+  static ret on_xfer_cmd(spin::ctx* ctx, state* s, const cmd* c) {
+    bank* b = find(s, c->epoch);
+    pin pn;
+    if (b == nullptr || !pn.enter(b, c->epoch, ph_running)) return drop(s, dr_stale), ret::drop;
+    const roles r = roles::of(b, s->me);
+    if (!r.via_host || c->phase > xfer_ag || c->chunk >= r.n) return drop(s, dr_malformed), ret::drop;
+    const u64 bytes = r.g.chunk_len(c->chunk) * xfer_bytes(b, c->phase);
+    if (c->desc_off > ctx->host_window_len_bytes || bytes > ctx->host_window_len_bytes - c->desc_off)
+      return drop(s, dr_malformed), ret::drop;
+    // The host starts a transfer only after the previous one was acknowledged whole.
+    b->xfer_phase = c->phase;
+    b->xfer_chunk = c->chunk;
+    b->xfer_off = c->desc_off;
+    __atomic_store_n(&b->xfer_acks, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&b->xfer_next, 0, __ATOMIC_RELEASE);
+    add(&b->progress, 1);
+    if (r.g.chunk_packets(c->chunk) == 0) {
+      ctx->post_event(event(ev_sent, b->epoch, (c->phase << 16) | c->chunk));
+      return ret::success;
+    }
+    xfer_next_pkts(ctx, s, b, r, b->d.window);
+    return ret::success;
+  }
+
+  /// A packet from the predecessor: land it, acknowledge it, and say when its chunk is whole.
+  static ret on_xfer(spin::ctx* ctx, state* s) {
+    if (ctx->msg.source_rank != s->members[s->me == 0 ? s->nranks - 1 : s->me - 1])
+      return drop(s, dr_stranger), ret::drop;
+    pin pn;
+    if (!data_bank(ctx, s, ctx->coll.epoch, pn)) return ret::drop;
+    bank* b = pn.b;
+    const roles r = roles::of(b, s->me);
+    const u32 phase = ctx->coll.slot >> 1;
+    const u64 g = ctx->coll.aux;
+    if (!r.via_host || phase > xfer_ag || g >= r.g.total) return drop(s, dr_malformed), ret::drop;
+    const u64 c = r.g.chunk_of(g);
+    const u32 n = static_cast<u32>(r.g.packet_len(c, g)), eb = xfer_bytes(b, phase);
+    if (ctx->coll.elem_count != n || ctx->packet.size() != u64{n} * eb) return drop(s, dr_malformed), ret::drop;
+    const u8* data = ctx->payload<u8>(0, u64{n} * eb);
+    if (data == nullptr) return drop(s, dr_malformed), ret::drop;
+    u64* bits = rcv_bits(b, phase);
+    if (!test_bit(bits, g)) {
+      const u64 lo = r.g.packet_lo(c, g);
+      const u64 at = phase == xfer_rs ? b->d.recv_off + lo * eb : addr(b->d.out, r.g, c, lo, eb);
+      if (ctx->dma_to_host(at, data, u64{n} * eb) != errc::ok) return drop(s, dr_dma), ret::drop;
+      if (set_bit(bits, g)) {
+        add(&b->progress, 1);
+        const u32 got = __atomic_add_fetch(&b->rcv_count[phase][c], 1, __ATOMIC_ACQ_REL);
+        if (got == r.g.chunk_packets(c)) ctx->post_event(event(ev_recv, b->epoch, (phase << 16) | static_cast<u32>(c)));
+      }
+    } else {
+      drop(s, dr_duplicate);  // acknowledged again below: the first acknowledgement may be lost
+    }
+    send_ctl(ctx, s, r.pred_of(s->me), k_ack, b->epoch, b->d.p, static_cast<u32>(g), static_cast<u16>(phase << 1));
+    return ret::success;
+  }
+
+  static ret on_xfer_ack(spin::ctx* ctx, state* s, bank* b, const roles& r) {
+    const u32 phase = ctx->coll.slot >> 1;
+    const u64 g = ctx->coll.aux;
+    if (phase != b->xfer_phase || g >= r.g.total || r.g.chunk_of(g) != b->xfer_chunk) return drop(s, dr_stale), ret::drop;
+    if (!set_bit(ack_bits(b, phase), g)) return drop(s, dr_duplicate), ret::drop;
+    add(&b->progress, 1);
+    const u64 acks = add(&b->xfer_acks, 1) + 1;
+    xfer_next_pkts(ctx, s, b, r, 1);
+    if (acks == r.g.chunk_packets(b->xfer_chunk)) ctx->post_event(event(ev_sent, b->epoch, (phase << 16) | b->xfer_chunk));
+    return ret::success;
   }
 
   // ---- switch aggregation, worker side (docs/collectives.md, "Switch aggregation") -------------
@@ -703,12 +814,15 @@ template <class Red> struct engine {
   }
 
   static ret on_ack(spin::ctx* ctx, state* s) {
-    if (ctx->msg.source_rank != s->members[s->me == 0 ? s->nranks - 1 : s->me - 1])
-      return drop(s, dr_stranger), ret::drop;
     pin pn;
     if (!data_bank(ctx, s, ctx->coll.epoch, pn)) return ret::drop;
     bank* b = pn.b;
     const roles r = roles::of(b, s->me);
+    // host_ring transfers end at the successor; ring paths end at the predecessor.
+    if (ctx->msg.source_rank != s->members[r.via_host ? r.succ_of(s->me) : r.pred_of(s->me)])
+      return drop(s, dr_stranger), ret::drop;
+    if (ctx->packet.size() != sizeof(ctl)) return drop(s, dr_malformed), ret::drop;
+    if (r.via_host) return on_xfer_ack(ctx, s, b, r);
     const u64 pkt = ctx->coll.aux;
     if (r.kind == coll_kind::allreduce || pkt >= r.g.total || r.g.chunk_of(pkt) != r.my_chunk() ||
         ctx->packet.size() != sizeof(ctl))
@@ -770,6 +884,20 @@ template <class Red> struct engine {
     }
     if (ph != ph_running) return;
     const roles r = roles::of(b, s->me);
+    if (r.via_host) {
+      // The transfer's packets not acknowledged, again: the successor acknowledges duplicates.
+      const u64 npk = r.g.chunk_packets(b->xfer_chunk);
+      u64 out = load_acq(&b->xfer_next);
+      if (out > npk) out = npk;
+      const u64 first = r.g.first_packet(b->xfer_chunk);
+      u32 budget = b->d.window;
+      for (u64 k = 0; k < out && budget > 0; ++k) {
+        if (test_bit(ack_bits(b, b->xfer_phase), first + k)) continue;
+        xfer_send(ctx, s, b, r, k, true);
+        --budget;
+      }
+      return;
+    }
     if (r.via_switch) {
       // Contributions sent whose result has not come back: the switch keeps what it has and
       // answers a contribution it holds with the result once the slot is complete. Packet j
@@ -845,7 +973,9 @@ template <class Red> struct engine {
     const bool via_switch = d->p.algo == static_cast<u8>(algo::switch_agg);
     why = se_params;
     if (via_switch && (k != coll_kind::allreduce || d->p.slots == 0 || d->p.slots > max_switch_slots)) return false;
-    if (!via_switch && d->p.algo != static_cast<u8>(algo::edge_ring)) return false;
+    const bool via_host = d->p.algo == static_cast<u8>(algo::host_ring);
+    if (via_host && k != coll_kind::allreduce) return false;
+    if (!via_switch && !via_host && d->p.algo != static_cast<u8>(algo::edge_ring)) return false;
     if (!kind_ok || (reduces && (!known || eb != d->p.elem_bytes || ab != d->p.acc_bytes)) || d->p.elem_bytes == 0 ||
         d->p.nranks != s->nranks || d->p.pkt_elems == 0 || d->p.root >= d->p.nranks ||
         u64{d->p.pkt_elems} * (d->p.elem_bytes > d->p.acc_bytes ? d->p.elem_bytes : d->p.acc_bytes) > max_packet_bytes ||
@@ -855,8 +985,10 @@ template <class Red> struct engine {
     const ring_geom g = ring_geom::make(d->p.count, chunks, d->p.pkt_elems);
     if (g.total > max_packets) return false;
     why = se_window;
+    const buffer_desc recv{d->recv_off, 0, 0, 0};
     return buffer_fits(d->in, g, chunks, d->p.elem_bytes, ctx->host_window_len_bytes) &&
-           buffer_fits(d->out, g, chunks, d->p.elem_bytes, ctx->host_window_len_bytes);
+           buffer_fits(d->out, g, chunks, d->p.elem_bytes, ctx->host_window_len_bytes) &&
+           (!via_host || buffer_fits(recv, g, chunks, d->p.acc_bytes, ctx->host_window_len_bytes));
   }
 
   static ret on_cmd(spin::ctx* ctx, state* s) {
@@ -915,6 +1047,7 @@ template <class Red> struct engine {
       repair(ctx, s, b);
       return ret::success;
     }
+    if (c->type == cmd_xfer) return on_xfer_cmd(ctx, s, c);
     if (c->type == cmd_stats) {
       engine_counters* k = ctx->scratchpad<engine_counters>(0);
       if (k == nullptr) return ret::drop;
@@ -1005,6 +1138,7 @@ template <class Red> struct engine {
     if (s->role == role_switch) return kind == k_up ? on_up(ctx, s) : (drop(s, dr_malformed), ret::drop);
     switch (kind) {
     case k_down: return on_down(ctx, s);
+    case k_xfer: return on_xfer(ctx, s);
     case k_hello: return on_hello(ctx, s);
     case k_rs: return on_rs(ctx, s);
     case k_ag: return on_ag(ctx, s);

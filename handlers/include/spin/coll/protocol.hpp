@@ -40,6 +40,7 @@ enum kind : u32 {
   k_ack = 9,        ///< "packet aux arrived at the end of its path" (to its originator; payload: ctl)
   k_up = 10,        ///< worker -> switch: a contribution to an aggregator slot (element format)
   k_down = 11,      ///< switch -> worker: the result of a slot (element format)
+  k_xfer = 12,      ///< host_ring: a packet of a chunk the host sends to its successor
 };
 
 /// `coll_desc::aux` of k_up and k_down: chunk << 16 | packet index (max_packets is 2^16).
@@ -133,6 +134,7 @@ enum cmd_type : u32 {
   cmd_repair = 3,  ///< a timer tick of epoch `epoch`: repair when nothing progressed since the last tick
   cmd_stats = 4,   ///< DMA the engine's counters (engine_counters) to host offset `desc_off`
   cmd_switch_setup = 5,  ///< become a switch aggregator: DMA a switch_setup from host offset `desc_off`
+  cmd_xfer = 6,    ///< host_ring: send chunk `chunk` of phase `phase` from host offset `desc_off` to the successor
 };
 
 /// What a switch's engine learns at cmd_switch_setup (followed by `nranks` u32 NIC ranks).
@@ -155,9 +157,14 @@ struct cmd {
   u32 epoch;
   u32 me;        ///< cmd_setup: this rank's index in the communicator
   u32 nranks;    ///< cmd_setup: members
-  u64 desc_off;  ///< host window offset of the members table or the start_desc
-  u64 reserved;
+  u64 desc_off;  ///< host window offset of the members table, the start_desc, or cmd_xfer's data
+  u32 phase;     ///< cmd_xfer: xfer_rs or xfer_ag
+  u32 chunk;     ///< cmd_xfer: the chunk
 };
+
+/// host_ring phases: reduce-scatter partials travel in accumulator format, allgather results
+/// in element format. `coll_desc::slot` of k_xfer and k_ack is phase << 1 | ring_again.
+enum xfer_phase : u32 { xfer_rs = 0, xfer_ag = 1 };
 
 /// What a host tells its NIC about one collective (read by DMA at cmd_start).
 /// Where the elements of a chunk live in a host buffer. Element e of chunk c (whose first
@@ -179,6 +186,7 @@ struct start_desc {
   u32 recovery;     ///< 1: repair on timer ticks; 0: never (a lost packet ends in a timeout)
   u32 switch_rank;  ///< switch_agg: NIC rank of the aggregating switch
   u32 reserved;
+  u64 recv_off;     ///< host_ring: where reduce-scatter partials land (accumulator format, by element)
 };
 inline constexpr u32 max_window = 256;
 
@@ -211,6 +219,9 @@ enum event_type : u32 {
   ev_mismatch = 3,  ///< ranks disagree: detail = field << 16 | index of a rank that differs from rank 0
   ev_error = 4,     ///< the start descriptor was invalid (detail: reason)
   ev_stats = 5,     ///< cmd_stats done
+  ev_go = 6,        ///< host_ring: every rank agreed; the host may start its transfers
+  ev_recv = 7,      ///< host_ring: a chunk arrived whole (detail: phase << 16 | chunk)
+  ev_sent = 8,      ///< host_ring: every packet of the current transfer was acknowledged (detail as ev_recv)
 };
 constexpr u64 event(u32 type, u32 epoch, u32 detail) {
   return (static_cast<u64>(type) << 56) | (static_cast<u64>(epoch) << 24) | (detail & 0xffffffu);
