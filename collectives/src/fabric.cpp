@@ -24,7 +24,6 @@ struct fabric::impl {
     std::uint32_t rank = 0;
     std::uint32_t free = 0;
     std::uint32_t groups = 0;
-    std::vector<std::uint32_t> neighbours;  // host ranks linked to it
   };
   struct job {
     std::vector<std::uint32_t> members;
@@ -44,17 +43,36 @@ struct fabric::impl {
   std::condition_variable cv;
   std::vector<sw> switches;
   std::map<std::uint32_t, job> jobs;
+  emu::routing_table table;
 
-  impl(emu::cluster& cl, const fabric_options& opts) : c(cl), o(opts) {}
+  impl(emu::cluster& cl, const fabric_options& opts) : c(cl), o(opts), table(emu::routes(cl.topo())) {}
 
-  // The switch linked to every member, or -1.
+  // The aggregation switch of a group: the one closest to all members (the smallest largest
+  // hop count, then the smallest total, then the first), which is a switch linked to every
+  // member when there is one, and the spine of a leaf-spine network. -1 when no switch reaches
+  // every member.
   std::int32_t switch_for(const std::vector<std::uint32_t>& members) const {
+    std::int32_t best = -1;
+    std::uint64_t best_max = ~0ull, best_sum = ~0ull;
     for (std::size_t i = 0; i < switches.size(); ++i) {
-      const auto& nb = switches[i].neighbours;
-      if (std::all_of(members.begin(), members.end(), [&](std::uint32_t r) { return std::find(nb.begin(), nb.end(), r) != nb.end(); }))
-        return static_cast<std::int32_t>(i);
+      std::uint64_t mx = 0, sum = 0;
+      bool all = true;
+      for (std::uint32_t r : members) {
+        const auto d = table.distance(switches[i].node, r);
+        if (!d) {
+          all = false;
+          break;
+        }
+        mx = std::max<std::uint64_t>(mx, *d);
+        sum += *d;
+      }
+      if (all && (mx < best_max || (mx == best_max && sum < best_sum))) {
+        best = static_cast<std::int32_t>(i);
+        best_max = mx;
+        best_sum = sum;
+      }
     }
-    return -1;
+    return best;
   }
 
   result<void> install(job& j, sw& s, std::uint32_t wire_id, std::uint32_t packet_bytes, const rt::loaded_package& pkg) {
@@ -155,11 +173,6 @@ result<std::unique_ptr<fabric>> fabric::create(emu::cluster& c, const fabric_opt
     s.node = i;
     s.rank = c.node(i).rank();
     s.free = o.slots_per_switch;
-    for (std::uint32_t link : t.nodes[i].ports) {
-      const emu::link_spec& l = t.links[link];
-      const std::uint32_t other = l.a == i ? l.b : l.a;
-      if (t.nodes[other].kind == emu::node_kind::host) s.neighbours.push_back(t.nodes[other].rank);
-    }
     p->switches.push_back(std::move(s));
   }
   if (p->switches.empty()) return fail(errc::not_found, "fabric: the cluster has no switch");
@@ -191,7 +204,7 @@ result<fabric::lease> fabric::join(std::uint32_t wire_id, const std::vector<std:
   j.refs = 1;
   const std::int32_t si = _p->switch_for(members);
   if (si < 0) {
-    j.l.reason = "no switch is linked to every member (hierarchies of switches are not supported yet)";
+    j.l.reason = "no switch reaches every member";
     return j.l;
   }
   impl::sw& s = _p->switches[static_cast<std::size_t>(si)];

@@ -8,6 +8,7 @@
 
 #include <cstring>
 #include <mutex>
+#include <random>
 #include <string>
 
 using namespace spin;
@@ -55,12 +56,12 @@ TEST_CASE("switch allreduce sends S bytes up and receives S down per host; the r
     const host_traffic after = traffic(*w.cluster, n);
     const double want = a == algorithm::switch_agg ? 1.0 : 2.0 * (n - 1) / n;
     for (std::uint32_t r = 0; r < n; ++r) {
-      INFO(name(a) << " rank " << r);
+      INFO(std::string(name(a)) << " rank " << r);
       REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
       CHECK(out[r][count - 1] == 4.0f);
       const double up = static_cast<double>(after.up[r] - before.up[r]) / s_bytes;
       const double down = static_cast<double>(after.down[r] - before.down[r]) / s_bytes;
-      MESSAGE(name(a) << " rank " << r << ": up " << up << " x S, down " << down << " x S (payload alone: " << want << " x S)");
+      MESSAGE(std::string(name(a)) << " rank " << r << ": up " << up << " x S, down " << down << " x S (payload alone: " << want << " x S)");
       // Payload plus headers, plus a little control traffic (hellos, acknowledgements).
       CHECK(up >= want);
       CHECK(up <= want * per_packet + 0.01);
@@ -166,18 +167,19 @@ TEST_CASE("groups share a switch's slots first come, first served; a group witho
   log_lines = nullptr;
 }
 
-TEST_CASE("a group whose members share no switch runs without one; a cluster without switches has no fabric") {
+TEST_CASE("in a leaf-spine network the spine aggregates: exact, the ring's bits, each member's traffic crossing its leaf") {
   emu::cluster_options co;
-  auto ring = emu::cluster::create(emu::ring(3, {}), co);
-  REQUIRE(ring.ok());
-  CHECK(fabric::create(*ring.value()).err().code == errc::not_found);
-  ring.value().reset();
+  auto no_switch = emu::cluster::create(emu::ring(3, {}), co);
+  REQUIRE(no_switch.ok());
+  CHECK(fabric::create(*no_switch.value()).err().code == errc::not_found);  // no switch at all
+  no_switch.value().reset();
 
-  // Two switches, each with two hosts.
+  // Leaves l0 (h0, h1) and l1 (h2, h3) under spine sp.
   emu::topology t;
   for (std::uint32_t h = 0; h < 4; ++h) t.nodes.push_back({emu::node_kind::host, "h" + std::to_string(h), h, 1, {}});
-  t.nodes.push_back({emu::node_kind::switch_, "s0", 0, 1, {}});
-  t.nodes.push_back({emu::node_kind::switch_, "s1", 0, 1, {}});
+  t.nodes.push_back({emu::node_kind::switch_, "l0", 0, 1, {}});
+  t.nodes.push_back({emu::node_kind::switch_, "l1", 0, 1, {}});
+  t.nodes.push_back({emu::node_kind::switch_, "sp", 0, 1, {}});
   auto link = [&](std::uint32_t a, std::uint32_t b) {
     emu::link_spec l;
     l.a = a;
@@ -192,22 +194,40 @@ TEST_CASE("a group whose members share no switch runs without one; a cluster wit
   link(1, 4);
   link(2, 5);
   link(3, 5);
-  link(4, 5);
+  link(4, 6);
+  link(5, 6);
   REQUIRE(emu::validate(t).ok());
-  std::vector<std::string> lines;
-  log_lines = &lines;
-  options o;
-  o.log = capture_log;
-  world w(t, o, 1, test::switches::fabric);
-  REQUIRE(!lines.empty());
-  CHECK(lines[0].find("no switch is linked to every member") != std::string::npos);
-  std::vector<std::vector<std::int32_t>> in(4, std::vector<std::int32_t>(1000, 2)), out(4, std::vector<std::int32_t>(1000));
-  auto res = w.run([&](std::uint32_t r) { return w.comms[r]->allreduce(in[r].data(), out[r].data(), 1000, dtype::i32, op::sum); });
+  world w(t, {}, 1, test::switches::fabric);
+  const auto u = w.fab->usage();
+  REQUIRE(u.size() == 3);
+  CHECK(u[2].name == "sp");
+  CHECK(u[2].groups == 1);  // the group's slots are on the spine
+  CHECK(u[0].groups == 0);
+  const std::uint64_t count = 1 << 16;
+  std::mt19937_64 rng(1);
+  std::normal_distribution<float> dist(0.0f, 10.0f);
+  std::vector<std::vector<float>> in(4, std::vector<float>(count)), sw(4, std::vector<float>(count)), ring(4, std::vector<float>(count));
+  for (auto& v : in)
+    for (auto& x : v) x = dist(rng);
+  auto leaf_up = [&] {
+    for (const auto& l : w.cluster->stats().links)
+      if (l.from == "l0" && l.to == "sp") return l.stats.bytes_delivered;
+    return std::uint64_t{0};
+  };
+  const std::uint64_t before = leaf_up();
+  auto res = w.run([&](std::uint32_t r) { return w.comms[r]->allreduce(std::span<const float>(in[r]), std::span<float>(sw[r]), op::sum); });
+  const std::uint64_t leaf_bytes = leaf_up() - before;
+  for (auto& x : res) REQUIRE(x.ok());
+  res = w.run([&](std::uint32_t r) { return w.comms[r]->allreduce(std::span<const float>(in[r]), std::span<float>(ring[r]), op::sum, algorithm::edge_ring); });
   for (std::uint32_t r = 0; r < 4; ++r) {
     REQUIRE(res[r].ok());
-    CHECK(out[r][999] == 8);
+    REQUIRE(std::memcmp(sw[r].data(), ring[0].data(), count * 4) == 0);
   }
-  log_lines = nullptr;
+  // The leaf does not combine (see docs/collectives.md, "Limits"): both members' S cross it.
+  const double s_bytes = count * 4.0;
+  MESSAGE("leaf l0 -> spine: " << leaf_bytes / s_bytes << " x S");
+  CHECK(leaf_bytes >= 2 * s_bytes);
+  CHECK(leaf_bytes <= 2 * s_bytes * (1.0 + 104.0 / 1024.0) + 0.02 * s_bytes);
 }
 
 TEST_CASE("switch allreduce without recovery ends in a timeout on every rank when packets are lost") {
