@@ -468,10 +468,10 @@ struct communicator::impl {
     if (broken) return fail(errc::bad_state, std::string(what) + ": communicator is broken by an earlier failure: " + broken_why);
     engine_ec& e = engines[s.slot];
     if (a == algorithm::automatic)
-      a = kind == pr::coll_kind::allreduce && e.lease.slots > 0 ? algorithm::switch_agg : algorithm::edge_ring;
+      a = kind != pr::coll_kind::reduce_scatter && e.lease.slots > 0 ? algorithm::switch_agg : algorithm::edge_ring;
     if (a == algorithm::switch_agg) {
-      if (kind != pr::coll_kind::allreduce)
-        return fail(errc::not_supported, std::string(what) + ": switch aggregation runs allreduce only");
+      if (kind == pr::coll_kind::reduce_scatter)
+        return fail(errc::not_supported, std::string(what) + ": the switch runs allreduce, allgather and broadcast, not reduce-scatter");
       if (e.lease.slots == 0)
         return fail(errc::not_supported, std::string(what) + ": no switch slots: " +
                                              (o.switches == nullptr ? std::string("the communicator has no fabric") : e.lease.reason));

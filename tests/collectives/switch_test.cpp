@@ -230,6 +230,49 @@ TEST_CASE("in a leaf-spine network the spine aggregates: exact, the ring's bits,
   CHECK(leaf_bytes <= 2 * s_bytes * (1.0 + 104.0 / 1024.0) + 0.02 * s_bytes);
 }
 
+TEST_CASE("allgather and broadcast through the switch: blocks go up once and come down replicated, exact under loss") {
+  for (double loss : {0.0, 0.01}) {
+    emu::link_model m;
+    m.loss = loss;
+    m.duplicate = loss > 0 ? 0.01 : 0.0;
+    m.reorder = loss > 0 ? 0.03 : 0.0;
+    m.seed = 13;
+    options o;
+    if (loss > 0) o.repair_interval = std::chrono::microseconds(1000);  // without loss: no early repair traffic
+    const std::uint32_t n = 4;
+    world w(emu::star(n, m), o, 1, test::switches::fabric);
+    for (std::uint64_t block : {0ull, 1ull, 255ull, 256ull, 257ull, 20011ull}) {
+      std::vector<std::vector<std::uint32_t>> in(n, std::vector<std::uint32_t>(block)), out(n, std::vector<std::uint32_t>(block * n));
+      for (std::uint32_t r = 0; r < n; ++r)
+        for (std::uint64_t i = 0; i < block; ++i) in[r][i] = static_cast<std::uint32_t>(r * 1000003 + i);
+      const host_traffic before = traffic(*w.cluster, n);
+      auto res = w.run([&](std::uint32_t r) { return w.comms[r]->allgather(in[r].data(), out[r].data(), block, dtype::u32, algorithm::switch_agg); });
+      const host_traffic after = traffic(*w.cluster, n);
+      for (std::uint32_t r = 0; r < n; ++r) {
+        INFO("loss " << loss << " block " << block << " rank " << r);
+        REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+        for (std::uint32_t q = 0; q < n; ++q) REQUIRE(std::memcmp(out[r].data() + q * block, in[q].data(), block * 4) == 0);
+        if (loss == 0.0 && block == 20011) {
+          // Up: the own block once; down: every block, the own one's copy included.
+          const double s_bytes = block * 4.0 * n;
+          MESSAGE("allgather via switch, rank " << r << ": up " << (after.up[r] - before.up[r]) / s_bytes << " x S, down "
+                                                 << (after.down[r] - before.down[r]) / s_bytes << " x S");
+          CHECK(after.up[r] - before.up[r] < 0.3 * s_bytes);
+          CHECK(after.down[r] - before.down[r] < 1.12 * s_bytes);
+        }
+      }
+      std::vector<std::vector<std::uint32_t>> buf(n, std::vector<std::uint32_t>(block * 3));
+      for (std::uint64_t i = 0; i < block * 3; ++i) buf[2][i] = static_cast<std::uint32_t>(i * 7 + 1);
+      const std::vector<std::uint32_t> want = buf[2];
+      res = w.run([&](std::uint32_t r) { return w.comms[r]->broadcast(buf[r].data(), buf[r].data(), block * 3, dtype::u32, 2); });
+      for (std::uint32_t r = 0; r < n; ++r) {
+        REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+        REQUIRE(buf[r] == want);
+      }
+    }
+  }
+}
+
 TEST_CASE("switch allreduce without recovery ends in a timeout on every rank when packets are lost") {
   emu::link_model m;
   m.loss = 0.05;

@@ -33,9 +33,9 @@ namespace spin::coll {
 
 /// Who does the work (docs/collectives.md, "Algorithms").
 enum class algorithm : std::uint8_t {
-  automatic = 0,  ///< switch_agg for allreduce when the group holds switch slots, else edge_ring
+  automatic = 0,  ///< switch_agg when the group holds switch slots (not for reduce-scatter), else edge_ring
   edge_ring = 1,  ///< Edge-INC: NIC handlers reduce and forward along a ring of the members
-  switch_agg = 2, ///< Core-INC: a switch's handlers aggregate (allreduce; needs a fabric with slots)
+  switch_agg = 2, ///< Core-INC: a switch aggregates (allreduce) or replicates (allgather, broadcast); needs a fabric with slots
   host_ring = 3,  ///< the no-INC baseline: host threads reduce (not available yet: not_supported)
 };
 /// "automatic", "edge_ring", "switch", "host_ring".

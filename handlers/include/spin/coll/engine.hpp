@@ -206,7 +206,12 @@ struct roles {
   }
   /// Packets this rank originates whose delivery it must see acknowledged (the switch's
   /// results are the acknowledgement of a switch_agg packet: none).
-  u64 my_chunk_packets() const { return via_switch || my_chunk() == ~0ull ? 0 : g.chunk_packets(my_chunk()); }
+  u64 my_chunk_packets() const {
+    return (via_switch && !multicast()) || my_chunk() == ~0ull ? 0 : g.chunk_packets(my_chunk());
+  }
+  /// Allgather and broadcast through a switch: blocks go up once and come down replicated
+  /// (Khalilov et al., SC24).
+  bool multicast() const { return via_switch && kind != coll_kind::allreduce; }
   /// Results this rank must hold.
   u64 results_needed() const { return kind == coll_kind::reduce_scatter ? g.chunk_packets(me) : g.total; }
 };
@@ -358,8 +363,11 @@ template <class Red> struct engine {
       add(&b->results, 1);
       add(&b->progress, 1);
     }
-    send(ctx, s, r.succ_of(s->me), k_ag, b->epoch, static_cast<u32>(pkt), n, el, n * p.elem_bytes, p,
-         again ? ring_again : 0);
+    if (r.multicast())
+      send_to_rank(ctx, s, b->d.switch_rank, k_mcast, b->epoch, static_cast<u32>(pkt), n, el, n * p.elem_bytes, p);
+    else
+      send(ctx, s, r.succ_of(s->me), k_ag, b->epoch, static_cast<u32>(pkt), n, el, n * p.elem_bytes, p,
+           again ? ring_again : 0);
   }
 
   /// Originates up to `budget` packets of this rank's chunk that are not yet out.
@@ -387,7 +395,7 @@ template <class Red> struct engine {
   static void post_done_if_ready(spin::ctx* ctx, state* s, bank* b, const roles& r) {
     if (load_acq(&b->complete) == 0) return;
     // switch_agg: the switch serves repairs from its slots, never from this rank's memory.
-    const bool ready = r.via_switch ? true
+    const bool ready = r.via_switch && !r.multicast() ? true
                        : r.kind == coll_kind::reduce_scatter ? all_bits(b->done_bits, s->nranks)
                                                              : load_acq(&b->succ_complete) != 0;
     if (ready && swap(&b->done_posted, 1) == 0) ctx->post_event(event(ev_done, b->epoch, 0));
@@ -400,7 +408,7 @@ template <class Red> struct engine {
     if (load_acq(&b->results) < r.results_needed() || load_acq(&b->acks) < r.my_chunk_packets()) return;
     if (swap(&b->complete, 1) != 0) return;
     add(&b->progress, 1);
-    if (r.via_switch) {
+    if (r.via_switch && !r.multicast()) {
       // nothing to tell: see post_done_if_ready
     } else if (r.kind == coll_kind::reduce_scatter) {
       set_bit(b->done_bits, s->me);
@@ -426,7 +434,7 @@ template <class Red> struct engine {
       ctx->post_event(event(ev_go, b->epoch, 0));  // the host drives every step
       return;
     }
-    if (r.via_switch) {
+    if (r.via_switch && !r.multicast()) {
       // One packet per slot: the first `slots` packets go at once (SwitchML's worker start).
       for (u64 j = 0; j < r.g.total && j < r.slots; ++j) originate_up(ctx, s, b, r, j);
     } else {
@@ -579,6 +587,37 @@ template <class Red> struct engine {
     return ret::success;
   }
 
+  /// A block's packet the switch replicated: land it; the origin's own copy releases its next
+  /// packet.
+  static ret on_mdown(spin::ctx* ctx, state* s) {
+    pin pn;
+    if (!data_bank(ctx, s, ctx->coll.epoch, pn)) return ret::drop;
+    bank* b = pn.b;
+    const params& p = b->d.p;
+    const roles r = roles::of(b, s->me);
+    if (!r.multicast() || ctx->msg.source_rank != b->d.switch_rank) return drop(s, dr_stranger), ret::drop;
+    const u64 pkt = ctx->coll.aux;
+    if (pkt >= r.g.total) return drop(s, dr_malformed), ret::drop;
+    const u64 c = r.g.chunk_of(pkt);
+    const u32 n = static_cast<u32>(r.g.packet_len(c, pkt));
+    if (ctx->coll.elem_count != n || ctx->packet.size() != u64{n} * p.elem_bytes) return drop(s, dr_malformed), ret::drop;
+    if (r.owner(c) == s->me) {  // this rank's own packet came back
+      delivered(ctx, s, b, r, pkt);
+      check_complete(ctx, s, b, r);
+      return ret::success;
+    }
+    if (test_bit(b->held, pkt)) return drop(s, dr_duplicate), ret::drop;
+    const u8* el = ctx->payload<u8>(0, u64{n} * p.elem_bytes);
+    if (el == nullptr) return drop(s, dr_malformed), ret::drop;
+    if (ctx->dma_to_host(addr(b->d.out, r.g, c, r.g.packet_lo(c, pkt), p.elem_bytes), el, u64{n} * p.elem_bytes) != errc::ok)
+      return drop(s, dr_dma), ret::drop;
+    if (!set_bit(b->held, pkt)) return drop(s, dr_duplicate), ret::drop;
+    add(&b->results, 1);
+    add(&b->progress, 1);
+    check_complete(ctx, s, b, r);
+    return ret::success;
+  }
+
   // ---- switch aggregation, switch side -------------------------------------------------------------
   static slot_hdr* slot_at(spin::ctx* ctx, const state* s, u32 slot, u32 shadow) {
     return ctx->mem<slot_hdr>(slots_offset() + (u64{slot} * 2 + shadow) * s->slot_stride);
@@ -672,6 +711,20 @@ template <class Red> struct engine {
       for (u32 i = 0; i < s->nranks; ++i) send(ctx, s, i, k_down, epoch, ctx->coll.aux, n, result, n * eb, h_params(ctx), ctx->coll.slot);
     return ret::success;
   }
+  /// Replicates a member's packet to every member, its origin included (whose copy is the
+  /// sign that the switch has it). Stateless: the members repair among themselves.
+  static ret on_mcast(spin::ctx* ctx, state* s) {
+    bool member = false;
+    for (u32 i = 0; i < s->nranks; ++i) member = member || s->members[i] == ctx->msg.source_rank;
+    if (!member) return drop(s, dr_stranger), ret::drop;
+    const u8* data = ctx->payload<u8>(0, ctx->packet.size());
+    if (data == nullptr && ctx->packet.size() > 0) return drop(s, dr_malformed), ret::drop;
+    const u32 len = static_cast<u32>(ctx->packet.size());
+    for (u32 i = 0; i < s->nranks; ++i)
+      send(ctx, s, i, k_mdown, ctx->coll.epoch, ctx->coll.aux, ctx->coll.elem_count, data, len, h_params(ctx), ctx->coll.slot);
+    return ret::success;
+  }
+
   /// The op and dtype of the packet being handled, as send() takes them.
   static params h_params(spin::ctx* ctx) {
     params p{};
@@ -800,7 +853,9 @@ template <class Red> struct engine {
     if (!set_bit(b->held, pkt)) return drop(s, dr_duplicate), ret::drop;
     add(&b->results, 1);
     add(&b->progress, 1);
-    if (!last) {
+    if (r.multicast()) {
+      // A repair from the predecessor (on_nack): the switch's copies did the spreading.
+    } else if (!last) {
       // A new message id: ctx->forward would keep the sender's, which may collide with this
       // NIC's own ids at the next rank (its duplicate filter keys on source and id).
       send(ctx, s, r.succ_of(s->me), k_ag, b->epoch, static_cast<u32>(pkt), n, el, n * p.elem_bytes, p);
@@ -898,7 +953,7 @@ template <class Red> struct engine {
       }
       return;
     }
-    if (r.via_switch) {
+    if (r.via_switch && !r.multicast()) {
       // Contributions sent whose result has not come back: the switch keeps what it has and
       // answers a contribution it holds with the result once the slot is complete. Packet j
       // went out when the result of j - slots came back; one that did not go out yet must not:
@@ -972,7 +1027,7 @@ template <class Red> struct engine {
     const bool reduces = k == coll_kind::allreduce || k == coll_kind::reduce_scatter;
     const bool via_switch = d->p.algo == static_cast<u8>(algo::switch_agg);
     why = se_params;
-    if (via_switch && (k != coll_kind::allreduce || d->p.slots == 0 || d->p.slots > max_switch_slots)) return false;
+    if (via_switch && (k == coll_kind::reduce_scatter || d->p.slots == 0 || d->p.slots > max_switch_slots)) return false;
     const bool via_host = d->p.algo == static_cast<u8>(algo::host_ring);
     if (via_host && k != coll_kind::allreduce) return false;
     if (!via_switch && !via_host && d->p.algo != static_cast<u8>(algo::edge_ring)) return false;
@@ -1135,9 +1190,14 @@ template <class Red> struct engine {
     if (kind == k_cmd) return on_cmd(ctx, s);  // a host message: no collective fields
     if ((ctx->msg.flags & msg_coll) == 0) return drop(s, dr_malformed), ret::drop;
     if (load_acq(&s->nranks) == 0) return drop(s, dr_early), ret::drop;
-    if (s->role == role_switch) return kind == k_up ? on_up(ctx, s) : (drop(s, dr_malformed), ret::drop);
+    if (s->role == role_switch) {
+      if (kind == k_up) return on_up(ctx, s);
+      if (kind == k_mcast) return on_mcast(ctx, s);
+      return drop(s, dr_malformed), ret::drop;
+    }
     switch (kind) {
     case k_down: return on_down(ctx, s);
+    case k_mdown: return on_mdown(ctx, s);
     case k_xfer: return on_xfer(ctx, s);
     case k_hello: return on_hello(ctx, s);
     case k_rs: return on_rs(ctx, s);

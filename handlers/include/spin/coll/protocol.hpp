@@ -41,6 +41,8 @@ enum kind : u32 {
   k_up = 10,        ///< worker -> switch: a contribution to an aggregator slot (element format)
   k_down = 11,      ///< switch -> worker: the result of a slot (element format)
   k_xfer = 12,      ///< host_ring: a packet of a chunk the host sends to its successor
+  k_mcast = 13,     ///< allgather/broadcast through a switch: a block's packet, to replicate
+  k_mdown = 14,     ///< the switch's copy of a k_mcast packet, to every member (its origin too)
 };
 
 /// `coll_desc::aux` of k_up and k_down: chunk << 16 | packet index (max_packets is 2^16).
