@@ -83,11 +83,19 @@ int main(int argc, char** argv) {
   double duration_s = 0;
   bool no_socket = false, quiet = false, plain_hpus = false;
   std::uint32_t progress_s = 0;
-  app.add_option("--mode", mode, "nic (one NIC on --port devices) or cluster (a --topology); default: cluster when --topology is given")
-      ->check(CLI::IsMember({"nic", "cluster"}));
+  std::vector<std::string> route_specs;
+  app.add_option("--mode", mode,
+                 "nic (one NIC on --port devices), switch (a switch on two or more --port devices, forwarding by "
+                 "--route), or cluster (a --topology); default: cluster when --topology is given")
+      ->check(CLI::IsMember({"nic", "switch", "cluster"}));
+  app.add_option("--route", route_specs,
+                 "switch mode: RANK=PORT or FIRST-LAST=PORT: frames for these ranks leave on --port number PORT "
+                 "(0-based); repeatable");
   app.add_option("--topology", topology_file, "cluster topology file (TOML; docs/emulator.md)")->check(CLI::ExistingFile);
   app.add_option("--port", port_names, "nic mode: DPDK port by device name (net_memif0, 0000:3b:00.0, ...); repeatable");
-  app.add_option("--rank", rank, "nic mode: this NIC's rank (its address: MAC 02:53:50:00:hi:lo, IPv4 10.83.hi.lo)")
+  app.add_option("--rank", rank,
+                 "nic and switch modes: this node's rank (its address: MAC 02:53:50:00:hi:lo, IPv4 10.83.hi.lo); "
+                 "switch mode default 65535")
       ->check(CLI::Range(0, 65535));
   app.add_option("--name", name, "nic mode: name in statistics and on the control socket");
   app.add_option("--hpus", hpus, "nic mode: HPU threads (cluster mode: from the topology)")->check(CLI::Range(1, 256));
@@ -118,6 +126,39 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;  // --help is a ParseError too
   }
   if (mode.empty()) mode = topology_file.empty() ? "nic" : "cluster";
+  const bool switch_mode = mode == "switch";
+  if (switch_mode) {
+    mode = "nic";  // a switch is a NIC with several ports and a route table
+    if (app.count("--rank") == 0) rank = spin::emu::max_rank;
+    if (app.count("--name") == 0) name = "switch0";
+  }
+  if (!switch_mode && !route_specs.empty()) return usage("--route is for switch mode");
+  if (switch_mode && port_names.size() < 2) return usage("switch mode needs two or more --port devices");
+  if (switch_mode && route_specs.empty()) return usage("switch mode needs --route RANK=PORT for the ranks behind each port");
+  std::vector<std::int32_t> routes;
+  if (switch_mode) {
+    routes.assign(std::size_t{spin::emu::max_rank} + 1, -1);
+    for (const auto& spec : route_specs) {
+      unsigned long first = 0, last = 0, port = 0;
+      char dash = 0, eq = 0;
+      int used = 0;
+      const bool range = std::sscanf(spec.c_str(), "%lu%c%lu%c%lu%n", &first, &dash, &last, &eq, &port, &used) == 5 &&
+                         dash == '-' && eq == '=' && static_cast<std::size_t>(used) == spec.size();
+      if (!range) {
+        used = 0;
+        if (std::sscanf(spec.c_str(), "%lu%c%lu%n", &first, &eq, &port, &used) != 3 || eq != '=' ||
+            static_cast<std::size_t>(used) != spec.size())
+          return usage("--route " + spec + ": expected RANK=PORT or FIRST-LAST=PORT");
+        last = first;
+      }
+      if (first > last || last > spin::emu::max_rank)
+        return usage("--route " + spec + ": ranks must be an increasing range in 0..65535");
+      if (port >= port_names.size())
+        return usage("--route " + spec + ": port " + std::to_string(port) + " is not one of the " +
+                     std::to_string(port_names.size()) + " --port devices (0-based)");
+      for (unsigned long r = first; r <= last; ++r) routes[r] = static_cast<std::int32_t>(port);
+    }
+  }
   if (mode == "cluster" && topology_file.empty()) return usage("cluster mode needs --topology FILE");
   // Options of the other mode are refused, not ignored.
   for (const char* opt : {"--topology", "--capture-dir"})
@@ -156,6 +197,7 @@ int main(int argc, char** argv) {
     nc.burst = burst;
     nc.capture_path = capture;
     nc.register_hpu_lcores = !plain_hpus;
+    nc.routes = routes;
     for (const auto& pn : port_names) {
       auto id = spin::emu::find_port(pn);
       if (!id) return die(id.err().message);
@@ -197,7 +239,7 @@ int main(int argc, char** argv) {
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   if (!quiet) {
-    std::printf("spin-emu: %s mode, %zu node(s)%s%s\n", mode.c_str(), controls.size(),
+    std::printf("spin-emu: %s mode, %zu node(s)%s%s\n", switch_mode ? "switch" : mode.c_str(), controls.size(),
                 no_socket ? "" : ", control socket ", no_socket ? "" : socket_path.c_str());
     std::fflush(stdout);
   }

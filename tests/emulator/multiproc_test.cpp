@@ -603,6 +603,63 @@ TEST_CASE("two spin-emu processes joined by memif ping-pong with handlers and de
   stop_and_check(nodes, t, tx_release::at_send);
 }
 
+TEST_CASE("a spin-emu switch process forwards between two host processes on its memif ports by rank") {
+  temp_dir dir;
+  auto num = [](const json& j) { return j.get<std::uint64_t>(); };
+  const std::string prefix = "spinmp-" + std::to_string(::getpid());
+  const std::vector<std::string> common = {"--hpus", "1", "--max-frame", "1514", "--mbuf-bytes", "2048", "--payload-bytes",
+                                           std::to_string(payload_bytes)};
+  // The switch serves one memif socket per host.
+  emu_process sw("sw", dir.path);
+  std::vector<std::string> sw_eal = eal_args(prefix + "-sw", "net_memif0,role=server,socket=" + dir.path + "/a.sock,id=0");
+  sw_eal.push_back("--vdev=net_memif1,role=server,socket=" + dir.path + "/b.sock,id=0");
+  auto sw_app = common;
+  sw_app.insert(sw_app.end(), {"--mode", "switch", "--port", "net_memif0", "--port", "net_memif1", "--route", "0=0", "--route", "1=1"});
+  sw.start({}, sw_eal, sw_app);
+  host::client sw_client = sw.connect();
+  {
+    auto list = sw_client.nodes();
+    REQUIRE(list.ok());
+    REQUIRE(list->size() == 1);
+    CHECK((*list)[0].rank == 65535);  // switch mode's default address
+  }
+  const std::uint64_t sw_mbufs = num(nic_stats(sw_client).at("mbufs_in_use"));
+  std::vector<host_node> nodes(2);
+  for (std::uint32_t i = 0; i < 2; ++i) {
+    nodes[i].rank = i;
+    nodes[i].proc = std::make_unique<emu_process>("h" + std::to_string(i), dir.path);
+    auto a = common;
+    a.insert(a.end(), {"--port", "net_memif0", "--rank", std::to_string(i)});
+    const std::string sock = dir.path + (i == 0 ? "/a.sock" : "/b.sock");
+    nodes[i].proc->start({}, eal_args(prefix + "-h" + std::to_string(i), "net_memif0,role=client,socket=" + sock + ",id=0"), a);
+  }
+  connect_all(nodes, 4 << 20);
+  std::vector<expected_traffic> t(2);
+  ping_pong(nodes[1], nodes[0], t[1], t[0], 60s);
+  transfer(nodes[1], nodes[0], (1 << 20) + 1000, t[1], t[0]);
+  stop_and_check(nodes, t, tx_release::at_send);
+  // Every frame either host sent crossed the switch once, and nothing else did.
+  REQUIRE(sw_client.stop_emulator().ok());
+  auto st = sw.wait_exit(30s);
+  REQUIRE_MESSAGE(st.has_value(), sw.diag());
+  CHECK_MESSAGE((WIFEXITED(*st) && WEXITSTATUS(*st) == 0), sw.status_text() << "\n" << sw.diag());
+  const json s = json::parse(read_file(sw.stats_file));
+  INFO("switch statistics: " << s.dump());
+  REQUIRE(s.at("ports").size() == 2);
+  std::uint64_t forwarded = 0, rx = 0, tx = 0;
+  for (const auto& p : s.at("ports")) {
+    forwarded += num(p.at("forwarded"));
+    rx += num(p.at("rx_packets"));
+    tx += num(p.at("tx_packets"));
+  }
+  CHECK(forwarded == t[0].tx_packets + t[1].tx_packets);
+  CHECK(rx == forwarded);
+  CHECK(tx == forwarded);
+  CHECK(num(s.at("ports")[0].at("tx_packets")) == t[0].rx_packets);  // what reached h0 left on port 0
+  for (const auto& [reason, count] : s.at("drops").items()) CHECK_MESSAGE(num(count) == 0, "drop reason " << reason);
+  CHECK(num(s.at("mbufs_in_use")) == sw_mbufs);
+}
+
 TEST_CASE("three spin-emu processes in network namespaces on af_packet veths ping-pong and deliver a 1 MiB message to host memory") {
   netns_case("af_packet");
 }
