@@ -482,6 +482,17 @@ struct communicator::impl {
       return fail(errc::invalid_argument, std::string(what) + ": unknown algorithm");
     }
     const bool via_switch = a == algorithm::switch_agg, via_host = a == algorithm::host_ring;
+    // Through a two-level tree, reductions whose result no order changes go to this rank's
+    // leaf first (integers, min, max); the others to the root, whose fixed order gives the
+    // edge ring's bits (docs/collectives.md, "Hierarchies").
+    const bool order_free = s.op == static_cast<std::uint8_t>(op::min) || s.op == static_cast<std::uint8_t>(op::max) ||
+                            (s.op != static_cast<std::uint8_t>(op::custom) &&
+                             (s.dtype == static_cast<std::uint8_t>(dtype::i32) || s.dtype == static_cast<std::uint8_t>(dtype::i64) ||
+                              s.dtype == static_cast<std::uint8_t>(dtype::u32) || s.dtype == static_cast<std::uint8_t>(dtype::u64)));
+    const std::uint32_t switch_rank = !via_switch ? 0
+                                      : kind == pr::coll_kind::allreduce && order_free && !e.lease.leaf_rank.empty()
+                                          ? e.lease.leaf_rank[g.me]
+                                          : e.lease.switch_rank;
     const bool blocks = kind == pr::coll_kind::reduce_scatter || kind == pr::coll_kind::allgather;
     const std::uint32_t nr = n(), eb = s.k.elem_bytes, ab = s.k.acc_bytes;
     if (root >= nr) return fail(errc::invalid_argument, std::string(what) + ": root " + std::to_string(root) + " is not a rank");
@@ -580,7 +591,7 @@ struct communicator::impl {
         if (in == out && in_arena == npos && out_arena == npos) bo.off = bi.off;  // in place stays in place
       }
       auto r = via_host ? host_ring_epoch(e, p, bi, bo, s, recv_off, what)
-                        : epoch_run(e, p, bi, bo, what, via_switch ? e.lease.switch_rank : 0);
+                        : epoch_run(e, p, bi, bo, what, switch_rank);
       if (!r.ok()) {
         ++st.failures;
         if (r.err().code == errc::timeout || r.err().code == errc::fault) {

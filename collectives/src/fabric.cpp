@@ -25,16 +25,20 @@ struct fabric::impl {
     std::uint32_t free = 0;
     std::uint32_t groups = 0;
   };
+  // One engine EC of a group on one switch.
+  struct placement {
+    std::uint32_t sw = 0;  // index into switches
+    rt::ec_id ec = 0;
+    rt::region_id region = 0;
+    bool ec_ok = false, region_ok = false;
+    std::vector<std::byte> mem;  // the EC's host window: the set-up descriptor
+  };
   struct job {
     std::vector<std::uint32_t> members;
     std::uint32_t asked = 0;
     lease l;
     std::uint32_t refs = 0;
-    std::int32_t sw_index = -1;
-    rt::ec_id ec = 0;
-    rt::region_id region = 0;
-    bool ec_ok = false, region_ok = false;
-    std::vector<std::byte> mem;  // the switch EC's host window: the set-up descriptor
+    std::vector<placement> placed;  // the root first, then the leaves
   };
 
   emu::cluster& c;
@@ -75,22 +79,63 @@ struct fabric::impl {
     return best;
   }
 
-  result<void> install(job& j, sw& s, std::uint32_t wire_id, std::uint32_t packet_bytes, const rt::loaded_package& pkg) {
-    emu::nic& nic = c.node(s.node);
-    const std::uint32_t n = static_cast<std::uint32_t>(j.members.size());
-    const std::uint64_t stride = engine_detail::slot_stride_bytes(n, o.slot_bytes);
-    j.mem.assign(4096 + sizeof(pr::switch_setup) + pr::max_ranks * 4, std::byte{0});
-    auto reg = nic.register_host_memory(j.mem);
+  std::int32_t index_of_node(std::uint32_t node) const {
+    for (std::size_t i = 0; i < switches.size(); ++i)
+      if (switches[i].node == node) return static_cast<std::int32_t>(i);
+    return -1;
+  }
+  bool linked(std::uint32_t a, std::uint32_t b) const {
+    const emu::topology& t = c.topo();
+    for (std::uint32_t l : t.nodes[a].ports)
+      if ((t.links[l].a == a && t.links[l].b == b) || (t.links[l].b == a && t.links[l].a == b)) return true;
+    return false;
+  }
+
+  // A two-level tree below `root`: each member's leaf (the one switch it is linked to, linked
+  // to the root), or empty when the members are linked to the root directly or the network
+  // is not such a tree.
+  std::vector<std::int32_t> leaves_for(const std::vector<std::uint32_t>& members, std::int32_t root) const {
+    const emu::topology& t = c.topo();
+    std::vector<std::int32_t> leaf(members.size(), -1);
+    bool any_indirect = false;
+    for (std::size_t i = 0; i < members.size(); ++i) {
+      const auto host = t.host_of_rank(members[i]);
+      if (!host) return {};
+      std::int32_t found = -1;
+      for (std::uint32_t l : t.nodes[*host].ports) {
+        const std::uint32_t other = t.links[l].a == *host ? t.links[l].b : t.links[l].a;
+        if (t.nodes[other].kind != emu::node_kind::switch_) continue;
+        if (found >= 0) return {};  // linked to two switches: not a tree
+        found = index_of_node(other);
+      }
+      if (found < 0) return {};
+      if (found == root) return {};  // a member right at the root: aggregate there flat
+      if (!linked(switches[static_cast<std::size_t>(found)].node, switches[static_cast<std::size_t>(root)].node)) return {};
+      leaf[i] = found;
+      any_indirect = true;
+    }
+    if (!any_indirect) return {};
+    return leaf;
+  }
+
+  result<void> install(placement& pl, std::uint32_t wire_id, std::uint32_t slots, const pr::switch_setup& setup,
+                       const std::vector<std::uint32_t>& members, const std::vector<std::uint32_t>& leaves,
+                       const rt::loaded_package& pkg) {
+    emu::nic& nic = c.node(switches[pl.sw].node);
+    const std::uint32_t inputs = std::max<std::uint32_t>(setup.nranks, setup.nleaves);
+    const std::uint64_t stride = engine_detail::slot_stride_bytes(inputs, o.slot_bytes);
+    pl.mem.assign(4096 + sizeof(pr::switch_setup) + 2 * pr::max_ranks * 4, std::byte{0});
+    auto reg = nic.register_host_memory(pl.mem);
     if (!reg.ok()) return reg.err();
-    j.region = reg.value();
-    j.region_ok = true;
+    pl.region = reg.value();
+    pl.region_ok = true;
     rt::ec_config cfg;
-    cfg.name = "coll." + std::to_string(wire_id >> 4) + ".switch";
+    cfg.name = "coll." + std::to_string(wire_id >> 4) + (setup.role == pr::switch_leaf ? ".leaf" : ".switch");
     cfg.match.bits = pr::match_bits(wire_id, 0);
     cfg.match.ignore_mask = pr::match_ignore_mask;
     if (auto r = pkg.bind(cfg); !r.ok()) return r.err();
-    cfg.handler_mem_bytes = engine_detail::slots_offset() + std::uint64_t{j.asked} * 2 * stride;
-    cfg.window = rt::host_window{j.region, 0, j.mem.size()};
+    cfg.handler_mem_bytes = engine_detail::slots_offset() + std::uint64_t{slots} * 2 * stride;
+    cfg.window = rt::host_window{pl.region, 0, pl.mem.size()};
     cfg.limits.max_messages = 256;
     cfg.limits.retired_history = 1u << 16;
     cfg.limits.window_packets = 64;
@@ -98,31 +143,28 @@ struct fabric::impl {
     cfg.limits.event_queue_depth = 64;
     auto ec = nic.install(cfg);
     if (!ec.ok()) return fail(ec.err().code, "installing the aggregation engine on " + nic.name() + ": " + ec.err().message);
-    j.ec = ec.value();
-    j.ec_ok = true;
-    pr::switch_setup w{};
-    w.nranks = n;
-    w.slots = j.asked;
-    w.slot_bytes = o.slot_bytes;
-    std::memcpy(j.mem.data() + 64, &w, sizeof(w));
-    std::memcpy(j.mem.data() + 64 + sizeof(w), j.members.data(), n * sizeof(std::uint32_t));
+    pl.ec = ec.value();
+    pl.ec_ok = true;
+    std::memcpy(pl.mem.data() + 64, &setup, sizeof(setup));
+    std::memcpy(pl.mem.data() + 64 + sizeof(setup), members.data(), members.size() * sizeof(std::uint32_t));
+    std::memcpy(pl.mem.data() + 64 + sizeof(setup) + members.size() * sizeof(std::uint32_t), leaves.data(),
+                leaves.size() * sizeof(std::uint32_t));
     pr::cmd cmd{};
     cmd.type = pr::cmd_switch_setup;
     cmd.desc_off = 64;
-    std::memcpy(j.mem.data(), &cmd, sizeof(cmd));
+    std::memcpy(pl.mem.data(), &cmd, sizeof(cmd));
     emu::message_send msg;
     msg.dest_rank = nic.rank();
     msg.match_bits = pr::match_bits(wire_id, pr::k_cmd);
     msg.message_id = 1;
-    msg.region = j.region;
+    msg.region = pl.region;
     msg.offset_bytes = 0;
     msg.len_bytes = sizeof(cmd);
     if (auto r = nic.send(msg, std::chrono::milliseconds(1000)); !r.ok()) return r;
-    (void)packet_bytes;
     const auto deadline = clock::now() + std::chrono::seconds(10);
     std::array<rt::host_event, 4> evs;
     while (clock::now() < deadline) {
-      const std::size_t got = nic.poll_events(j.ec, evs);
+      const std::size_t got = nic.poll_events(pl.ec, evs);
       for (std::size_t i = 0; i < got; ++i) {
         if (evs[i].type == rt::host_event::kind::error)
           return fail(errc::fault, "the aggregation engine on " + nic.name() + " failed at set-up");
@@ -136,19 +178,19 @@ struct fabric::impl {
     return fail(errc::timeout, "the aggregation engine on " + nic.name() + " did not confirm its set-up");
   }
 
-  void undo(job& j, sw& s) {
-    emu::nic& nic = c.node(s.node);
-    if (j.ec_ok) (void)nic.uninstall(j.ec);
-    if (j.region_ok) (void)nic.unregister_host_memory(j.region);
-    j.ec_ok = j.region_ok = false;
+  void undo(placement& pl) {
+    emu::nic& nic = c.node(switches[pl.sw].node);
+    if (pl.ec_ok) (void)nic.uninstall(pl.ec);
+    if (pl.region_ok) (void)nic.unregister_host_memory(pl.region);
+    pl.ec_ok = pl.region_ok = false;
   }
   void release(job& j) {
-    if (j.sw_index < 0) return;
-    sw& s = switches[static_cast<std::size_t>(j.sw_index)];
-    undo(j, s);
-    s.free += j.l.slots;
-    --s.groups;
-    j.sw_index = -1;
+    for (auto& pl : j.placed) {
+      undo(pl);
+      switches[pl.sw].free += j.l.slots;
+      --switches[pl.sw].groups;
+    }
+    j.placed.clear();
     cv.notify_all();
   }
 };
@@ -202,13 +244,17 @@ result<fabric::lease> fabric::join(std::uint32_t wire_id, const std::vector<std:
   j.members = members;
   j.asked = slots;
   j.refs = 1;
-  const std::int32_t si = _p->switch_for(members);
-  if (si < 0) {
+  const std::int32_t root = _p->switch_for(members);
+  if (root < 0) {
     j.l.reason = "no switch reaches every member";
     return j.l;
   }
-  impl::sw& s = _p->switches[static_cast<std::size_t>(si)];
-  const std::string sname = _p->c.node(s.node).name();
+  // Where the group's slots go: the root, and the leaves of a two-level tree below it.
+  const std::vector<std::int32_t> leaf_of = _p->leaves_for(members, root);
+  std::vector<std::uint32_t> used = {static_cast<std::uint32_t>(root)};
+  for (std::int32_t lf : leaf_of)
+    if (std::find(used.begin(), used.end(), static_cast<std::uint32_t>(lf)) == used.end()) used.push_back(static_cast<std::uint32_t>(lf));
+  const std::string sname = _p->c.node(_p->switches[static_cast<std::size_t>(root)].node).name();
   if (packet_bytes > _p->o.slot_bytes) {
     j.l.reason = "packets of " + std::to_string(packet_bytes) + " bytes do not fit the slots of " +
                  std::to_string(_p->o.slot_bytes) + " bytes on " + sname;
@@ -219,21 +265,59 @@ result<fabric::lease> fabric::join(std::uint32_t wire_id, const std::vector<std:
                  std::to_string(_p->o.slots_per_switch);
     return j.l;
   }
-  if (!_p->cv.wait_for(l, wait, [&] { return s.free >= slots; })) {
-    j.l.reason = sname + " has " + std::to_string(s.free) + " free slots of " + std::to_string(_p->o.slots_per_switch) +
-                 " (" + std::to_string(s.groups) + " groups hold the rest); the group asks for " + std::to_string(slots);
+  auto enough = [&] {
+    for (std::uint32_t i : used)
+      if (_p->switches[i].free < slots) return false;
+    return true;
+  };
+  if (!_p->cv.wait_for(l, wait, enough)) {
+    for (std::uint32_t i : used) {
+      const auto& s = _p->switches[i];
+      if (s.free >= slots) continue;
+      j.l.reason = _p->c.node(s.node).name() + " has " + std::to_string(s.free) + " free slots of " +
+                   std::to_string(_p->o.slots_per_switch) + " (" + std::to_string(s.groups) +
+                   " groups hold the rest); the group asks for " + std::to_string(slots);
+      break;
+    }
     return j.l;
   }
-  if (auto r = _p->install(j, s, wire_id, packet_bytes, pkg); !r.ok()) {
-    _p->undo(j, s);
+  // The root: every member, and the leaves when there is a tree.
+  std::vector<std::uint32_t> leaf_ranks;
+  for (std::size_t k = 1; k < used.size(); ++k) leaf_ranks.push_back(_p->switches[used[k]].rank);
+  pr::switch_setup rs{};
+  rs.nranks = static_cast<std::uint32_t>(members.size());
+  rs.slots = slots;
+  rs.slot_bytes = _p->o.slot_bytes;
+  rs.role = pr::switch_root;
+  rs.nleaves = static_cast<std::uint32_t>(leaf_ranks.size());
+  j.placed.push_back({static_cast<std::uint32_t>(root), 0, 0, false, false, {}});
+  result<void> r = _p->install(j.placed.back(), wire_id, slots, rs, members, leaf_ranks, pkg);
+  for (std::size_t k = 1; k < used.size() && r.ok(); ++k) {
+    std::vector<std::uint32_t> local;
+    for (std::size_t i = 0; i < members.size(); ++i)
+      if (leaf_of[i] == static_cast<std::int32_t>(used[k])) local.push_back(members[i]);
+    pr::switch_setup ls{};
+    ls.nranks = static_cast<std::uint32_t>(local.size());
+    ls.slots = slots;
+    ls.slot_bytes = _p->o.slot_bytes;
+    ls.role = pr::switch_leaf;
+    ls.parent = _p->switches[static_cast<std::size_t>(root)].rank;
+    j.placed.push_back({used[k], 0, 0, false, false, {}});
+    r = _p->install(j.placed.back(), wire_id, slots, ls, local, {}, pkg);
+  }
+  if (!r.ok()) {
+    for (auto& pl : j.placed) _p->undo(pl);
+    j.placed.clear();
     j.l.reason = r.err().message;
     return j.l;
   }
-  s.free -= slots;
-  ++s.groups;
-  j.sw_index = si;
-  j.l.switch_rank = s.rank;
+  for (std::uint32_t i : used) {
+    _p->switches[i].free -= slots;
+    ++_p->switches[i].groups;
+  }
+  j.l.switch_rank = _p->switches[static_cast<std::size_t>(root)].rank;
   j.l.slots = slots;
+  for (std::int32_t lf : leaf_of) j.l.leaf_rank.push_back(_p->switches[static_cast<std::size_t>(lf)].rank);
   return j.l;
 }
 

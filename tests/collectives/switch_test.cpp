@@ -167,7 +167,7 @@ TEST_CASE("groups share a switch's slots first come, first served; a group witho
   log_lines = nullptr;
 }
 
-TEST_CASE("in a leaf-spine network the spine aggregates: exact, the ring's bits, each member's traffic crossing its leaf") {
+TEST_CASE("in a leaf-spine network leaves combine integer and min/max reductions; float sums go to the spine for the ring's bits") {
   emu::cluster_options co;
   auto no_switch = emu::cluster::create(emu::ring(3, {}), co);
   REQUIRE(no_switch.ok());
@@ -201,8 +201,7 @@ TEST_CASE("in a leaf-spine network the spine aggregates: exact, the ring's bits,
   const auto u = w.fab->usage();
   REQUIRE(u.size() == 3);
   CHECK(u[2].name == "sp");
-  CHECK(u[2].groups == 1);  // the group's slots are on the spine
-  CHECK(u[0].groups == 0);
+  for (const auto& x : u) CHECK(x.groups == 1);  // slots on the spine and on both leaves
   const std::uint64_t count = 1 << 16;
   std::mt19937_64 rng(1);
   std::normal_distribution<float> dist(0.0f, 10.0f);
@@ -223,11 +222,85 @@ TEST_CASE("in a leaf-spine network the spine aggregates: exact, the ring's bits,
     REQUIRE(res[r].ok());
     REQUIRE(std::memcmp(sw[r].data(), ring[0].data(), count * 4) == 0);
   }
-  // The leaf does not combine (see docs/collectives.md, "Limits"): both members' S cross it.
+  // Float sums are not combined at the leaf (the order would change): both members' S cross it.
   const double s_bytes = count * 4.0;
-  MESSAGE("leaf l0 -> spine: " << leaf_bytes / s_bytes << " x S");
+  MESSAGE("float sum, leaf l0 -> spine: " << leaf_bytes / s_bytes << " x S");
   CHECK(leaf_bytes >= 2 * s_bytes);
   CHECK(leaf_bytes <= 2 * s_bytes * (1.0 + 104.0 / 1024.0) + 0.02 * s_bytes);
+  // Integer sums are: one combined S leaves each leaf.
+  std::vector<std::vector<std::int32_t>> iin(4, std::vector<std::int32_t>(count)), iout(4, std::vector<std::int32_t>(count));
+  for (std::uint32_t r = 0; r < 4; ++r)
+    for (std::uint64_t i = 0; i < count; ++i) iin[r][i] = static_cast<std::int32_t>(i * 31 + r * 1000003);
+  const std::uint64_t before_int = leaf_up();
+  res = w.run([&](std::uint32_t r) { return w.comms[r]->allreduce(std::span<const std::int32_t>(iin[r]), std::span<std::int32_t>(iout[r]), op::sum); });
+  const std::uint64_t leaf_int = leaf_up() - before_int;
+  for (std::uint32_t r = 0; r < 4; ++r) {
+    REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+    for (std::uint64_t i = 0; i < count; ++i) {
+      std::int64_t want = 0;
+      for (std::uint32_t q = 0; q < 4; ++q) want += iin[q][i];
+      REQUIRE(iout[r][i] == static_cast<std::int32_t>(want));
+    }
+  }
+  MESSAGE("int32 sum, leaf l0 -> spine: " << leaf_int / s_bytes << " x S");
+  CHECK(leaf_int >= s_bytes);
+  CHECK(leaf_int <= s_bytes * (1.0 + 104.0 / 1024.0) + 0.02 * s_bytes);
+}
+
+TEST_CASE("two-level aggregation stays exact under loss, duplication and reordering") {
+  emu::link_model m;
+  m.loss = 0.01;
+  m.duplicate = 0.01;
+  m.reorder = 0.03;
+  m.seed = 17;
+  emu::topology t;
+  for (std::uint32_t h = 0; h < 5; ++h) t.nodes.push_back({emu::node_kind::host, "h" + std::to_string(h), h, 1, {}});
+  t.nodes.push_back({emu::node_kind::switch_, "l0", 0, 1, {}});
+  t.nodes.push_back({emu::node_kind::switch_, "l1", 0, 1, {}});
+  t.nodes.push_back({emu::node_kind::switch_, "sp", 0, 1, {}});
+  auto link = [&](std::uint32_t a, std::uint32_t b) {
+    emu::link_spec l;
+    l.a = a;
+    l.b = b;
+    l.a_port = static_cast<std::uint32_t>(t.nodes[a].ports.size());
+    l.b_port = static_cast<std::uint32_t>(t.nodes[b].ports.size());
+    l.model = m;
+    l.model.seed = m.seed + t.links.size();
+    t.nodes[a].ports.push_back(static_cast<std::uint32_t>(t.links.size()));
+    t.nodes[b].ports.push_back(static_cast<std::uint32_t>(t.links.size()));
+    t.links.push_back(l);
+  };
+  for (std::uint32_t h = 0; h < 3; ++h) link(h, 5);  // three hosts on l0, two on l1
+  for (std::uint32_t h = 3; h < 5; ++h) link(h, 6);
+  link(5, 7);
+  link(6, 7);
+  REQUIRE(emu::validate(t).ok());
+  options o;
+  o.repair_interval = std::chrono::microseconds(1000);
+  o.switch_slots = 8;
+  world w(t, o, 1, test::switches::fabric);
+  const std::uint64_t count = 20011;
+  for (op op_ : {op::sum, op::max, op::prod}) {
+    std::vector<std::vector<std::int64_t>> in(5, std::vector<std::int64_t>(count)), out(5, std::vector<std::int64_t>(count));
+    for (std::uint32_t r = 0; r < 5; ++r)
+      for (std::uint64_t i = 0; i < count; ++i) in[r][i] = static_cast<std::int64_t>((i * 7 + r * 13) % 11) - 5;
+    auto res = w.run([&](std::uint32_t r) {
+      return w.comms[r]->allreduce(std::span<const std::int64_t>(in[r]), std::span<std::int64_t>(out[r]), op_, algorithm::switch_agg);
+    });
+    for (std::uint32_t r = 0; r < 5; ++r) {
+      INFO(std::string(name(op_)) << " rank " << r);
+      REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+      for (std::uint64_t i = 0; i < count; ++i) {
+        std::int64_t want = in[0][i];
+        for (std::uint32_t q = 1; q < 5; ++q)
+          want = op_ == op::sum ? want + in[q][i] : op_ == op::max ? std::max(want, in[q][i]) : want * in[q][i];
+        REQUIRE(out[r][i] == want);
+      }
+    }
+  }
+  std::uint64_t lost = 0;
+  for (const auto& l : w.cluster->stats().links) lost += l.stats.dropped_loss;
+  CHECK(lost > 0);
 }
 
 TEST_CASE("allgather and broadcast through the switch: blocks go up once and come down replicated, exact under loss") {

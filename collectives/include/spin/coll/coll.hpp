@@ -89,8 +89,8 @@ struct fabric_options {
 
 /// The switches of an in-process cluster as Core-INC resources: each switch's pool of
 /// aggregator slots and the groups that hold some. Policy: a group asks once, when its first
-/// member creates its communicator, for options::switch_slots slots on a switch linked to every
-/// member; it gets all of them or none (first come, first served; a group holds its slots until
+/// member creates its communicator, for options::switch_slots slots on the switch closest to
+/// every member (and on each leaf below it, in a two-level tree); it gets all of them or none (first come, first served; a group holds its slots until
 /// its last communicator is destroyed). A group without slots runs its collectives on the edge
 /// algorithms; automatic algorithm selection says why through options::log. Every group's
 /// slots live in an EC of its own on the switch, so no group can address another's data.
@@ -115,9 +115,12 @@ public:
 
   /// A group's answer (communicator internals). granted == 0: no slots; `reason` says why.
   struct lease {
-    std::uint32_t switch_rank = 0;
+    std::uint32_t switch_rank = 0;  ///< the root: where contributions go (flat)
     std::uint32_t slots = 0;
     std::string reason;
+    /// In a two-level tree: each member's leaf, where order-free reductions go first
+    /// (docs/collectives.md, "Hierarchies"); empty otherwise.
+    std::vector<std::uint32_t> leaf_rank;
   };
   /// Joins group `wire_id` (communicator internals): the first member installs the group's
   /// aggregation engine (package `pkg`, the reduction's) on the switch; later members get the

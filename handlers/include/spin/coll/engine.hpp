@@ -83,21 +83,24 @@ struct bank {
   u64 rs_acked[max_packets / 64];  // reduce-scatter packets acknowledged (allgather ones: acked)
 };
 
-enum role : u32 { role_member = 0, role_switch = 1 };
+enum role : u32 { role_member = 0, role_switch = 1, role_leaf = 2 };
 
 struct state {
   u64 setup_lock;
   u32 me;
   u32 nranks;          // 0 until cmd_setup / cmd_switch_setup
   u32 comm_id;
-  u32 role;            // role_member or role_switch
+  u32 role;            // role_member, role_switch or role_leaf
   u32 slots;           // switch: aggregator slots (each with two shadow copies)
   u32 slot_bytes;      // switch: largest contribution
   u64 slot_stride;     // switch: bytes of one slot copy (header, n contributions, result)
   u64 send_seq;        // message ids of packets this NIC sends
   u64 drops[dr_count];
   u64 sent[16];        // packets sent, by kind
-  u32 members[max_ranks];  // NIC rank of each member
+  u32 members[max_ranks];  // NIC rank of each member (a leaf: its local members)
+  u32 parent;              // a leaf: NIC rank of its root
+  u32 nleaves;             // a root of a hierarchy: leaves below it
+  u32 leaves[max_leaves];  // their NIC ranks
   bank banks[2];
 };
 
@@ -111,11 +114,13 @@ struct slot_hdr {
   u32 chunk;
   u32 nelems;
   u32 count;       // contributions held
-  u32 complete;
+  u32 complete;    // every contribution is in (a leaf: its partial went up)
+  u32 final;       // a leaf: the root's result is in (it replaced the partial)
+  u32 pad2;
   u8 op;
   u8 dtype;
   u16 pad;
-  u64 bits[max_ranks / 64];  // ranks whose contribution it holds
+  u64 bits[max_ranks / 64];  // ranks (or leaves) whose contribution it holds
 };
 /// Handler memory of a switch engine before its slots (the member state, unused there).
 inline constexpr u64 slots_offset() { return (sizeof(state) + 63) & ~u64{63}; }
@@ -637,18 +642,26 @@ template <class Red> struct engine {
   /// A contribution the slot already holds gets the result again when the slot is complete
   /// (the worker lost it), else nothing. SwitchML (NSDI 2021) algorithm 3, with the bitmap
   /// and shadow copies, and contributions kept instead of added so the order is fixed.
-  static ret on_up(spin::ctx* ctx, state* s) {
-    u32 sender = s->nranks;
-    for (u32 i = 0; i < s->nranks; ++i)
-      if (s->members[i] == ctx->msg.source_rank) {
+  ///
+  /// In a hierarchy (docs/collectives.md, "Hierarchies") the same slot logic runs twice: a leaf
+  /// combines its local members' contributions and sends the partial up (k_up2) instead of
+  /// multicasting; the root combines the leaves' partials and multicasts the result to the
+  /// leaves (k_down2), which keep it and multicast it to their members. Only reductions whose
+  /// result does not depend on the order take this path.
+  static ret on_up(spin::ctx* ctx, state* s, bool from_leaf) {
+    const u32 n_in = from_leaf ? s->nleaves : s->nranks;
+    const u32* who = from_leaf ? s->leaves : s->members;
+    u32 sender = n_in;
+    for (u32 i = 0; i < n_in; ++i)
+      if (who[i] == ctx->msg.source_rank) {
         sender = i;
         break;
       }
-    if (sender == s->nranks) return drop(s, dr_stranger), ret::drop;
+    if (sender == n_in) return drop(s, dr_stranger), ret::drop;
     const u32 j = ctx->coll.aux & 0xffffu, c = ctx->coll.aux >> 16, n = ctx->coll.elem_count;
     const u32 slot = ctx->coll.slot & 0x7fffu, shadow = static_cast<u32>(ctx->coll.slot >> 15);
     u32 eb = 0, ab = 0;
-    if (!Red::dispatch(ctx->coll.op, ctx->coll.dtype, size_fn{&eb, &ab}) || slot >= s->slots || c >= s->nranks ||
+    if (!Red::dispatch(ctx->coll.op, ctx->coll.dtype, size_fn{&eb, &ab}) || slot >= s->slots || c >= max_ranks ||
         ctx->packet.size() != u64{n} * eb || u64{n} * eb > s->slot_bytes || u64{n} * ab > max_packet_bytes)
       return drop(s, dr_malformed), ret::drop;
     slot_hdr* h = slot_at(ctx, s, slot, shadow);
@@ -669,6 +682,7 @@ template <class Red> struct engine {
       h->nelems = n;
       h->count = 0;
       h->complete = 0;
+      h->final = 0;
       h->op = ctx->coll.op;
       h->dtype = ctx->coll.dtype;
       for (u32 w = 0; w < max_ranks / 64; ++w) h->bits[w] = 0;
@@ -680,37 +694,80 @@ template <class Red> struct engine {
       ctx->unlock(lk);
       return drop(s, dr_malformed), ret::drop;
     }
+    const bool leaf = s->role == role_leaf;
     const u64 bit = 1ull << (sender & 63);
     if ((h->bits[sender >> 6] & bit) != 0) {
-      const bool again = h->complete != 0;
+      const bool complete = h->complete != 0, final = h->final != 0;
       ctx->unlock(lk);
-      if (again) send(ctx, s, sender, k_down, epoch, ctx->coll.aux, n, result, n * eb, h_params(ctx), ctx->coll.slot);
+      // The sender lost the result: send it again. A leaf without the root's result yet sends
+      // its partial up again instead (the root answers it the same way).
+      if (complete && leaf && !final)
+        send_to_rank(ctx, s, s->parent, k_up2, epoch, ctx->coll.aux, n, result, n * eb, h_params(ctx), ctx->coll.slot);
+      else if (complete)
+        send_to_rank(ctx, s, who[sender], from_leaf ? k_down2 : k_down, epoch, ctx->coll.aux, n, result, n * eb,
+                     h_params(ctx), ctx->coll.slot);
       return drop(s, dr_duplicate), ret::drop;
     }
     for (u64 i = 0; i < u64{n} * eb; ++i) mine[i] = in[i];
     h->bits[sender >> 6] |= bit;
-    bool done = ++h->count == s->nranks;
+    bool done = ++h->count == n_in;
     if (done) {
       u8* acc = ctx->scratchpad<u8>(max_packet_bytes, max_packet_bytes);
       if (acc == nullptr) {
         ctx->unlock(lk);
         return ret::drop;
       }
-      const u32 first = c + 1 == s->nranks ? 0 : c + 1;
+      // The fixed order of the flat case; a hierarchy's reductions do not depend on it.
+      const u32 first = from_leaf || leaf ? 0 : (c + 1 >= n_in ? 0 : c + 1);
       Red::dispatch(h->op, h->dtype, widen_fn{acc, slot_data(ctx, s, slot, shadow, first, s->slot_bytes), n});
-      for (u32 k = 1; k < s->nranks; ++k) {
-        const u32 rank = first + k >= s->nranks ? first + k - s->nranks : first + k;
-        Red::dispatch(h->op, h->dtype, fold_fn{acc, slot_data(ctx, s, slot, shadow, rank, s->slot_bytes), n});
+      for (u32 k = 1; k < n_in; ++k) {
+        const u32 from = first + k >= n_in ? first + k - n_in : first + k;
+        Red::dispatch(h->op, h->dtype, fold_fn{acc, slot_data(ctx, s, slot, shadow, from, s->slot_bytes), n});
       }
       Red::dispatch(h->op, h->dtype, narrow_fn{result, acc, n});
       h->complete = 1;
     }
     ctx->unlock(lk);
-    // Multicast. The copy cannot be reused before every member has this result (see above).
-    if (done)
-      for (u32 i = 0; i < s->nranks; ++i) send(ctx, s, i, k_down, epoch, ctx->coll.aux, n, result, n * eb, h_params(ctx), ctx->coll.slot);
+    // Multicast (or, at a leaf, up to the root). The copy cannot be reused before every member
+    // has this result (see above).
+    if (done && leaf) {
+      send_to_rank(ctx, s, s->parent, k_up2, epoch, ctx->coll.aux, n, result, n * eb, h_params(ctx), ctx->coll.slot);
+    } else if (done) {
+      for (u32 i = 0; i < n_in; ++i)
+        send_to_rank(ctx, s, who[i], from_leaf ? k_down2 : k_down, epoch, ctx->coll.aux, n, result, n * eb, h_params(ctx),
+                     ctx->coll.slot);
+    }
     return ret::success;
   }
+
+  /// A leaf gets the root's result for a slot: keep it and multicast it to the local members.
+  static ret on_down2(spin::ctx* ctx, state* s) {
+    if (ctx->msg.source_rank != s->parent) return drop(s, dr_stranger), ret::drop;
+    const u32 j = ctx->coll.aux & 0xffffu, n = ctx->coll.elem_count;
+    const u32 slot = ctx->coll.slot & 0x7fffu, shadow = static_cast<u32>(ctx->coll.slot >> 15);
+    u32 eb = 0, ab = 0;
+    if (!Red::dispatch(ctx->coll.op, ctx->coll.dtype, size_fn{&eb, &ab}) || slot >= s->slots ||
+        ctx->packet.size() != u64{n} * eb || u64{n} * eb > s->slot_bytes)
+      return drop(s, dr_malformed), ret::drop;
+    slot_hdr* h = slot_at(ctx, s, slot, shadow);
+    const u8* in = ctx->payload<u8>(0, u64{n} * eb);
+    u8* result = slot_data(ctx, s, slot, shadow, s->nranks, s->slot_bytes);
+    if (h == nullptr || (in == nullptr && n > 0) || result == nullptr) return drop(s, dr_malformed), ret::drop;
+    const u64 lk = slot_off(s, slot, shadow);
+    if (ctx->lock(lk) != errc::ok) return ret::drop;
+    const bool fresh = h->used != 0 && h->complete != 0 && h->final == 0 && h->epoch == ctx->coll.epoch && h->pkt == j &&
+                       h->nelems == n;
+    if (fresh) {
+      for (u64 i = 0; i < u64{n} * eb; ++i) result[i] = in[i];
+      h->final = 1;
+    }
+    ctx->unlock(lk);
+    if (!fresh) return drop(s, dr_duplicate), ret::drop;
+    for (u32 i = 0; i < s->nranks; ++i)
+      send_to_rank(ctx, s, s->members[i], k_down, ctx->coll.epoch, ctx->coll.aux, n, result, n * eb, h_params(ctx), ctx->coll.slot);
+    return ret::success;
+  }
+
   /// Replicates a member's packet to every member, its origin included (whose copy is the
   /// sign that the switch has it). Stateless: the members repair among themselves.
   static ret on_mcast(spin::ctx* ctx, state* s) {
@@ -1067,12 +1124,20 @@ template <class Red> struct engine {
       switch_setup* w = ctx->scratchpad<switch_setup>(0);
       u32 ok = w != nullptr && ctx->dma_from_host(w, c->desc_off, sizeof(switch_setup)) == errc::ok ? 1 : 0;
       ok = ok && w->nranks >= 1 && w->nranks <= max_ranks && w->slots >= 1 && w->slots <= max_switch_slots &&
-           w->slot_bytes >= 8 && w->slot_bytes <= max_packet_bytes && w->slot_bytes % 8 == 0;
-      const u64 stride = ok ? slot_stride_bytes(w->nranks, w->slot_bytes) : 0;
+           w->slot_bytes >= 8 && w->slot_bytes <= max_packet_bytes && w->slot_bytes % 8 == 0 &&
+           (w->role == switch_root || w->role == switch_leaf) && w->nleaves <= max_leaves &&
+           (w->role == switch_root || w->nleaves == 0);
+      // Contributions come from members or from leaves: room for the larger count.
+      const u32 inputs = ok && w->nleaves > w->nranks ? w->nleaves : (ok ? w->nranks : 0);
+      const u64 stride = ok ? slot_stride_bytes(inputs, w->slot_bytes) : 0;
       ok = ok && slots_offset() + u64{w->slots} * 2 * stride <= ctx->handler_mem.len_bytes &&
-           ctx->dma_from_host(s->members, c->desc_off + sizeof(switch_setup), u64{w->nranks} * sizeof(u32)) == errc::ok;
+           ctx->dma_from_host(s->members, c->desc_off + sizeof(switch_setup), u64{w->nranks} * sizeof(u32)) == errc::ok &&
+           (w->nleaves == 0 || ctx->dma_from_host(s->leaves, c->desc_off + sizeof(switch_setup) + u64{w->nranks} * sizeof(u32),
+                                                  u64{w->nleaves} * sizeof(u32)) == errc::ok);
       if (ok) {
-        s->role = role_switch;
+        s->role = w->role == switch_leaf ? role_leaf : role_switch;
+        s->parent = w->parent;
+        s->nleaves = w->nleaves;
         s->me = 0;
         s->comm_id = comm_of(ctx->msg.match_bits);
         s->slots = w->slots;
@@ -1084,8 +1149,8 @@ template <class Red> struct engine {
       return ret::success;
     }
     if (load_acq(&s->nranks) == 0) return drop(s, dr_stranger), ret::drop;
-    if (s->role == role_switch) {
-      // The switch's control plane only reads its counters.
+    if (s->role != role_member) {
+      // A switch's control plane only reads its counters.
       if (c->type != cmd_stats) return drop(s, dr_malformed), ret::drop;
     } else if (ctx->msg.source_rank != s->members[s->me]) {
       return drop(s, dr_stranger), ret::drop;
@@ -1191,8 +1256,14 @@ template <class Red> struct engine {
     if ((ctx->msg.flags & msg_coll) == 0) return drop(s, dr_malformed), ret::drop;
     if (load_acq(&s->nranks) == 0) return drop(s, dr_early), ret::drop;
     if (s->role == role_switch) {
-      if (kind == k_up) return on_up(ctx, s);
+      if (kind == k_up) return on_up(ctx, s, false);
+      if (kind == k_up2 && s->nleaves > 0) return on_up(ctx, s, true);
       if (kind == k_mcast) return on_mcast(ctx, s);
+      return drop(s, dr_malformed), ret::drop;
+    }
+    if (s->role == role_leaf) {
+      if (kind == k_up) return on_up(ctx, s, false);
+      if (kind == k_down2) return on_down2(ctx, s);
       return drop(s, dr_malformed), ret::drop;
     }
     switch (kind) {

@@ -43,6 +43,8 @@ enum kind : u32 {
   k_xfer = 12,      ///< host_ring: a packet of a chunk the host sends to its successor
   k_mcast = 13,     ///< allgather/broadcast through a switch: a block's packet, to replicate
   k_mdown = 14,     ///< the switch's copy of a k_mcast packet, to every member (its origin too)
+  k_up2 = 15,       ///< leaf -> root: the combined contribution of a leaf's members (order-free reductions)
+  k_down2 = 16,     ///< root -> every leaf: the result of a slot
 };
 
 /// `coll_desc::aux` of k_up and k_down: chunk << 16 | packet index (max_packets is 2^16).
@@ -144,8 +146,12 @@ struct switch_setup {
   u32 nranks;
   u32 slots;       ///< aggregator slots of the job (each with two shadow copies)
   u32 slot_bytes;  ///< largest contribution (packet payload bytes)
-  u32 reserved;
+  u32 role;        ///< switch_root: aggregates for `nranks` members; switch_leaf: for its local members, under `parent`
+  u32 parent;      ///< switch_leaf: NIC rank of the root above it
+  u32 nleaves;     ///< switch_root of a hierarchy: leaves below it (their NIC ranks follow the members)
 };
+enum switch_role : u32 { switch_root = 1, switch_leaf = 2 };
+inline constexpr u32 max_leaves = 64;
 
 /// The engine's counters as cmd_stats writes them.
 struct engine_counters {
