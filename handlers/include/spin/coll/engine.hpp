@@ -848,6 +848,9 @@ template <class Red> struct engine {
     if (r.originator(c) == s->me || ctx->coll.elem_count != n || ctx->packet.size() != u64{n} * p.acc_bytes)
       return drop(s, dr_malformed), ret::drop;
     const bool owner = r.owner(c) == s->me;
+    // Once this rank's host heard it is done, its input may be reused: no fold through it can
+    // matter any more (every owner already holds its results; docs/collectives.md, "Completion").
+    if (!owner && load_acq(&b->done_posted) != 0) return drop(s, dr_stale), ret::drop;
     if (owner && test_bit(b->held, pkt)) {
       // The originator missed the acknowledgement (reduce-scatter); allreduce repairs the
       // result path with NACKs instead.
@@ -952,6 +955,9 @@ template <class Red> struct engine {
     bank* b = find(s, ctx->coll.epoch);
     pin pn;
     if (b == nullptr || !pn.enter(b, ctx->coll.epoch, ph_running)) return drop(s, dr_stale), ret::drop;
+    // A late NACK after this rank's host heard it is done: its output may be reused, and the
+    // successor holds everything (that was the condition).
+    if (load_acq(&b->done_posted) != 0) return drop(s, dr_stale), ret::drop;
     const nack_head* h = ctx->payload<nack_head>(0);
     if (h == nullptr || h->nwords > nack_max_words || ctx->packet.size() != sizeof(nack_head) + u64{h->nwords} * 8 ||
         u64{h->first_word} + h->nwords > max_packets / 64)
