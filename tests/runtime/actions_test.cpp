@@ -112,6 +112,38 @@ SPIN_PAYLOAD_HANDLER(echo_ph) {
   return ctx->send(d) == errc::ok ? ret::success : ret::drop;
 }
 
+// Reads the packet's collective fields and sends them on with epoch + 1 (msg_coll), and once
+// more with the send_desc of a handler built before send_desc::coll existed (no coll fields).
+SPIN_PAYLOAD_HANDLER(coll_echo_ph) {
+  u64* seen = ctx->mem<u64>(0, 4);
+  if (seen == nullptr) return ret::drop;
+  seen[0] = (ctx->msg.flags & msg_coll) != 0 ? 1 : 0;
+  seen[1] = (u64{ctx->coll.op} << 56) | (u64{ctx->coll.dtype} << 48) | (u64{ctx->coll.slot} << 32) | ctx->coll.elem_count;
+  seen[2] = (u64{ctx->coll.epoch} << 32) | ctx->coll.aux;
+  send_desc d{};
+  d.size_bytes = sizeof d;
+  d.dest_rank = 9;
+  d.match_bits = 77;
+  d.message_id = 1;
+  d.message_len_bytes = 8;
+  d.data = ctx->packet.data;
+  d.len_bytes = 8;
+  d.flags = msg_start | msg_end | msg_coll;
+  d.coll = ctx->coll;
+  d.coll.epoch += 1;
+  errc e1 = ctx->send(d);
+  d.size_bytes = offsetof(send_desc, coll);  // an older handler: the runtime must not read coll
+  d.message_id = 2;
+  d.flags = msg_start | msg_end;
+  errc e2 = ctx->send(d);
+  d.flags = msg_start | msg_end | msg_coll;  // asks for coll fields it did not pass: refused
+  d.message_id = 3;
+  errc e3 = ctx->send(d);
+  seen[3] = (static_cast<u64>(static_cast<u32>(e1)) << 40) | (static_cast<u64>(static_cast<u32>(e2)) << 20) |
+            static_cast<u32>(-static_cast<i32>(e3));
+  return ret::success;
+}
+
 SPIN_COMPLETION_HANDLER(event_ch) {
   ctx->post_event(ctx->msg.message_id * 10);
   return ret::success;
@@ -290,6 +322,50 @@ TEST_CASE("packets a handler sends leave through the TX port as valid frames tha
   const auto s = f.ec_stats(ec);
   CHECK(s.sends == 3);
   CHECK(s.send_bytes == 3000);
+}
+
+TEST_CASE("handlers read a packet's collective fields and send their own; a handler built before them still sends") {
+  rt::memory_tx_port tx(1, 1 << 20, 5);
+  rt::runtime_config cfg;
+  cfg.hpus = 1;
+  cfg.tx = &tx;
+  cfg.rank = 5;
+  fixture f(cfg);
+  rt::ec_config c;
+  c.handlers.payload = coll_echo_ph;
+  c.handler_mem_bytes = 32;
+  const rt::ec_id ec = f.install(c);
+  auto h = data_header(0, 2, 40, 0, 1, 8, 8);
+  h.flags |= rt::wire::flag_coll;
+  h.coll = rt::wire::coll_ext{4, 3, 0x8005, 2, 1234, 99};
+  std::vector<std::byte> payload(8, std::byte{0x42});
+  const rt::packet pk = f.pool.add(h, payload);
+  REQUIRE(feed(*f.rt, std::span<const rt::packet>(&pk, 1)));
+  CHECK(f.word(ec, 0) == 1);
+  CHECK(f.word(ec, 8) == ((4ull << 56) | (3ull << 48) | (0x8005ull << 32) | 2));
+  CHECK(f.word(ec, 16) == ((1234ull << 32) | 99));
+  CHECK(f.word(ec, 24) == static_cast<std::uint64_t>(-static_cast<std::int32_t>(errc::invalid_argument)));  // ok, ok, refused
+  auto frames = tx.take_frames();
+  REQUIRE(frames.size() == 2);
+  for (auto& fr : frames) {
+    rt::wire::parsed p;
+    rt::wire::reject why;
+    REQUIRE(rt::wire::parse(std::span<const std::byte>(fr.bytes), rt::wire::default_udp_port, p, why));
+    if (p.hdr.message_id == 1) {
+      CHECK((p.hdr.flags & rt::wire::flag_coll) != 0);
+      CHECK(p.hdr.coll == rt::wire::coll_ext{4, 3, 0x8005, 2, 1235, 99});
+    } else {
+      CHECK(p.hdr.message_id == 2);
+      CHECK((p.hdr.flags & rt::wire::flag_coll) == 0);
+      CHECK(p.hdr.coll == rt::wire::coll_ext{});
+    }
+  }
+  // A packet without the extension shows zeros and no msg_coll.
+  const rt::packet plain = f.pool.add(data_header(0, 2, 41, 0, 1, 8, 8), payload);
+  REQUIRE(feed(*f.rt, std::span<const rt::packet>(&plain, 1)));
+  CHECK(f.word(ec, 0) == 0);
+  CHECK(f.word(ec, 8) == 0);
+  CHECK(f.word(ec, 16) == 0);
 }
 
 TEST_CASE("a send with no TX port or a full TX queue fails with an error code and is counted") {
