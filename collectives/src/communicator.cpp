@@ -503,11 +503,17 @@ struct communicator::impl {
     const bool reads_in = kind != pr::coll_kind::broadcast || g.me == root;
     if (count != 0 && ((reads_in && in == nullptr) || out == nullptr))
       return fail(errc::invalid_argument, std::string(what) + ": null buffer");
-    if (reads_in && in != out && count != 0 &&
-        overlaps_ranges(in, in_elems * eb, out, out_elems * eb))
-      return fail(errc::invalid_argument, std::string(what) + ": input and output overlap without being the same buffer");
-    if (in == out && in_elems != out_elems && count != 0)
-      return fail(errc::invalid_argument, std::string(what) + ": reduce-scatter and allgather cannot run in place");
+    // In place, as NCCL defines it: the same buffer (allreduce, broadcast); allgather's input is
+    // this rank's block of the output; reduce-scatter's output is this rank's block of the input.
+    const auto* inb = static_cast<const std::byte*>(in);
+    const auto* outb = static_cast<const std::byte*>(out);
+    const bool in_place = kind == pr::coll_kind::allgather        ? inb == outb + std::uint64_t{g.me} * count * eb
+                          : kind == pr::coll_kind::reduce_scatter ? outb == inb + std::uint64_t{g.me} * count * eb
+                                                                  : in == out;
+    if (reads_in && count != 0 && !in_place && overlaps_ranges(in, in_elems * eb, out, out_elems * eb))
+      return fail(errc::invalid_argument, std::string(what) +
+                                              ": input and output overlap without being in place (allgather: the input is this "
+                                              "rank's block of the output; reduce-scatter: the output is this rank's block of the input)");
     if (nr == 1) return local(kind, in, out, count, s);
 
     const std::uint32_t pkt_elems = o.packet_bytes / std::max(eb, ab);

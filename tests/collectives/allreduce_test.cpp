@@ -576,6 +576,52 @@ TEST_CASE("reduce-scatter, allgather and broadcast are exact under loss, duplica
   CHECK(lost > 0);
 }
 
+TEST_CASE("reduce-scatter and allgather run in place as NCCL defines it, on ordinary and arena memory") {
+  const std::uint32_t n = 3;
+  const std::uint64_t block = 700;
+  world w(test::topology_for(n));
+  for (bool arena : {false, true}) {
+    // Reduce-scatter: the output is this rank's block of the input.
+    vectors v = make_vectors(dtype::i32, op::sum, n, block * n);
+    std::vector<std::span<std::byte>> buf(n);
+    for (std::uint32_t r = 0; r < n; ++r) {
+      buf[r] = arena ? w.comms[r]->alloc(block * n * 4) : std::span<std::byte>(v.in[r]);
+      if (arena) std::memcpy(buf[r].data(), v.in[r].data(), block * n * 4);
+    }
+    auto res = w.run([&](std::uint32_t r) {
+      return w.comms[r]->reduce_scatter(buf[r].data(), buf[r].data() + r * block * 4, block, dtype::i32, op::sum);
+    });
+    for (std::uint32_t r = 0; r < n; ++r) {
+      INFO("reduce_scatter arena " << arena << " rank " << r);
+      REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+      CHECK(std::memcmp(buf[r].data() + r * block * 4, v.expected.data() + r * block * 4, block * 4) == 0);
+    }
+    // Allgather: the input is this rank's block of the output.
+    for (std::uint32_t r = 0; r < n; ++r)
+      for (std::uint64_t i = 0; i < block; ++i) {
+        const std::int32_t x = static_cast<std::int32_t>(r * 100000 + i);
+        std::memcpy(buf[r].data() + (r * block + i) * 4, &x, 4);
+      }
+    res = w.run([&](std::uint32_t r) {
+      return w.comms[r]->allgather(buf[r].data() + r * block * 4, buf[r].data(), block, dtype::i32);
+    });
+    for (std::uint32_t r = 0; r < n; ++r) {
+      INFO("allgather arena " << arena << " rank " << r);
+      REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+      for (std::uint32_t q = 0; q < n; ++q)
+        for (std::uint64_t i = 0; i < block; ++i) {
+          std::int32_t x;
+          std::memcpy(&x, buf[r].data() + (q * block + i) * 4, 4);
+          REQUIRE(x == static_cast<std::int32_t>(q * 100000 + i));
+        }
+      if (arena) w.comms[r]->free(buf[r]);
+    }
+  }
+  // Any other overlap is refused.
+  std::vector<std::int32_t> x(3000);
+  CHECK(w.comms[0]->allgather(x.data() + 1, x.data(), 1000, dtype::i32).err().code == errc::invalid_argument);
+}
+
 TEST_CASE("a broadcast whose ranks name different roots fails on every rank") {
   world w(test::topology_for(3));
   std::vector<std::vector<std::int32_t>> buf(3, std::vector<std::int32_t>(100, 7));

@@ -26,7 +26,7 @@ value_index input(std::uint32_t rank, std::uint64_t i) {
 
 TEST_SUITE("collectives") {
 
-TEST_CASE("a user reduction runs allreduce and reduce-scatter on the NICs of every rank") {
+TEST_CASE("a user reduction runs allreduce (edge ring and host ring) and reduce-scatter on every rank") {
   for (std::uint32_t n : {1u, 3u, 4u}) {
     world w(test::topology_for(n));
     std::vector<custom_op> ops;
@@ -47,19 +47,21 @@ TEST_CASE("a user reduction runs allreduce and reduce-scatter on the NICs of eve
         }
         want[i] = best;
       }
-      auto res = w.run([&](std::uint32_t r) { return w.comms[r]->allreduce(in[r].data(), out[r].data(), count, ops[r]); });
-      for (std::uint32_t r = 0; r < n; ++r) {
-        INFO("ranks " << n << " rank " << r << " count " << count);
-        REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
-        for (std::uint64_t i = 0; i < count; ++i) {
-          REQUIRE(out[r][i].value == want[i].value);
-          REQUIRE(out[r][i].index == want[i].index);
+      for (algorithm a : {algorithm::edge_ring, algorithm::host_ring}) {
+        auto res = w.run([&](std::uint32_t r) { return w.comms[r]->allreduce(in[r].data(), out[r].data(), count, ops[r], a); });
+        for (std::uint32_t r = 0; r < n; ++r) {
+          INFO(std::string(name(a)) << " ranks " << n << " rank " << r << " count " << count);
+          REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+          for (std::uint64_t i = 0; i < count; ++i) {
+            REQUIRE(out[r][i].value == want[i].value);
+            REQUIRE(out[r][i].index == want[i].index);
+          }
         }
       }
       // Reduce-scatter of blocks of count / n elements (the whole vector when n is 1).
       const std::uint64_t block = count / n;
       std::vector<std::vector<value_index>> part(n, std::vector<value_index>(block));
-      res = w.run([&](std::uint32_t r) { return w.comms[r]->reduce_scatter(in[r].data(), part[r].data(), block, ops[r]); });
+      auto res = w.run([&](std::uint32_t r) { return w.comms[r]->reduce_scatter(in[r].data(), part[r].data(), block, ops[r]); });
       for (std::uint32_t r = 0; r < n; ++r) {
         REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
         for (std::uint64_t i = 0; i < block; ++i) {

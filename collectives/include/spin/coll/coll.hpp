@@ -217,14 +217,16 @@ public:
                          algorithm a = algorithm::automatic);
 
   /// Reduce-scatter: `in` holds size() blocks of `block_count` elements; block k of the
-  /// reduction lands in `out` (block_count elements) of rank k. Errors as allreduce.
+  /// reduction lands in `out` (block_count elements) of rank k. In place (NCCL's rule): `out`
+  /// is this rank's block of `in`. Errors as allreduce.
   result<void> reduce_scatter(const void* in, void* out, std::uint64_t block_count, dtype t, op o,
                               algorithm a = algorithm::automatic);
   result<void> reduce_scatter(const void* in, void* out, std::uint64_t block_count, const custom_op& r,
                               algorithm a = algorithm::automatic);
 
   /// Allgather: `in` holds `block_count` elements of type t; `out` (size() blocks) receives
-  /// rank k's block at block k on every rank. No reduction: every datatype works.
+  /// rank k's block at block k on every rank. In place (NCCL's rule): `in` is this rank's block
+  /// of `out`. No reduction: every datatype works.
   result<void> allgather(const void* in, void* out, std::uint64_t block_count, dtype t,
                          algorithm a = algorithm::automatic);
 
