@@ -3,6 +3,8 @@
 #include <spin/coll/engine.hpp>
 #include <spin/coll/kernels.hpp>
 #include <spin/coll/protocol.hpp>
+
+#include "engine_ec.hpp"
 #include <spin/rt/loader.hpp>
 
 #include <nlohmann/json.hpp>
@@ -207,19 +209,13 @@ struct communicator::impl {
     e.name = what;
     rt::ec_config cfg;
     cfg.name = "coll." + std::to_string(g.id) + "." + what + ".rank" + std::to_string(g.me);
-    cfg.match.bits = pr::match_bits(e.wire_id, 0);
-    cfg.match.ignore_mask = pr::match_ignore_mask;
+    detail::configure_engine_ec(cfg, e.wire_id, 1024);
     if (auto r = pkg.bind(cfg); !r.ok()) return r.err();
     if (cfg.handler_mem_bytes < engine_state_bytes || cfg.scratchpad_bytes < pr::scratch_bytes)
       return fail(errc::invalid_argument, what + ": the package is not a collective engine of this version (it declares " +
                                               std::to_string(cfg.handler_mem_bytes) + " bytes of handler memory, the engine needs " +
                                               std::to_string(engine_state_bytes) + ")");
     cfg.window = rt::host_window{region, 0, arena_bytes};
-    cfg.limits.max_messages = 256;
-    cfg.limits.retired_history = 1u << 16;
-    cfg.limits.window_packets = 64;
-    cfg.limits.max_parked_packets = 256;
-    cfg.limits.event_queue_depth = 1024;
     auto ec = nic.install(cfg);
     if (!ec.ok()) return fail(ec.err().code, what + ": installing the collective engine: " + ec.err().message);
     e.ec = ec.value();

@@ -4,6 +4,8 @@
 #include <spin/coll/engine.hpp>
 #include <spin/coll/protocol.hpp>
 
+#include "engine_ec.hpp"
+
 #include <algorithm>
 #include <array>
 #include <condition_variable>
@@ -131,16 +133,10 @@ struct fabric::impl {
     pl.region_ok = true;
     rt::ec_config cfg;
     cfg.name = "coll." + std::to_string(wire_id >> 4) + (setup.role == pr::switch_leaf ? ".leaf" : ".switch");
-    cfg.match.bits = pr::match_bits(wire_id, 0);
-    cfg.match.ignore_mask = pr::match_ignore_mask;
+    detail::configure_engine_ec(cfg, wire_id, 64);
     if (auto r = pkg.bind(cfg); !r.ok()) return r.err();
     cfg.handler_mem_bytes = engine_detail::slots_offset() + std::uint64_t{slots} * 2 * stride;
     cfg.window = rt::host_window{pl.region, 0, pl.mem.size()};
-    cfg.limits.max_messages = 256;
-    cfg.limits.retired_history = 1u << 16;
-    cfg.limits.window_packets = 64;
-    cfg.limits.max_parked_packets = 256;
-    cfg.limits.event_queue_depth = 64;
     auto ec = nic.install(cfg);
     if (!ec.ok()) return fail(ec.err().code, "installing the aggregation engine on " + nic.name() + ": " + ec.err().message);
     pl.ec = ec.value();

@@ -474,23 +474,31 @@ std::string to_toml(const topology& t) {
 
 // ---- routes --------------------------------------------------------------------------------
 
+namespace {
+// The egress port of node n on a shortest path, given the hop counts `dist` towards the
+// destination: among the ports whose neighbour is one hop closer, the one with the lowest link
+// index (so routes are deterministic); no_port when none is.
+std::uint32_t best_port(const topology& t, const std::vector<std::uint32_t>& dist, std::uint32_t n) {
+  std::uint32_t best = no_port, best_link = no_port;
+  const auto& ports = t.nodes[n].ports;
+  for (std::uint32_t p = 0; p < ports.size(); ++p) {
+    const link_spec& s = t.links[ports[p]];
+    const std::uint32_t m = s.a == n ? s.b : s.a;
+    if (dist[m] + 1 == dist[n] && ports[p] < best_link) {
+      best_link = ports[p];
+      best = p;
+    }
+  }
+  return best;
+}
+}  // namespace
+
 std::vector<std::uint32_t> ports_towards(const topology& t, std::uint32_t dest) {
   std::vector<std::uint32_t> out(t.nodes.size(), no_port);
   if (dest >= t.nodes.size()) return out;
   const std::vector<std::uint32_t> dist = bfs(t, dest);
-  for (std::uint32_t n = 0; n < t.nodes.size(); ++n) {
-    if (n == dest || dist[n] == unreached) continue;
-    std::uint32_t best_link = no_port;
-    const auto& ports = t.nodes[n].ports;
-    for (std::uint32_t p = 0; p < ports.size(); ++p) {
-      const link_spec& s = t.links[ports[p]];
-      const std::uint32_t m = s.a == n ? s.b : s.a;
-      if (dist[m] + 1 == dist[n] && ports[p] < best_link) {
-        best_link = ports[p];
-        out[n] = p;
-      }
-    }
-  }
+  for (std::uint32_t n = 0; n < t.nodes.size(); ++n)
+    if (n != dest && dist[n] != unreached) out[n] = best_port(t, dist, n);
   return out;
 }
 
@@ -513,17 +521,7 @@ routing_table routes(const topology& t) {
     const std::vector<std::uint32_t> dist = bfs(t, dest);
     for (std::uint32_t n = 0; n < t.nodes.size(); ++n) {
       if (n == dest || dist[n] == unreached) continue;
-      std::uint32_t best_port = routing_table::none, best_link = routing_table::none;
-      const auto& ports = t.nodes[n].ports;
-      for (std::uint32_t p = 0; p < ports.size(); ++p) {
-        const link_spec& s = t.links[ports[p]];
-        const std::uint32_t m = s.a == n ? s.b : s.a;
-        if (dist[m] + 1 == dist[n] && ports[p] < best_link) {
-          best_link = ports[p];
-          best_port = p;
-        }
-      }
-      rt._port[std::size_t{n} * rt._hosts + slot] = best_port;
+      rt._port[std::size_t{n} * rt._hosts + slot] = best_port(t, dist, n);
       rt._dist[std::size_t{n} * rt._hosts + slot] = dist[n];
     }
   }

@@ -72,6 +72,37 @@ struct world {
   }
 };
 
+/// A leaf-spine network: leaf i ("l<i>") holds hosts_per_leaf[i] hosts (ranks in order), every
+/// leaf hangs off one spine ("sp"); link k gets model m with seed m.seed + k.
+inline emu::topology leaf_spine(const std::vector<std::uint32_t>& hosts_per_leaf, const emu::link_model& m = {}) {
+  emu::topology t;
+  std::uint32_t hosts = 0;
+  for (std::uint32_t n : hosts_per_leaf) hosts += n;
+  for (std::uint32_t h = 0; h < hosts; ++h) t.nodes.push_back({emu::node_kind::host, "h" + std::to_string(h), h, 1, {}});
+  for (std::uint32_t l = 0; l < hosts_per_leaf.size(); ++l)
+    t.nodes.push_back({emu::node_kind::switch_, "l" + std::to_string(l), 0, 1, {}});
+  const auto spine = static_cast<std::uint32_t>(t.nodes.size());
+  t.nodes.push_back({emu::node_kind::switch_, "sp", 0, 1, {}});
+  auto link = [&](std::uint32_t a, std::uint32_t b) {
+    emu::link_spec l;
+    l.a = a;
+    l.b = b;
+    l.a_port = static_cast<std::uint32_t>(t.nodes[a].ports.size());
+    l.b_port = static_cast<std::uint32_t>(t.nodes[b].ports.size());
+    l.model = m;
+    l.model.seed = m.seed + t.links.size();
+    t.nodes[a].ports.push_back(static_cast<std::uint32_t>(t.links.size()));
+    t.nodes[b].ports.push_back(static_cast<std::uint32_t>(t.links.size()));
+    t.links.push_back(l);
+  };
+  std::uint32_t h = 0;
+  for (std::uint32_t l = 0; l < hosts_per_leaf.size(); ++l)
+    for (std::uint32_t k = 0; k < hosts_per_leaf[l]; ++k) link(h++, hosts + l);
+  for (std::uint32_t l = 0; l < hosts_per_leaf.size(); ++l) link(hosts + l, spine);
+  REQUIRE(emu::validate(t).ok());
+  return t;
+}
+
 inline emu::topology topology_for(std::uint32_t n, const emu::link_model& m = {}) {
   if (n == 1 || n > 8) return emu::star(n, m);
   if (n == 2) return emu::pair(m);

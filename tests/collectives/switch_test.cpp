@@ -177,28 +177,7 @@ TEST_CASE("in a leaf-spine network leaves combine integer and min/max reductions
   no_switch.value().reset();
 
   // Leaves l0 (h0, h1) and l1 (h2, h3) under spine sp.
-  emu::topology t;
-  for (std::uint32_t h = 0; h < 4; ++h) t.nodes.push_back({emu::node_kind::host, "h" + std::to_string(h), h, 1, {}});
-  t.nodes.push_back({emu::node_kind::switch_, "l0", 0, 1, {}});
-  t.nodes.push_back({emu::node_kind::switch_, "l1", 0, 1, {}});
-  t.nodes.push_back({emu::node_kind::switch_, "sp", 0, 1, {}});
-  auto link = [&](std::uint32_t a, std::uint32_t b) {
-    emu::link_spec l;
-    l.a = a;
-    l.b = b;
-    l.a_port = static_cast<std::uint32_t>(t.nodes[a].ports.size());
-    l.b_port = static_cast<std::uint32_t>(t.nodes[b].ports.size());
-    t.nodes[a].ports.push_back(static_cast<std::uint32_t>(t.links.size()));
-    t.nodes[b].ports.push_back(static_cast<std::uint32_t>(t.links.size()));
-    t.links.push_back(l);
-  };
-  link(0, 4);
-  link(1, 4);
-  link(2, 5);
-  link(3, 5);
-  link(4, 6);
-  link(5, 6);
-  REQUIRE(emu::validate(t).ok());
+  const emu::topology t = test::leaf_spine({2, 2});
   options o;
   o.repair_interval = std::chrono::seconds(1);  // no loss: the bytes are measured
   world w(t, o, 1, test::switches::fabric);
@@ -257,28 +236,7 @@ TEST_CASE("two-level aggregation stays exact under loss, duplication and reorder
   m.duplicate = 0.01;
   m.reorder = 0.03;
   m.seed = 17;
-  emu::topology t;
-  for (std::uint32_t h = 0; h < 5; ++h) t.nodes.push_back({emu::node_kind::host, "h" + std::to_string(h), h, 1, {}});
-  t.nodes.push_back({emu::node_kind::switch_, "l0", 0, 1, {}});
-  t.nodes.push_back({emu::node_kind::switch_, "l1", 0, 1, {}});
-  t.nodes.push_back({emu::node_kind::switch_, "sp", 0, 1, {}});
-  auto link = [&](std::uint32_t a, std::uint32_t b) {
-    emu::link_spec l;
-    l.a = a;
-    l.b = b;
-    l.a_port = static_cast<std::uint32_t>(t.nodes[a].ports.size());
-    l.b_port = static_cast<std::uint32_t>(t.nodes[b].ports.size());
-    l.model = m;
-    l.model.seed = m.seed + t.links.size();
-    t.nodes[a].ports.push_back(static_cast<std::uint32_t>(t.links.size()));
-    t.nodes[b].ports.push_back(static_cast<std::uint32_t>(t.links.size()));
-    t.links.push_back(l);
-  };
-  for (std::uint32_t h = 0; h < 3; ++h) link(h, 5);  // three hosts on l0, two on l1
-  for (std::uint32_t h = 3; h < 5; ++h) link(h, 6);
-  link(5, 7);
-  link(6, 7);
-  REQUIRE(emu::validate(t).ok());
+  const emu::topology t = test::leaf_spine({3, 2}, m);  // three hosts on l0, two on l1
   options o;
   o.repair_interval = std::chrono::microseconds(1000);
   o.switch_slots = 8;

@@ -596,16 +596,16 @@ template <class Red> struct engine {
   /// packet.
   static ret on_mdown(spin::ctx* ctx, state* s) {
     pin pn;
-    if (!data_bank(ctx, s, ctx->coll.epoch, pn)) return ret::drop;
-    bank* b = pn.b;
+    data_pkt d;
+    bank* sb = find(s, ctx->coll.epoch);
+    if (sb == nullptr) return drop(s, dr_stale), ret::drop;
+    if (!data_packet(ctx, s, sb->d.switch_rank, false, pn, d)) return ret::drop;
+    bank* b = d.b;
     const params& p = b->d.p;
-    const roles r = roles::of(b, s->me);
-    if (!r.multicast() || ctx->msg.source_rank != b->d.switch_rank) return drop(s, dr_stranger), ret::drop;
-    const u64 pkt = ctx->coll.aux;
-    if (pkt >= r.g.total) return drop(s, dr_malformed), ret::drop;
-    const u64 c = r.g.chunk_of(pkt);
-    const u32 n = static_cast<u32>(r.g.packet_len(c, pkt));
-    if (ctx->coll.elem_count != n || ctx->packet.size() != u64{n} * p.elem_bytes) return drop(s, dr_malformed), ret::drop;
+    const roles& r = d.r;
+    const u64 pkt = d.pkt, c = d.c;
+    const u32 n = d.n;
+    if (!r.multicast()) return drop(s, dr_stranger), ret::drop;
     if (r.owner(c) == s->me) {  // this rank's own packet came back
       delivered(ctx, s, b, r, pkt);
       check_complete(ctx, s, b, r);
@@ -833,20 +833,43 @@ template <class Red> struct engine {
     originate_next(ctx, s, b, r, 1);
   }
 
+  /// A data packet of a running epoch, checked: its bank (pinned by `pn`), the roles, its
+  /// index, chunk and elements.
+  struct data_pkt {
+    bank* b;
+    roles r;
+    u64 pkt;
+    u64 c;
+    u32 n;
+  };
+  /// Checks a data packet whose `aux` is its index: it comes from NIC rank `from`, its epoch
+  /// runs here, and its element count and length (`acc` ? accumulator : element bytes each)
+  /// match the geometry. False (counted) otherwise.
+  static bool data_packet(spin::ctx* ctx, state* s, u32 from, bool acc, pin& pn, data_pkt& out) {
+    if (ctx->msg.source_rank != from) return drop(s, dr_stranger), false;
+    if (!data_bank(ctx, s, ctx->coll.epoch, pn)) return false;
+    out.b = pn.b;
+    out.r = roles::of(out.b, s->me);
+    out.pkt = ctx->coll.aux;
+    if (out.pkt >= out.r.g.total) return drop(s, dr_malformed), false;
+    out.c = out.r.g.chunk_of(out.pkt);
+    out.n = static_cast<u32>(out.r.g.packet_len(out.c, out.pkt));
+    const u64 bytes = acc ? out.b->d.p.acc_bytes : out.b->d.p.elem_bytes;
+    if (ctx->coll.elem_count != out.n || ctx->packet.size() != u64{out.n} * bytes) return drop(s, dr_malformed), false;
+    return true;
+  }
+  static u32 pred_rank(const state* s) { return s->members[s->me == 0 ? s->nranks - 1 : s->me - 1]; }
+
   static ret on_rs(spin::ctx* ctx, state* s) {
-    if (ctx->msg.source_rank != s->members[s->me == 0 ? s->nranks - 1 : s->me - 1])
-      return drop(s, dr_stranger), ret::drop;
     pin pn;
-    if (!data_bank(ctx, s, ctx->coll.epoch, pn)) return ret::drop;
-    bank* b = pn.b;
+    data_pkt d;
+    if (!data_packet(ctx, s, pred_rank(s), true, pn, d)) return ret::drop;
+    bank* b = d.b;
     const params& p = b->d.p;
-    const roles r = roles::of(b, s->me);
-    const u64 pkt = ctx->coll.aux;
-    if (!r.reduces() || pkt >= r.g.total) return drop(s, dr_malformed), ret::drop;
-    const u64 c = r.g.chunk_of(pkt);
-    const u32 n = static_cast<u32>(r.g.packet_len(c, pkt));
-    if (r.originator(c) == s->me || ctx->coll.elem_count != n || ctx->packet.size() != u64{n} * p.acc_bytes)
-      return drop(s, dr_malformed), ret::drop;
+    const roles& r = d.r;
+    const u64 pkt = d.pkt, c = d.c;
+    const u32 n = d.n;
+    if (!r.reduces() || r.originator(c) == s->me) return drop(s, dr_malformed), ret::drop;
     const bool owner = r.owner(c) == s->me;
     // Once this rank's host heard it is done, its input may be reused: no fold through it can
     // matter any more (every owner already holds its results; docs/collectives.md, "Completion").
@@ -884,19 +907,15 @@ template <class Red> struct engine {
   }
 
   static ret on_ag(spin::ctx* ctx, state* s) {
-    if (ctx->msg.source_rank != s->members[s->me == 0 ? s->nranks - 1 : s->me - 1])
-      return drop(s, dr_stranger), ret::drop;
     pin pn;
-    if (!data_bank(ctx, s, ctx->coll.epoch, pn)) return ret::drop;
-    bank* b = pn.b;
+    data_pkt d;
+    if (!data_packet(ctx, s, pred_rank(s), false, pn, d)) return ret::drop;
+    bank* b = d.b;
     const params& p = b->d.p;
-    const roles r = roles::of(b, s->me);
-    const u64 pkt = ctx->coll.aux;
-    if (!r.gathers() || pkt >= r.g.total) return drop(s, dr_malformed), ret::drop;
-    const u64 c = r.g.chunk_of(pkt);
-    const u32 n = static_cast<u32>(r.g.packet_len(c, pkt));
-    if (r.owner(c) == s->me || ctx->coll.elem_count != n || ctx->packet.size() != u64{n} * p.elem_bytes)
-      return drop(s, dr_malformed), ret::drop;
+    const roles& r = d.r;
+    const u64 pkt = d.pkt, c = d.c;
+    const u32 n = d.n;
+    if (!r.gathers() || r.owner(c) == s->me) return drop(s, dr_malformed), ret::drop;
     const bool last = r.last(c) == s->me;
     const u8* el = ctx->payload<u8>(0, u64{n} * p.elem_bytes);
     if (el == nullptr) return drop(s, dr_malformed), ret::drop;

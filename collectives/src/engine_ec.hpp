@@ -1,0 +1,24 @@
+// What every EC of the collective engine gets, on NICs and on switches alike.
+#pragma once
+
+#include <spin/coll/protocol.hpp>
+#include <spin/rt/runtime.hpp>
+
+#include <cstdint>
+
+namespace spin::coll::detail {
+
+/// The match rule of engine `wire_id` (group id << 4 | engine slot) and the limits its traffic
+/// needs: one-packet messages, a long duplicate history (a repeat is a new message, a link's copy
+/// is not), `event_depth` host events.
+inline void configure_engine_ec(rt::ec_config& cfg, std::uint32_t wire_id, std::uint32_t event_depth) {
+  cfg.match.bits = proto::match_bits(wire_id, 0);
+  cfg.match.ignore_mask = proto::match_ignore_mask;
+  cfg.limits.max_messages = 256;
+  cfg.limits.retired_history = 1u << 16;
+  cfg.limits.window_packets = 64;
+  cfg.limits.max_parked_packets = 256;
+  cfg.limits.event_queue_depth = event_depth;
+}
+
+} // namespace spin::coll::detail
