@@ -420,11 +420,7 @@ TEST_CASE("float sums are bitwise identical on every rank, across runs, loss and
   }
   std::vector<float> first;
   for (double loss : {0.0, 0.01}) {
-    emu::link_model m;
-    m.loss = loss;
-    m.reorder = loss > 0 ? 0.05 : 0.0;
-    m.duplicate = loss > 0 ? 0.01 : 0.0;
-    m.seed = 11;
+    const emu::link_model m = test::lossy(loss, 11, 0.05);
     world w(test::topology_for(n, m));
     for (int run = 0; run < 2; ++run) {
       std::vector<std::vector<float>> out(n, std::vector<float>(count));
@@ -478,11 +474,7 @@ TEST_CASE("host_ring gives the edge ring's bits and stays exact under loss; rank
   std::vector<std::vector<float>> in(n, std::vector<float>(count));
   for (auto& v : in)
     for (auto& x : v) x = dist(rng) * std::exp2(static_cast<float>(static_cast<int>(rng() % 16) - 8));
-  emu::link_model m;
-  m.loss = 0.01;
-  m.duplicate = 0.01;
-  m.reorder = 0.03;
-  m.seed = 4;
+  const emu::link_model m = test::lossy(0.01, 4, 0.03);
   options o;
   o.repair_interval = std::chrono::microseconds(1000);
   world w(test::topology_for(n, m), o);
@@ -514,11 +506,7 @@ TEST_CASE("switch aggregation gives the edge ring's bits, under loss, duplicatio
     for (auto& x : v) x = dist(rng) * std::exp2(static_cast<float>(static_cast<int>(rng() % 16) - 8));
   std::vector<std::vector<float>> ring(n, std::vector<float>(count));
   for (double loss : {0.0, 0.01}) {
-    emu::link_model m;
-    m.loss = loss;
-    m.duplicate = loss > 0 ? 0.01 : 0.0;
-    m.reorder = loss > 0 ? 0.03 : 0.0;
-    m.seed = 21;
+    const emu::link_model m = test::lossy(loss, 21, 0.03);
     options o;
     o.repair_interval = std::chrono::microseconds(1000);
     o.switch_slots = 16;
@@ -560,11 +548,7 @@ TEST_CASE("edge ring reduce-scatter, allgather and broadcast are exact for ranks
 }
 
 TEST_CASE("reduce-scatter, allgather and broadcast are exact under loss, duplication and reordering") {
-  emu::link_model m;
-  m.loss = 0.01;
-  m.duplicate = 0.01;
-  m.reorder = 0.02;
-  m.seed = 5;
+  const emu::link_model m = test::lossy(0.01, 5, 0.02);
   options o;
   o.repair_interval = std::chrono::microseconds(1000);
   world w(test::topology_for(4, m), o);

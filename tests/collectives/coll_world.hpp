@@ -72,6 +72,17 @@ struct world {
   }
 };
 
+/// A link model that loses `loss` of the packets and, when it loses any, also duplicates 1% and
+/// reorders `reorder` of them; fates drawn from `seed`.
+inline emu::link_model lossy(double loss, std::uint64_t seed, double reorder = 0.03) {
+  emu::link_model m;
+  m.loss = loss;
+  m.duplicate = loss > 0 ? 0.01 : 0.0;
+  m.reorder = loss > 0 ? reorder : 0.0;
+  m.seed = seed;
+  return m;
+}
+
 /// A leaf-spine network: leaf i ("l<i>") holds hosts_per_leaf[i] hosts (ranks in order), every
 /// leaf hangs off one spine ("sp"); link k gets model m with seed m.seed + k.
 inline emu::topology leaf_spine(const std::vector<std::uint32_t>& hosts_per_leaf, const emu::link_model& m = {}) {

@@ -231,11 +231,7 @@ TEST_CASE("in a leaf-spine network leaves combine integer and min/max reductions
 }
 
 TEST_CASE("two-level aggregation stays exact under loss, duplication and reordering") {
-  emu::link_model m;
-  m.loss = 0.01;
-  m.duplicate = 0.01;
-  m.reorder = 0.03;
-  m.seed = 17;
+  const emu::link_model m = test::lossy(0.01, 17, 0.03);
   const emu::topology t = test::leaf_spine({3, 2}, m);  // three hosts on l0, two on l1
   options o;
   o.repair_interval = std::chrono::microseconds(1000);
@@ -267,11 +263,7 @@ TEST_CASE("two-level aggregation stays exact under loss, duplication and reorder
 
 TEST_CASE("allgather and broadcast through the switch: blocks go up once and come down replicated, exact under loss") {
   for (double loss : {0.0, 0.01}) {
-    emu::link_model m;
-    m.loss = loss;
-    m.duplicate = loss > 0 ? 0.01 : 0.0;
-    m.reorder = loss > 0 ? 0.03 : 0.0;
-    m.seed = 13;
+    const emu::link_model m = test::lossy(loss, 13, 0.03);
     options o;
     // Without loss, no repair traffic on a slow machine either: the bytes are measured.
     o.repair_interval = loss > 0 ? std::chrono::microseconds(1000) : std::chrono::microseconds(1000000);
