@@ -3,17 +3,17 @@
 #include <spin/coll/engine.hpp>
 #include <spin/coll/kernels.hpp>
 #include <spin/coll/protocol.hpp>
+#include <spin/rt/loader.hpp>
 
 #include "engine_ec.hpp"
-#include <spin/rt/loader.hpp>
 
 #include <nlohmann/json.hpp>
 
 #include <sys/mman.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <array>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -86,6 +86,7 @@ std::uint32_t elem_bytes(dtype t) {
   return n;
 }
 
+namespace {
 // What a collective reduces with: which engine (slot), the wire ids, the kernels.
 struct op_spec {
   std::uint32_t slot = 0;
@@ -101,6 +102,7 @@ std::uint32_t name_hash(const std::string& s) {
   for (unsigned char c : s) h = (h ^ c) * 16777619u;
   return h == 0 ? 1 : h;
 }
+} // namespace
 
 struct communicator::impl {
   // One installed collective engine: slot 0 the standard package, 1..15 user reductions.
