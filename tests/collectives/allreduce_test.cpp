@@ -12,6 +12,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 
 using namespace spin;
 using namespace spin::coll;
@@ -333,6 +334,43 @@ TEST_CASE("ranks that disagree on count, datatype or operation all get the same 
     REQUIRE(res[r].ok());
     CHECK(out[r][299] == 4);
   }
+}
+
+TEST_CASE("a rank that creates its communicator and calls late still gets the exact result on every rank") {
+  emu::cluster_options co;
+  auto c = emu::cluster::create(test::topology_for(4), co);
+  REQUIRE(c.ok());
+  test::driver drv;
+  drv.start(*c.value());
+  group g;
+  g.id = 9;
+  g.members = {0, 1, 2, 3};
+  std::vector<std::vector<std::int64_t>> in(4, std::vector<std::int64_t>(5000)), out(4, std::vector<std::int64_t>(5000));
+  for (std::uint32_t r = 0; r < 4; ++r)
+    for (std::uint64_t i = 0; i < 5000; ++i) in[r][i] = static_cast<std::int64_t>(i * 3 + r);
+  std::vector<result<void>> res(4);
+  std::vector<std::unique_ptr<communicator>> comms(4);
+  std::vector<std::thread> th;
+  for (std::uint32_t r = 0; r < 4; ++r)
+    th.emplace_back([&, r] {
+      // Rank 3 comes 200 ms after the others sent it their hellos (its NIC had no EC for them).
+      if (r == 3) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      group mine = g;
+      mine.me = r;
+      auto cm = communicator::create(*c.value()->host(r), mine);
+      if (!cm.ok()) {
+        res[r] = cm.err();
+        return;
+      }
+      comms[r] = std::move(cm.value());
+      res[r] = comms[r]->allreduce(std::span<const std::int64_t>(in[r]), std::span<std::int64_t>(out[r]), op::sum);
+    });
+  for (auto& t : th) t.join();
+  for (std::uint32_t r = 0; r < 4; ++r) {
+    REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+    for (std::uint64_t i = 0; i < 5000; ++i) REQUIRE(out[r][i] == static_cast<std::int64_t>(i * 12 + 6));
+  }
+  comms.clear();
 }
 
 TEST_CASE("bad arguments are refused before anything is sent") {
