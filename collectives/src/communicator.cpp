@@ -562,7 +562,7 @@ struct communicator::impl {
         } else {
           bi.off = staging_in();
           bi.stride = mb;
-          for (std::uint32_t c = 0; c < nr; ++c)
+          for (std::uint32_t c = 0; c < nr && mb > 0; ++c)  // count 0 may come with null buffers
             std::memcpy(arena + bi.off + c * mb, static_cast<const std::byte*>(in) + c * count * eb + at, mb);
           st.staged_bytes += mb * nr;
         }
@@ -570,13 +570,13 @@ struct communicator::impl {
         bi.blocked = 1;  // this rank's block only
         bi.stride = 0;
         bi.off = in_arena != npos ? in_arena + at : staging_in();
-        if (in_arena == npos) {
+        if (in_arena == npos && mb > 0) {
           std::memcpy(arena + bi.off, static_cast<const std::byte*>(in) + at, mb);
           st.staged_bytes += mb;
         }
       } else {
         bi.off = in_arena != npos ? in_arena + at : staging_in();
-        if (reads_in && in_arena == npos) {
+        if (reads_in && in_arena == npos && mb > 0) {
           std::memcpy(arena + bi.off, static_cast<const std::byte*>(in) + at, mb);
           st.staged_bytes += mb;
         }

@@ -143,8 +143,9 @@ struct fabric::impl {
     pl.ec_ok = true;
     std::memcpy(pl.mem.data() + 64, &setup, sizeof(setup));
     std::memcpy(pl.mem.data() + 64 + sizeof(setup), members.data(), members.size() * sizeof(std::uint32_t));
-    std::memcpy(pl.mem.data() + 64 + sizeof(setup) + members.size() * sizeof(std::uint32_t), leaves.data(),
-                leaves.size() * sizeof(std::uint32_t));
+    if (!leaves.empty())
+      std::memcpy(pl.mem.data() + 64 + sizeof(setup) + members.size() * sizeof(std::uint32_t), leaves.data(),
+                  leaves.size() * sizeof(std::uint32_t));
     pr::cmd cmd{};
     cmd.type = pr::cmd_switch_setup;
     cmd.desc_off = 64;

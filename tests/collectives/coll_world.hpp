@@ -8,6 +8,7 @@
 #include <spin/emu/cluster.hpp>
 
 #include <atomic>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <thread>
@@ -71,6 +72,9 @@ struct world {
     return out;
   }
 };
+
+/// memcmp that allows n == 0 with null pointers (empty vectors), which memcmp itself does not.
+inline bool same_bytes(const void* a, const void* b, std::size_t n) { return n == 0 || std::memcmp(a, b, n) == 0; }
 
 /// A link model that loses `loss` of the packets and, when it loses any, also duplicates 1% and
 /// reorders `reorder` of them; fates drawn from `seed`.

@@ -279,7 +279,7 @@ TEST_CASE("allgather and broadcast through the switch: blocks go up once and com
       for (std::uint32_t r = 0; r < n; ++r) {
         INFO("loss " << loss << " block " << block << " rank " << r);
         REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
-        for (std::uint32_t q = 0; q < n; ++q) REQUIRE(std::memcmp(out[r].data() + q * block, in[q].data(), block * 4) == 0);
+        for (std::uint32_t q = 0; q < n; ++q) REQUIRE(test::same_bytes(out[r].data() + q * block, in[q].data(), block * 4));
         if (loss == 0.0 && block == 20011) {
           // Up: the own block once; down: every block, the own one's copy included.
           const double s_bytes = block * 4.0 * n;
