@@ -4,6 +4,7 @@
 #include <spin/coll/protocol.hpp>
 #include <spin/rt/runtime.hpp>
 
+#include <chrono>
 #include <cstdint>
 
 namespace spin::coll::detail {
@@ -19,6 +20,10 @@ inline void configure_engine_ec(rt::ec_config& cfg, std::uint32_t wire_id, std::
   cfg.limits.window_packets = 64;
   cfg.limits.max_parked_packets = 256;
   cfg.limits.event_queue_depth = event_depth;
+  // One invocation sends at most a few windows of packets, each with a DMA: milliseconds in a
+  // sanitizer build on a loaded machine, above the runtime's default budget of 10 ms. The
+  // budget still stops a handler that hangs.
+  cfg.limits.handler_budget = std::chrono::seconds(1);
 }
 
 } // namespace spin::coll::detail

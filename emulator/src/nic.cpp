@@ -62,9 +62,15 @@ inline void sync_out(const rte_mbuf*) noexcept {}
 inline void sync_in(const rte_mbuf*) noexcept {}
 #endif
 
+// rte_pktmbuf_alloc would reset the mbuf's header before the acquire: ThreadSanitizer then sees
+// that write race with the previous owner's release. Take the raw mbuf, acquire, then reset.
 rte_mbuf* mbuf_alloc(rte_mempool* pool) noexcept {
-  rte_mbuf* m = rte_pktmbuf_alloc(pool);
-  if (m != nullptr) sync_in(m);
+  rte_mbuf* m = rte_mbuf_raw_alloc(pool);
+  if (m == nullptr) return nullptr;
+#if defined(SPIN_TSAN)
+  __tsan_acquire(m);
+#endif
+  rte_pktmbuf_reset(m);
   return m;
 }
 
