@@ -1,5 +1,7 @@
 #include <spin/emu/cluster.hpp>
 
+#include "mbuf_sync.hpp"
+
 #include <rte_errno.h>
 #include <rte_ethdev.h>
 #include <rte_mbuf.h>
@@ -18,7 +20,7 @@ std::atomic<unsigned> cluster_seq{0};
 void free_ring(rte_ring* r) noexcept {
   if (r == nullptr) return;
   void* m = nullptr;
-  while (rte_ring_dequeue(r, &m) == 0) rte_pktmbuf_free(static_cast<rte_mbuf*>(m));
+  while (rte_ring_dequeue(r, &m) == 0) detail::mbuf_free(static_cast<rte_mbuf*>(m));
   rte_ring_free(r);
 }
 }  // namespace
@@ -127,8 +129,8 @@ cluster::~cluster() {
   for (auto& d : _dirs) d.stage.reset();
   for (auto& d : _dirs) {
     void* m = nullptr;
-    while (rte_ring_dequeue(d.tx, &m) == 0) rte_pktmbuf_free(static_cast<rte_mbuf*>(m));
-    while (rte_ring_dequeue(d.rx, &m) == 0) rte_pktmbuf_free(static_cast<rte_mbuf*>(m));
+    while (rte_ring_dequeue(d.tx, &m) == 0) detail::mbuf_free(static_cast<rte_mbuf*>(m));
+    while (rte_ring_dequeue(d.rx, &m) == 0) detail::mbuf_free(static_cast<rte_mbuf*>(m));
   }
   _nodes.clear();
   for (std::uint16_t p : _ports) (void)rte_eth_dev_close(p);

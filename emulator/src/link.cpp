@@ -1,5 +1,7 @@
 #include <spin/emu/link.hpp>
 
+#include "mbuf_sync.hpp"
+
 #include <rte_mbuf.h>
 #include <rte_mempool.h>
 #include <rte_ring.h>
@@ -215,7 +217,7 @@ link::link(rte_ring* in, rte_ring* out, rte_mempool* pool, const link_model& m, 
     : _in(in), _out(out), _pool(pool), _sim(m), _heap(std::move(heap)), _cap(m.queue_packets) {}
 
 link::~link() {
-  for (std::uint32_t i = 0; i < _size; ++i) rte_pktmbuf_free(_heap[i].m);
+  for (std::uint32_t i = 0; i < _size; ++i) detail::mbuf_free(_heap[i].m);
   _size = 0;
 }
 
@@ -307,13 +309,13 @@ std::uint32_t link::ingest(std::uint64_t now_ns) noexcept {
       const std::uint32_t len = rte_pktmbuf_pkt_len(pkt);
       bytes += len;
       if (_size >= _cap) {  // only reached under overflow_policy::drop
-        rte_pktmbuf_free(pkt);
+        detail::mbuf_free(pkt);
         bump(_c.dropped_queue_full);
         continue;
       }
       const fate f = _sim.on_packet(len, now_ns);
       if (f.drop) {
-        rte_pktmbuf_free(pkt);
+        detail::mbuf_free(pkt);
         bump(_c.dropped_loss);
         continue;
       }
@@ -323,7 +325,7 @@ std::uint32_t link::ingest(std::uint64_t now_ns) noexcept {
         bump(_c.duplicated);
         if (_size >= _cap) {
           bump(_c.dropped_queue_full);
-        } else if (rte_mbuf* copy = rte_pktmbuf_copy(pkt, _pool, 0, UINT32_MAX); copy == nullptr) {
+        } else if (rte_mbuf* copy = detail::mbuf_copy(pkt, _pool); copy == nullptr) {
           bump(_c.dup_no_mbuf);
         } else {
           push(entry{f.duplicate_deliver_ns, _seq++, copy});

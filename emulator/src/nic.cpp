@@ -6,6 +6,8 @@
 #include <spin/rt/tx.hpp>
 #include <spin/rt/wire.hpp>
 
+#include "mbuf_sync.hpp"
+
 #include <rte_errno.h>
 #include <rte_ethdev.h>
 #include <rte_lcore.h>
@@ -23,9 +25,6 @@
 #include <optional>
 #include <thread>
 
-#if defined(SPIN_TSAN)
-#include <sanitizer/tsan_interface.h>
-#endif
 
 namespace spin::emu {
 
@@ -47,37 +46,10 @@ namespace {
 
 using rt::detail::counter;
 
-// DPDK's rings and mempools are not instrumented for ThreadSanitizer, so it cannot see the
-// happens-before they give when an mbuf moves between threads. Every place where an mbuf enters
-// or leaves DPDK in this file tells it (no-ops in other builds).
-#if defined(SPIN_TSAN)
-inline void sync_out(const rte_mbuf* m) noexcept {
-  for (; m != nullptr; m = m->next) __tsan_release(const_cast<rte_mbuf*>(m));
-}
-inline void sync_in(const rte_mbuf* m) noexcept {
-  for (; m != nullptr; m = m->next) __tsan_acquire(const_cast<rte_mbuf*>(m));
-}
-#else
-inline void sync_out(const rte_mbuf*) noexcept {}
-inline void sync_in(const rte_mbuf*) noexcept {}
-#endif
-
-// rte_pktmbuf_alloc would reset the mbuf's header before the acquire: ThreadSanitizer then sees
-// that write race with the previous owner's release. Take the raw mbuf, acquire, then reset.
-rte_mbuf* mbuf_alloc(rte_mempool* pool) noexcept {
-  rte_mbuf* m = rte_mbuf_raw_alloc(pool);
-  if (m == nullptr) return nullptr;
-#if defined(SPIN_TSAN)
-  __tsan_acquire(m);
-#endif
-  rte_pktmbuf_reset(m);
-  return m;
-}
-
-void mbuf_free(rte_mbuf* m) noexcept {
-  sync_out(m);
-  rte_pktmbuf_free(m);
-}
+using detail::mbuf_alloc;
+using detail::mbuf_free;
+using detail::sync_in;
+using detail::sync_out;
 
 // Copies `len` bytes into a new frame of one or (when `chain`) several mbufs of `pool`.
 rte_mbuf* frame_to_mbufs(rte_mempool* pool, const std::byte* src, std::uint32_t len, bool chain) noexcept {
