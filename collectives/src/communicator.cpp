@@ -6,10 +6,9 @@
 #include <spin/rt/loader.hpp>
 
 #include "engine_ec.hpp"
+#include "port.hpp"
 
 #include <nlohmann/json.hpp>
-
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <array>
@@ -43,24 +42,31 @@ static_assert(counters_off + sizeof(pr::engine_counters) <= cmd_off);
 static_assert(cmd_off + cmd_slots * 64 <= ctl_bytes && sizeof(pr::cmd) <= 64);
 
 // The standard package, decoded and loaded once per process.
-result<rt::loaded_package> standard_package() {
+result<engine_package> standard_package() {
   static std::mutex m;
-  static std::unique_ptr<result<rt::loaded_package>> cached;
+  static std::unique_ptr<result<engine_package>> cached;
   std::lock_guard<std::mutex> g(m);
   if (!cached) {
-    auto pkg = rt::decode_package(std_package_bytes());
-    if (!pkg.ok())
-      cached = std::make_unique<result<rt::loaded_package>>(fail(pkg.err().code, "coll.spkg: " + pkg.err().message));
-    else
-      cached = std::make_unique<result<rt::loaded_package>>(rt::load_package(pkg.value()));
+    const auto bytes = std_package_bytes();
+    auto pkg = rt::decode_package(bytes);
+    if (!pkg.ok()) {
+      cached = std::make_unique<result<engine_package>>(fail(pkg.err().code, "coll.spkg: " + pkg.err().message));
+    } else if (auto lp = rt::load_package(pkg.value()); !lp.ok()) {
+      cached = std::make_unique<result<engine_package>>(lp.err());
+    } else {
+      engine_package e;
+      e.bytes.assign(bytes.begin(), bytes.end());
+      e.loaded = lp.value();
+      cached = std::make_unique<result<engine_package>>(std::move(e));
+    }
   }
   return *cached;
 }
 
-// Groups in use per NIC in this process: two communicators of one group id on one NIC would
-// share match bits, and the first installed EC would take the other's packets.
+// Groups in use per NIC in this process (by port key): two communicators of one group id on
+// one NIC would share match bits, and the first installed EC would take the other's packets.
 std::mutex groups_mutex;
-std::set<std::pair<const void*, std::uint32_t>> groups_in_use;
+std::set<std::pair<std::string, std::uint32_t>> groups_in_use;
 
 error describe_mismatch(std::uint32_t detail) {
   const auto f = static_cast<pr::field>(detail >> 16);
@@ -116,14 +122,14 @@ struct communicator::impl {
     fabric::lease lease;  // switch slots of this engine's group (none: lease.reason says why)
   };
 
-  emu::nic_control& nic;
+  std::unique_ptr<detail::port> nic;
   group g;
   options o;
   std::uint32_t base_id = 0;  // group id << 4
+  std::unique_ptr<detail::port_memory> arena_mem;  // registered with the NIC
   std::byte* arena = nullptr;
   std::size_t arena_bytes = 0;
   rt::region_id region = 0;
-  bool region_ok = false;
   std::vector<engine_ec> engines;
   std::uint64_t next_msg = 1ull << 62;  // message ids of host commands
   std::uint32_t next_slot = 0;
@@ -134,18 +140,17 @@ struct communicator::impl {
   std::map<std::size_t, std::size_t> used;
   bool group_claimed = false;
 
-  explicit impl(emu::nic_control& n) : nic(n) {}
+  explicit impl(std::unique_ptr<detail::port> n) : nic(std::move(n)) {}
   ~impl() {
     for (auto& e : engines) {
-      if (e.installed) (void)nic.uninstall(e.ec);
+      if (e.installed) (void)nic->uninstall(e.ec);
       if (e.joined) o.switches->leave(e.wire_id);
     }
     if (group_claimed) {
       std::lock_guard<std::mutex> l(groups_mutex);
-      groups_in_use.erase({&nic, base_id});
+      groups_in_use.erase({nic->key(), base_id});
     }
-    if (region_ok) (void)nic.unregister_host_memory(region);
-    if (arena != nullptr) ::munmap(arena, arena_bytes);
+    arena_mem.reset();  // before the port: unregisters through it
   }
 
   std::uint32_t n() const { return static_cast<std::uint32_t>(g.members.size()); }
@@ -157,13 +162,13 @@ struct communicator::impl {
     const std::size_t off = cmd_off + (next_slot++ % cmd_slots) * 64;
     std::memcpy(arena + off, &c, sizeof(c));
     emu::message_send m;
-    m.dest_rank = nic.rank();
+    m.dest_rank = nic->rank();
     m.match_bits = pr::match_bits(e.wire_id, pr::k_cmd);
     m.message_id = next_msg++;
     m.region = region;
     m.offset_bytes = off;
     m.len_bytes = sizeof(c);
-    return nic.send(m, std::chrono::milliseconds(1000));
+    return nic->send(m);
   }
 
   // Waits for a host event of engine `e` for which `want` returns true; `tick` runs every
@@ -174,7 +179,7 @@ struct communicator::impl {
     auto next_tick = clock::now() + o.repair_interval;
     auto pause = std::chrono::microseconds(5);
     for (;;) {
-      const std::size_t got = nic.poll_events(e.ec, evs);
+      const std::size_t got = nic->poll_events(e.ec, evs);
       // Every event goes to `want` (it may record those it does not wait for); the first it
       // accepts is returned once the batch is through.
       std::optional<std::uint64_t> hit;
@@ -205,20 +210,25 @@ struct communicator::impl {
   }
 
   // Installs an engine from `pkg` in `slot` and tells it the members.
-  result<void> install_engine(const rt::loaded_package& pkg, std::uint32_t slot, const std::string& what) {
+  result<void> install_engine(const engine_package& pkg, std::uint32_t slot, const std::string& what) {
     engine_ec e;
     e.wire_id = base_id | slot;
     e.name = what;
     rt::ec_config cfg;
     cfg.name = "coll." + std::to_string(g.id) + "." + what + ".rank" + std::to_string(g.me);
     detail::configure_engine_ec(cfg, e.wire_id, 1024);
-    if (auto r = pkg.bind(cfg); !r.ok()) return r.err();
+    if (auto r = pkg.loaded.bind(cfg); !r.ok()) return r.err();
     if (cfg.handler_mem_bytes < engine_state_bytes || cfg.scratchpad_bytes < pr::scratch_bytes)
       return fail(errc::invalid_argument, what + ": the package is not a collective engine of this version (it declares " +
                                               std::to_string(cfg.handler_mem_bytes) + " bytes of handler memory, the engine needs " +
                                               std::to_string(engine_state_bytes) + ")");
-    cfg.window = rt::host_window{region, 0, arena_bytes};
-    auto ec = nic.install(cfg);
+    detail::engine_spec spec;
+    spec.name = cfg.name;
+    spec.match = cfg.match;
+    spec.limits = cfg.limits;
+    spec.handler_mem_bytes = cfg.handler_mem_bytes;
+    spec.window = rt::host_window{region, 0, arena_bytes};
+    auto ec = nic->install(pkg, spec);
     if (!ec.ok()) return fail(ec.err().code, what + ": installing the collective engine: " + ec.err().message);
     e.ec = ec.value();
     e.installed = true;
@@ -646,7 +656,8 @@ struct communicator::impl {
 communicator::communicator(std::unique_ptr<impl> p) : _p(std::move(p)) {}
 communicator::~communicator() = default;
 
-result<std::unique_ptr<communicator>> communicator::create(emu::nic_control& nic, const group& g, const options& o) {
+namespace {
+error check_group(const group& g, const options& o) {
   if (g.members.empty() || g.members.size() > pr::max_ranks)
     return fail(errc::invalid_argument, "communicator: a group has 1 to " + std::to_string(pr::max_ranks) + " members");
   if (g.me >= g.members.size()) return fail(errc::invalid_argument, "communicator: me is not a member index");
@@ -657,9 +668,6 @@ result<std::unique_ptr<communicator>> communicator::create(emu::nic_control& nic
     if (std::adjacent_find(s.begin(), s.end()) != s.end())
       return fail(errc::invalid_argument, "communicator: a member is listed twice");
   }
-  if (g.members[g.me] != nic.rank())
-    return fail(errc::invalid_argument, "communicator: members[me] is " + std::to_string(g.members[g.me]) +
-                                            " but the NIC's rank is " + std::to_string(nic.rank()));
   if (o.window_packets < 1 || o.window_packets > pr::max_window)
     return fail(errc::invalid_argument, "communicator: window_packets out of 1..256");
   if (o.packet_bytes < 16 || o.packet_bytes > pr::max_packet_bytes)
@@ -668,32 +676,51 @@ result<std::unique_ptr<communicator>> communicator::create(emu::nic_control& nic
     return fail(errc::invalid_argument, "communicator: timeout and repair_interval must be positive");
   if (o.staging_bytes < 4096 || o.arena_bytes < ctl_bytes + 2 * o.staging_bytes)
     return fail(errc::invalid_argument, "communicator: arena_bytes must hold 64 KiB and two staging buffers of at least 4 KiB");
+  return error{};
+}
+} // namespace
 
-  auto p = std::make_unique<impl>(nic);
+result<std::unique_ptr<communicator>> communicator::create_on(std::unique_ptr<detail::port> nic, const group& g,
+                                                               const options& o) {
+  if (g.members[g.me] != nic->rank())
+    return fail(errc::invalid_argument, "communicator: members[me] is " + std::to_string(g.members[g.me]) +
+                                            " but the NIC's rank is " + std::to_string(nic->rank()));
+  auto p = std::make_unique<impl>(std::move(nic));
   p->g = g;
   p->o = o;
   p->base_id = g.id << 4;
   {
     std::lock_guard<std::mutex> l(groups_mutex);
-    if (!groups_in_use.insert({&nic, p->base_id}).second)
+    if (!groups_in_use.insert({p->nic->key(), p->base_id}).second)
       return fail(errc::exists, "communicator: group " + std::to_string(g.id) + " already has a communicator on NIC " +
-                                    nic.name());
+                                    p->nic->name());
     p->group_claimed = true;
   }
-  void* mem = ::mmap(nullptr, o.arena_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (mem == MAP_FAILED) return fail(errc::no_memory, "communicator: cannot map the arena");
-  p->arena = static_cast<std::byte*>(mem);
-  p->arena_bytes = o.arena_bytes;
+  auto mem = p->nic->alloc(o.arena_bytes);
+  if (!mem.ok()) return fail(mem.err().code, "communicator: the arena: " + mem.err().message);
+  p->arena_mem = std::move(mem.value());
+  p->arena = p->arena_mem->bytes.data();
+  p->arena_bytes = p->arena_mem->bytes.size();
+  p->region = p->arena_mem->region;
   p->free_list[p->heap_off()] = o.arena_bytes - p->heap_off();
-  auto reg = nic.register_host_memory({p->arena, p->arena_bytes});
-  if (!reg.ok()) return reg.err();
-  p->region = reg.value();
-  p->region_ok = true;
 
   auto pkg = standard_package();
   if (!pkg.ok()) return pkg.err();
   if (auto r = p->install_engine(pkg.value(), 0, "standard"); !r.ok()) return fail(r.err().code, "communicator: " + r.err().message);
   return std::unique_ptr<communicator>(new communicator(std::move(p)));
+}
+
+result<std::unique_ptr<communicator>> communicator::create(emu::nic_control& nic, const group& g, const options& o) {
+  if (auto e = check_group(g, o); e.code != errc::ok) return e;
+  return create_on(detail::local_port(nic), g, o);
+}
+
+result<std::unique_ptr<communicator>> communicator::connect(const std::string& socket, std::uint32_t node, const group& g,
+                                                            const options& o) {
+  if (auto e = check_group(g, o); e.code != errc::ok) return e;
+  auto port = detail::remote_port(socket, node);
+  if (!port.ok()) return fail(port.err().code, "communicator: " + port.err().message);
+  return create_on(std::move(port.value()), g, o);
 }
 
 std::uint32_t communicator::rank() const noexcept { return _p->g.me; }
@@ -750,10 +777,13 @@ result<custom_op> communicator::add_reduction(const reduction& r) {
     return fail(errc::invalid_argument, "add_reduction " + r.name + ": host kernels missing or element sizes out of 1..4096");
   if (std::max(r.host.elem_bytes, r.host.acc_bytes) > _p->o.packet_bytes)
     return fail(errc::invalid_argument, "add_reduction " + r.name + ": an element is larger than a packet");
-  auto pkg = rt::load_package(r.package);
-  if (!pkg.ok()) return fail(errc::invalid_argument, "add_reduction " + r.name + ": " + pkg.err().message);
+  auto lp = rt::load_package(r.package);
+  if (!lp.ok()) return fail(errc::invalid_argument, "add_reduction " + r.name + ": " + lp.err().message);
+  engine_package pkg;
+  pkg.bytes = rt::encode_package(r.package);
+  pkg.loaded = lp.value();
   const auto slot = static_cast<std::uint32_t>(_p->engines.size());
-  if (auto res = _p->install_engine(pkg.value(), slot, r.name); !res.ok()) return res.err();
+  if (auto res = _p->install_engine(pkg, slot, r.name); !res.ok()) return res.err();
   _p->custom_kernels[slot] = r.host;
   custom_op c;
   c.slot = slot;

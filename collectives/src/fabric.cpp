@@ -5,6 +5,7 @@
 #include <spin/coll/protocol.hpp>
 
 #include "engine_ec.hpp"
+#include "port.hpp"
 
 #include <algorithm>
 #include <array>
@@ -22,8 +23,10 @@ using clock = std::chrono::steady_clock;
 
 struct fabric::impl {
   struct sw {
-    std::uint32_t node = 0;  // topology index
+    std::unique_ptr<detail::port> port;
+    std::uint32_t vertex = 0;  // in g
     std::uint32_t rank = 0;
+    std::string name;
     std::uint32_t free = 0;
     std::uint32_t groups = 0;
   };
@@ -31,9 +34,8 @@ struct fabric::impl {
   struct placement {
     std::uint32_t sw = 0;  // index into switches
     rt::ec_id ec = 0;
-    rt::region_id region = 0;
-    bool ec_ok = false, region_ok = false;
-    std::vector<std::byte> mem;  // the EC's host window: the set-up descriptor
+    bool ec_ok = false;
+    std::unique_ptr<detail::port_memory> mem;  // the EC's host window: the set-up descriptor
   };
   struct job {
     std::vector<std::uint32_t> members;
@@ -42,16 +44,41 @@ struct fabric::impl {
     std::uint32_t refs = 0;
     std::vector<placement> placed;  // the root first, then the leaves
   };
+  // The network as the fabric knows it: hosts and switches, by rank, and their links.
+  struct vertex {
+    std::uint32_t rank = 0;
+    std::int32_t sw = -1;  // index into switches, or -1 for a host
+    std::vector<std::uint32_t> adj;
+  };
 
-  emu::cluster& c;
   fabric_options o;
   mutable std::mutex m;
   std::condition_variable cv;
   std::vector<sw> switches;
+  std::vector<vertex> g;
+  std::map<std::uint32_t, std::uint32_t> host_vertex;  // host rank -> vertex
   std::map<std::uint32_t, job> jobs;
-  emu::routing_table table;
 
-  impl(emu::cluster& cl, const fabric_options& opts) : c(cl), o(opts), table(emu::routes(cl.topo())) {}
+  explicit impl(const fabric_options& opts) : o(opts) {}
+
+  void link(std::uint32_t a, std::uint32_t b) {
+    if (std::find(g[a].adj.begin(), g[a].adj.end(), b) == g[a].adj.end()) g[a].adj.push_back(b);
+    if (std::find(g[b].adj.begin(), g[b].adj.end(), a) == g[b].adj.end()) g[b].adj.push_back(a);
+  }
+
+  // Hop counts from vertex `from` to every vertex (~0u: unreachable).
+  std::vector<std::uint32_t> hops_from(std::uint32_t from) const {
+    std::vector<std::uint32_t> d(g.size(), ~0u);
+    std::vector<std::uint32_t> q{from};
+    d[from] = 0;
+    for (std::size_t i = 0; i < q.size(); ++i)
+      for (std::uint32_t n : g[q[i]].adj)
+        if (d[n] == ~0u) {
+          d[n] = d[q[i]] + 1;
+          q.push_back(n);
+        }
+    return d;
+  }
 
   // The aggregation switch of a group: the one closest to all members (the smallest largest
   // hop count, then the smallest total, then the first), which is a switch linked to every
@@ -61,16 +88,17 @@ struct fabric::impl {
     std::int32_t best = -1;
     std::uint64_t best_max = ~0ull, best_sum = ~0ull;
     for (std::size_t i = 0; i < switches.size(); ++i) {
+      const std::vector<std::uint32_t> d = hops_from(switches[i].vertex);
       std::uint64_t mx = 0, sum = 0;
       bool all = true;
       for (std::uint32_t r : members) {
-        const auto d = table.distance(switches[i].node, r);
-        if (!d) {
+        auto it = host_vertex.find(r);
+        if (it == host_vertex.end() || d[it->second] == ~0u) {
           all = false;
           break;
         }
-        mx = std::max<std::uint64_t>(mx, *d);
-        sum += *d;
+        mx = std::max<std::uint64_t>(mx, d[it->second]);
+        sum += d[it->second];
       }
       if (all && (mx < best_max || (mx == best_max && sum < best_sum))) {
         best = static_cast<std::int32_t>(i);
@@ -81,38 +109,28 @@ struct fabric::impl {
     return best;
   }
 
-  std::int32_t index_of_node(std::uint32_t node) const {
-    for (std::size_t i = 0; i < switches.size(); ++i)
-      if (switches[i].node == node) return static_cast<std::int32_t>(i);
-    return -1;
-  }
-  bool linked(std::uint32_t a, std::uint32_t b) const {
-    const emu::topology& t = c.topo();
-    for (std::uint32_t l : t.nodes[a].ports)
-      if ((t.links[l].a == a && t.links[l].b == b) || (t.links[l].b == a && t.links[l].a == b)) return true;
-    return false;
+  bool linked(std::uint32_t va, std::uint32_t vb) const {
+    return std::find(g[va].adj.begin(), g[va].adj.end(), vb) != g[va].adj.end();
   }
 
   // A two-level tree below `root`: each member's leaf (the one switch it is linked to, linked
   // to the root), or empty when the members are linked to the root directly or the network
   // is not such a tree.
   std::vector<std::int32_t> leaves_for(const std::vector<std::uint32_t>& members, std::int32_t root) const {
-    const emu::topology& t = c.topo();
     std::vector<std::int32_t> leaf(members.size(), -1);
     bool any_indirect = false;
     for (std::size_t i = 0; i < members.size(); ++i) {
-      const auto host = t.host_of_rank(members[i]);
-      if (!host) return {};
+      auto host = host_vertex.find(members[i]);
+      if (host == host_vertex.end()) return {};
       std::int32_t found = -1;
-      for (std::uint32_t l : t.nodes[*host].ports) {
-        const std::uint32_t other = t.links[l].a == *host ? t.links[l].b : t.links[l].a;
-        if (t.nodes[other].kind != emu::node_kind::switch_) continue;
+      for (std::uint32_t other : g[host->second].adj) {
+        if (g[other].sw < 0) continue;
         if (found >= 0) return {};  // linked to two switches: not a tree
-        found = index_of_node(other);
+        found = g[other].sw;
       }
       if (found < 0) return {};
       if (found == root) return {};  // a member right at the root: aggregate there flat
-      if (!linked(switches[static_cast<std::size_t>(found)].node, switches[static_cast<std::size_t>(root)].node)) return {};
+      if (!linked(switches[static_cast<std::size_t>(found)].vertex, switches[static_cast<std::size_t>(root)].vertex)) return {};
       leaf[i] = found;
       any_indirect = true;
     }
@@ -122,64 +140,66 @@ struct fabric::impl {
 
   result<void> install(placement& pl, std::uint32_t wire_id, std::uint32_t slots, const pr::switch_setup& setup,
                        const std::vector<std::uint32_t>& members, const std::vector<std::uint32_t>& leaves,
-                       const rt::loaded_package& pkg) {
-    emu::nic& nic = c.node(switches[pl.sw].node);
+                       const engine_package& pkg) {
+    sw& s = switches[pl.sw];
+    detail::port& nic = *s.port;
     const std::uint32_t inputs = std::max<std::uint32_t>(setup.nranks, setup.nleaves);
     const std::uint64_t stride = engine_detail::slot_stride_bytes(inputs, o.slot_bytes);
-    pl.mem.assign(4096 + sizeof(pr::switch_setup) + 2 * pr::max_ranks * 4, std::byte{0});
-    auto reg = nic.register_host_memory(pl.mem);
-    if (!reg.ok()) return reg.err();
-    pl.region = reg.value();
-    pl.region_ok = true;
+    auto mem = nic.alloc(4096 + sizeof(pr::switch_setup) + 2 * pr::max_ranks * 4);
+    if (!mem.ok()) return fail(mem.err().code, "registering the set-up memory on " + s.name + ": " + mem.err().message);
+    pl.mem = std::move(mem.value());
+    std::byte* base = pl.mem->bytes.data();
     rt::ec_config cfg;
-    cfg.name = "coll." + std::to_string(wire_id >> 4) + (setup.role == pr::switch_leaf ? ".leaf" : ".switch");
     detail::configure_engine_ec(cfg, wire_id, 64);
-    if (auto r = pkg.bind(cfg); !r.ok()) return r.err();
-    cfg.handler_mem_bytes = engine_detail::slots_offset() + std::uint64_t{slots} * 2 * stride;
-    cfg.window = rt::host_window{pl.region, 0, pl.mem.size()};
-    auto ec = nic.install(cfg);
-    if (!ec.ok()) return fail(ec.err().code, "installing the aggregation engine on " + nic.name() + ": " + ec.err().message);
+    detail::engine_spec spec;
+    spec.name = "coll." + std::to_string(wire_id >> 4) + (setup.role == pr::switch_leaf ? ".leaf" : ".switch");
+    spec.match = cfg.match;
+    spec.limits = cfg.limits;
+    spec.handler_mem_bytes = engine_detail::slots_offset() + std::uint64_t{slots} * 2 * stride;
+    spec.window = rt::host_window{pl.mem->region, 0, pl.mem->bytes.size()};
+    auto ec = nic.install(pkg, spec);
+    if (!ec.ok()) return fail(ec.err().code, "installing the aggregation engine on " + s.name + ": " + ec.err().message);
     pl.ec = ec.value();
     pl.ec_ok = true;
-    std::memcpy(pl.mem.data() + 64, &setup, sizeof(setup));
-    std::memcpy(pl.mem.data() + 64 + sizeof(setup), members.data(), members.size() * sizeof(std::uint32_t));
+    std::memcpy(base + 64, &setup, sizeof(setup));
+    std::memcpy(base + 64 + sizeof(setup), members.data(), members.size() * sizeof(std::uint32_t));
     if (!leaves.empty())
-      std::memcpy(pl.mem.data() + 64 + sizeof(setup) + members.size() * sizeof(std::uint32_t), leaves.data(),
+      std::memcpy(base + 64 + sizeof(setup) + members.size() * sizeof(std::uint32_t), leaves.data(),
                   leaves.size() * sizeof(std::uint32_t));
     pr::cmd cmd{};
     cmd.type = pr::cmd_switch_setup;
     cmd.desc_off = 64;
-    std::memcpy(pl.mem.data(), &cmd, sizeof(cmd));
+    std::memcpy(base, &cmd, sizeof(cmd));
     emu::message_send msg;
     msg.dest_rank = nic.rank();
     msg.match_bits = pr::match_bits(wire_id, pr::k_cmd);
     msg.message_id = 1;
-    msg.region = pl.region;
+    msg.region = pl.mem->region;
     msg.offset_bytes = 0;
     msg.len_bytes = sizeof(cmd);
-    if (auto r = nic.send(msg, std::chrono::milliseconds(1000)); !r.ok()) return r;
+    if (auto r = nic.send(msg); !r.ok()) return r;
     const auto deadline = clock::now() + std::chrono::seconds(10);
     std::array<rt::host_event, 4> evs;
     while (clock::now() < deadline) {
       const std::size_t got = nic.poll_events(pl.ec, evs);
       for (std::size_t i = 0; i < got; ++i) {
         if (evs[i].type == rt::host_event::kind::error)
-          return fail(errc::fault, "the aggregation engine on " + nic.name() + " failed at set-up");
+          return fail(errc::fault, "the aggregation engine on " + s.name + " failed at set-up");
         if (pr::event_type_of(evs[i].value) == pr::ev_setup)
           return pr::event_detail_of(evs[i].value) == 0
                      ? result<void>()
-                     : result<void>(fail(errc::invalid_argument, "the aggregation engine on " + nic.name() + " refused its set-up"));
+                     : result<void>(fail(errc::invalid_argument, "the aggregation engine on " + s.name + " refused its set-up"));
       }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
-    return fail(errc::timeout, "the aggregation engine on " + nic.name() + " did not confirm its set-up");
+    return fail(errc::timeout, "the aggregation engine on " + s.name + " did not confirm its set-up");
   }
 
   void undo(placement& pl) {
-    emu::nic& nic = c.node(switches[pl.sw].node);
+    detail::port& nic = *switches[pl.sw].port;
     if (pl.ec_ok) (void)nic.uninstall(pl.ec);
-    if (pl.region_ok) (void)nic.unregister_host_memory(pl.region);
-    pl.ec_ok = pl.region_ok = false;
+    pl.ec_ok = false;
+    pl.mem.reset();
   }
   void release(job& j) {
     for (auto& pl : j.placed) {
@@ -199,35 +219,96 @@ fabric::~fabric() {
   for (auto& [id, j] : _p->jobs) _p->release(j);
 }
 
-result<std::unique_ptr<fabric>> fabric::create(emu::cluster& c, const fabric_options& o) {
+namespace {
+error check_options(const fabric_options& o) {
   if (o.slots_per_switch < 1 || o.slots_per_switch > pr::max_switch_slots)
     return fail(errc::invalid_argument, "fabric: slots_per_switch out of 1..32767");
   if (o.slot_bytes < 8 || o.slot_bytes > pr::max_packet_bytes || o.slot_bytes % 8 != 0)
     return fail(errc::invalid_argument, "fabric: slot_bytes must be a multiple of 8 in 8..4096");
-  auto p = std::make_unique<impl>(c, o);
+  return error{};
+}
+} // namespace
+
+result<std::unique_ptr<fabric>> fabric::create(emu::cluster& c, const fabric_options& o) {
+  if (auto e = check_options(o); e.code != errc::ok) return e;
+  auto p = std::make_unique<impl>(o);
   const emu::topology& t = c.topo();
   for (std::uint32_t i = 0; i < t.nodes.size(); ++i) {
-    if (t.nodes[i].kind != emu::node_kind::switch_) continue;
+    impl::vertex v;
+    v.rank = c.node(i).rank();
+    if (t.nodes[i].kind == emu::node_kind::switch_) {
+      v.sw = static_cast<std::int32_t>(p->switches.size());
+      impl::sw s;
+      s.port = detail::local_port(c.node(i));
+      s.vertex = i;
+      s.rank = v.rank;
+      s.name = c.node(i).name();
+      s.free = o.slots_per_switch;
+      p->switches.push_back(std::move(s));
+    } else {
+      p->host_vertex[v.rank] = i;
+    }
+    p->g.push_back(std::move(v));
+  }
+  for (const auto& l : t.links) p->link(l.a, l.b);
+  if (p->switches.empty()) return fail(errc::not_found, "fabric: the cluster has no switch");
+  return std::unique_ptr<fabric>(new fabric(std::move(p)));
+}
+
+result<std::unique_ptr<fabric>> fabric::connect(const std::vector<remote_switch>& list, const fabric_options& o) {
+  if (auto e = check_options(o); e.code != errc::ok) return e;
+  if (list.empty()) return fail(errc::invalid_argument, "fabric: no switch");
+  auto p = std::make_unique<impl>(o);
+  std::map<std::uint32_t, std::uint32_t> switch_vertex;  // rank -> vertex
+  for (const auto& r : list) {
+    if (r.links.empty()) return fail(errc::invalid_argument, "fabric: the switch at " + r.socket + " has no links");
+    auto port = detail::remote_port(r.socket, r.node);
+    if (!port.ok()) return fail(port.err().code, "fabric: " + port.err().message);
     impl::sw s;
-    s.node = i;
-    s.rank = c.node(i).rank();
+    s.rank = port.value()->rank();
+    s.name = port.value()->name();
+    s.port = std::move(port.value());
     s.free = o.slots_per_switch;
+    if (!switch_vertex.emplace(s.rank, static_cast<std::uint32_t>(p->g.size())).second)
+      return fail(errc::invalid_argument, "fabric: two switches have rank " + std::to_string(s.rank) + " (" + r.socket + ")");
+    s.vertex = static_cast<std::uint32_t>(p->g.size());
+    impl::vertex v;
+    v.rank = s.rank;
+    v.sw = static_cast<std::int32_t>(p->switches.size());
+    p->g.push_back(std::move(v));
     p->switches.push_back(std::move(s));
   }
-  if (p->switches.empty()) return fail(errc::not_found, "fabric: the cluster has no switch");
+  // Every rank a switch lists that is not a switch of this fabric is a host.
+  for (std::size_t i = 0; i < list.size(); ++i)
+    for (std::uint32_t r : list[i].links) {
+      std::uint32_t other = 0;
+      if (auto it = switch_vertex.find(r); it != switch_vertex.end()) {
+        other = it->second;
+      } else if (auto h = p->host_vertex.find(r); h != p->host_vertex.end()) {
+        other = h->second;
+      } else {
+        other = static_cast<std::uint32_t>(p->g.size());
+        impl::vertex v;
+        v.rank = r;
+        p->g.push_back(std::move(v));
+        p->host_vertex[r] = other;
+      }
+      if (other == p->switches[i].vertex)
+        return fail(errc::invalid_argument, "fabric: the switch at " + list[i].socket + " lists a link to itself");
+      p->link(p->switches[i].vertex, other);
+    }
   return std::unique_ptr<fabric>(new fabric(std::move(p)));
 }
 
 std::vector<fabric::switch_usage> fabric::usage() const {
   std::lock_guard<std::mutex> l(_p->m);
   std::vector<switch_usage> out;
-  for (const auto& s : _p->switches)
-    out.push_back({_p->c.node(s.node).name(), s.rank, _p->o.slots_per_switch, s.free, s.groups});
+  for (const auto& s : _p->switches) out.push_back({s.name, s.rank, _p->o.slots_per_switch, s.free, s.groups});
   return out;
 }
 
 result<fabric::lease> fabric::join(std::uint32_t wire_id, const std::vector<std::uint32_t>& members, std::uint32_t slots,
-                                   std::uint32_t packet_bytes, std::chrono::milliseconds wait, const rt::loaded_package& pkg) {
+                                   std::uint32_t packet_bytes, std::chrono::milliseconds wait, const engine_package& pkg) {
   std::unique_lock<std::mutex> l(_p->m);
   auto it = _p->jobs.find(wire_id);
   if (it != _p->jobs.end()) {
@@ -251,7 +332,7 @@ result<fabric::lease> fabric::join(std::uint32_t wire_id, const std::vector<std:
   std::vector<std::uint32_t> used = {static_cast<std::uint32_t>(root)};
   for (std::int32_t lf : leaf_of)
     if (std::find(used.begin(), used.end(), static_cast<std::uint32_t>(lf)) == used.end()) used.push_back(static_cast<std::uint32_t>(lf));
-  const std::string sname = _p->c.node(_p->switches[static_cast<std::size_t>(root)].node).name();
+  const std::string sname = _p->switches[static_cast<std::size_t>(root)].name;
   if (packet_bytes > _p->o.slot_bytes) {
     j.l.reason = "packets of " + std::to_string(packet_bytes) + " bytes do not fit the slots of " +
                  std::to_string(_p->o.slot_bytes) + " bytes on " + sname;
@@ -271,7 +352,7 @@ result<fabric::lease> fabric::join(std::uint32_t wire_id, const std::vector<std:
     for (std::uint32_t i : used) {
       const auto& s = _p->switches[i];
       if (s.free >= slots) continue;
-      j.l.reason = _p->c.node(s.node).name() + " has " + std::to_string(s.free) + " free slots of " +
+      j.l.reason = s.name + " has " + std::to_string(s.free) + " free slots of " +
                    std::to_string(_p->o.slots_per_switch) + " (" + std::to_string(s.groups) +
                    " groups hold the rest); the group asks for " + std::to_string(slots);
       break;
@@ -287,7 +368,7 @@ result<fabric::lease> fabric::join(std::uint32_t wire_id, const std::vector<std:
   rs.slot_bytes = _p->o.slot_bytes;
   rs.role = pr::switch_root;
   rs.nleaves = static_cast<std::uint32_t>(leaf_ranks.size());
-  j.placed.push_back({static_cast<std::uint32_t>(root), 0, 0, false, false, {}});
+  j.placed.push_back({static_cast<std::uint32_t>(root), 0, false, nullptr});
   result<void> r = _p->install(j.placed.back(), wire_id, slots, rs, members, leaf_ranks, pkg);
   for (std::size_t k = 1; k < used.size() && r.ok(); ++k) {
     std::vector<std::uint32_t> local;
@@ -299,7 +380,7 @@ result<fabric::lease> fabric::join(std::uint32_t wire_id, const std::vector<std:
     ls.slot_bytes = _p->o.slot_bytes;
     ls.role = pr::switch_leaf;
     ls.parent = _p->switches[static_cast<std::size_t>(root)].rank;
-    j.placed.push_back({used[k], 0, 0, false, false, {}});
+    j.placed.push_back({used[k], 0, false, nullptr});
     r = _p->install(j.placed.back(), wire_id, slots, ls, local, {}, pkg);
   }
   if (!r.ok()) {

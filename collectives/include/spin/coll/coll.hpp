@@ -2,7 +2,9 @@
 // handlers (Core-INC) of the emulated network (docs/collectives.md).
 //
 // A communicator is one rank's handle on a group of hosts. Every member creates its own, with
-// the same group id and member list, on its own NIC (emu::nic_control), and all members call
+// the same group id and member list, on its own NIC: one of this process (emu::nic_control,
+// cluster mode) or one of another spin-emu process, reached through its control socket
+// (communicator::connect). All members call
 // the same collectives in the same order, each from its own thread (a rank is a host thread;
 // a collective blocks until this rank's part is done). The NIC's collective engine
 // (spin/coll/engine.hpp, installed as an EC by create) does the reduction and the forwarding;
@@ -42,6 +44,16 @@ enum class algorithm : std::uint8_t {
 const char* name(algorithm a);
 
 class fabric;
+namespace detail {
+class port;
+}
+
+/// A collective engine package in the two forms NICs take it (communicator internals): its
+/// bytes, which a spin-emu process loads from a file, and loaded here, for NICs of this process.
+struct engine_package {
+  std::vector<std::byte> bytes;
+  rt::loaded_package loaded;
+};
 
 /// Options of a communicator. Every member must use the same packet_bytes and staging_bytes.
 struct options {
@@ -87,18 +99,38 @@ struct fabric_options {
   std::uint32_t slot_bytes = 1024;
 };
 
-/// The switches of an in-process cluster as Core-INC resources: each switch's pool of
+/// A switch of another spin-emu process (`spin-emu --mode switch`, or a switch node of a
+/// cluster-mode process) as fabric::connect takes it.
+struct remote_switch {
+  std::string socket;       ///< its control socket
+  std::uint32_t node = 0;   ///< the node index the control socket's "nodes" lists
+  /// Ranks of the hosts and switches its ports are linked to (a fabric's own switches by
+  /// their rank, as "nodes" reports it). Links are symmetric: listing one end is enough.
+  std::vector<std::uint32_t> links;
+};
+
+/// The switches of the emulated network as Core-INC resources: each switch's pool of
 /// aggregator slots and the groups that hold some. Policy: a group asks once, when its first
 /// member creates its communicator, for options::switch_slots slots on the switch closest to
 /// every member (and on each leaf below it, in a two-level tree); it gets all of them or none (first come, first served; a group holds its slots until
 /// its last communicator is destroyed). A group without slots runs its collectives on the edge
 /// algorithms; automatic algorithm selection says why through options::log. Every group's
 /// slots live in an EC of its own on the switch, so no group can address another's data.
+/// The pools are this object's: every member of a group that aggregates on a switch must use
+/// the same fabric (one process); two fabrics over one switch do not know each other's groups
+/// (a second group with the same id is refused by the switch: exists).
 /// Thread-safe.
 class fabric {
 public:
-  /// Errors: invalid_argument (options out of range), not_found (the cluster has no switch).
+  /// The switches of an in-process cluster. Errors: invalid_argument (options out of range),
+  /// not_found (the cluster has no switch).
   static result<std::unique_ptr<fabric>> create(emu::cluster& c, const fabric_options& o = {});
+  /// Switches of other spin-emu processes, each reached through its own control-socket
+  /// connection, with the links between them and the hosts as given (the fabric cannot see
+  /// the wiring of other processes). Errors: invalid_argument (options out of range, no
+  /// switch, a switch without links, two switches with one rank), those of connecting
+  /// (not_found: no socket or no such node; bad_state; timeout).
+  static result<std::unique_ptr<fabric>> connect(const std::vector<remote_switch>& switches, const fabric_options& o = {});
   ~fabric();
   fabric(const fabric&) = delete;
   fabric& operator=(const fabric&) = delete;
@@ -126,7 +158,7 @@ public:
   /// aggregation engine (package `pkg`, the reduction's) on the switch; later members get the
   /// same lease. Errors: invalid_argument (members or slots differ from the first member's).
   result<lease> join(std::uint32_t wire_id, const std::vector<std::uint32_t>& members, std::uint32_t slots,
-                     std::uint32_t packet_bytes, std::chrono::milliseconds wait, const rt::loaded_package& pkg);
+                     std::uint32_t packet_bytes, std::chrono::milliseconds wait, const engine_package& pkg);
   /// Leaves group `wire_id`; the last member's leave frees the slots.
   void leave(std::uint32_t wire_id);
 
@@ -187,6 +219,15 @@ public:
   /// range), no_memory (arena), those of nic_control::install (exists: another EC already
   /// matches this group id on the NIC), timeout (the NIC did not confirm the set-up).
   static result<std::unique_ptr<communicator>> create(emu::nic_control& nic, const group& g, const options& o = {});
+  /// The same on node `node` of another spin-emu process (`spin-emu --mode nic` has node 0;
+  /// a cluster-mode process lists its nodes), driven through its control socket with a
+  /// connection of the communicator's own. The arena is shared memory (memfd) mapped here and
+  /// in spin-emu. Every engine EC and the arena go with the connection when the communicator
+  /// is destroyed or this process exits. Errors: those of create, and of
+  /// host::client::connect (not_found: no socket at the path; bad_state; timeout), not_found
+  /// (no such node).
+  static result<std::unique_ptr<communicator>> connect(const std::string& socket, std::uint32_t node, const group& g,
+                                                       const options& o = {});
   /// Uninstalls the engine and unregisters the arena.
   ~communicator();
   communicator(const communicator&) = delete;
@@ -255,6 +296,7 @@ public:
   struct impl;
 
 private:
+  static result<std::unique_ptr<communicator>> create_on(std::unique_ptr<detail::port> nic, const group& g, const options& o);
   explicit communicator(std::unique_ptr<impl> p);
   std::unique_ptr<impl> _p;
 };

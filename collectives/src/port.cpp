@@ -1,0 +1,215 @@
+// The two ways spin::coll reaches a NIC: in this process, or through a spin-emu control socket.
+#include "port.hpp"
+
+#include <spin/host/host.hpp>
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <thread>
+
+namespace spin::coll::detail {
+namespace {
+
+// ---- in this process ------------------------------------------------------------------------
+
+class local_memory final : public port_memory {
+public:
+  local_memory(emu::nic_control& nic, std::byte* p, std::size_t n) : _nic(nic) { bytes = {p, n}; }
+  ~local_memory() override {
+    if (_registered) (void)_nic.unregister_host_memory(region);
+    ::munmap(bytes.data(), bytes.size());
+  }
+  bool _registered = false;
+
+private:
+  emu::nic_control& _nic;
+};
+
+class local final : public port {
+public:
+  explicit local(emu::nic_control& nic) : _nic(nic) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%p", static_cast<const void*>(&nic));
+    _key = std::string("local:") + buf;
+  }
+  std::uint32_t rank() const noexcept override { return _nic.rank(); }
+  const std::string& name() const noexcept override { return _nic.name(); }
+  const std::string& key() const noexcept override { return _key; }
+
+  result<std::unique_ptr<port_memory>> alloc(std::size_t bytes) override {
+    // Reserved, not touched: the pages appear when the NIC or the host first writes them.
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return fail(errc::no_memory, "cannot map " + std::to_string(bytes) + " bytes of host memory");
+    auto m = std::make_unique<local_memory>(_nic, static_cast<std::byte*>(p), bytes);
+    auto reg = _nic.register_host_memory(m->bytes);
+    if (!reg.ok()) return reg.err();
+    m->region = reg.value();
+    m->_registered = true;
+    return std::unique_ptr<port_memory>(std::move(m));
+  }
+
+  result<rt::ec_id> install(const engine_package& pkg, const engine_spec& s) override {
+    rt::ec_config cfg;
+    cfg.name = s.name;
+    cfg.match = s.match;
+    cfg.limits = s.limits;
+    cfg.handler_mem_bytes = s.handler_mem_bytes;
+    if (auto r = pkg.loaded.bind(cfg); !r.ok()) return r.err();
+    cfg.window = s.window;
+    return _nic.install(cfg);
+  }
+  result<void> uninstall(rt::ec_id ec) override { return _nic.uninstall(ec); }
+  std::size_t poll_events(rt::ec_id ec, std::span<rt::host_event> out) override { return _nic.poll_events(ec, out); }
+  result<void> send(const emu::message_send& m) override { return _nic.send(m, std::chrono::milliseconds(1000)); }
+
+private:
+  emu::nic_control& _nic;
+  std::string _key;
+};
+
+// ---- in a spin-emu process --------------------------------------------------------------------
+
+class remote_memory final : public port_memory {
+public:
+  remote_memory(host::client& c, host::memory m) : _c(c), _m(std::move(m)) {
+    bytes = _m.bytes();
+    region = _m.region();
+  }
+  ~remote_memory() override { (void)_c.free_memory(_m); }
+
+private:
+  host::client& _c;
+  host::memory _m;
+};
+
+class remote final : public port {
+public:
+  remote(host::client c, std::uint32_t node, std::uint32_t rank, std::string name, std::string key)
+      : _c(std::move(c)), _node(node), _rank(rank), _name(std::move(name)), _key(std::move(key)) {}
+  ~remote() override {
+    // ECs this client installed go with its connection; their event queues close here.
+    _events.clear();
+  }
+  std::uint32_t rank() const noexcept override { return _rank; }
+  const std::string& name() const noexcept override { return _name; }
+  const std::string& key() const noexcept override { return _key; }
+
+  result<std::unique_ptr<port_memory>> alloc(std::size_t bytes) override {
+    auto m = _c.alloc_memory(_node, bytes);
+    if (!m.ok()) return m.err();
+    return std::unique_ptr<port_memory>(std::make_unique<remote_memory>(_c, std::move(m.value())));
+  }
+
+  result<rt::ec_id> install(const engine_package& pkg, const engine_spec& s) override {
+    // The package's declared memory sizes, as the NIC's bind will see them.
+    rt::ec_config probe;
+    probe.handler_mem_bytes = s.handler_mem_bytes;
+    if (auto r = pkg.loaded.bind(probe); !r.ok()) return r.err();
+    // spin-emu loads packages from files: a private copy of the bytes, removed once installed.
+    std::filesystem::path dir;
+    {
+      std::error_code ec;
+      dir = std::filesystem::temp_directory_path(ec);
+      if (ec) dir = "/tmp";
+    }
+    std::string path = (dir / "spin-coll-XXXXXX").string();
+    const int fd = ::mkstemp(path.data());
+    if (fd < 0) return fail(errc::no_memory, "cannot create a package file in " + dir.string() + ": " + std::strerror(errno));
+    std::size_t done = 0;
+    while (done < pkg.bytes.size()) {
+      const ssize_t w = ::write(fd, pkg.bytes.data() + done, pkg.bytes.size() - done);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) {
+        const int e = errno;
+        ::close(fd);
+        ::unlink(path.c_str());
+        return fail(errc::no_memory, "cannot write the package file " + path + ": " + std::strerror(e));
+      }
+      done += static_cast<std::size_t>(w);
+    }
+    ::close(fd);
+    host::install_options io;
+    io.package = path;
+    io.name = s.name;
+    io.match = s.match;
+    io.window = s.window;
+    io.limits = s.limits;
+    io.handler_mem_bytes = probe.handler_mem_bytes;
+    io.scratchpad_bytes = probe.scratchpad_bytes;
+    auto ec = _c.install(_node, io);
+    ::unlink(path.c_str());
+    if (!ec.ok()) return ec.err();
+    auto q = _c.open_events(ec.value(), s.limits.event_queue_depth);
+    if (!q.ok()) {
+      (void)_c.uninstall(ec.value());
+      return fail(q.err().code, "opening the events of " + s.name + ": " + q.err().message);
+    }
+    _events.emplace(ec.value().id, std::move(q.value()));
+    return ec.value().id;
+  }
+
+  result<void> uninstall(rt::ec_id id) override {
+    // An EC whose handlers still run keeps draining: try again for a while (control path).
+    result<void> r;
+    for (int i = 0; i < 200; ++i) {
+      r = _c.uninstall(host::ec{_node, id});
+      if (r.ok() || r.err().code != errc::timeout) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    _events.erase(id);
+    return r;
+  }
+
+  std::size_t poll_events(rt::ec_id ec, std::span<rt::host_event> out) override {
+    auto it = _events.find(ec);
+    if (it == _events.end()) return 0;
+    return it->second.wait_burst(out, std::chrono::milliseconds(0));
+  }
+
+  result<void> send(const emu::message_send& m) override {
+    host::message h;
+    h.dest_rank = m.dest_rank;
+    h.match_bits = m.match_bits;
+    h.message_id = m.message_id;
+    h.region = m.region;
+    h.offset_bytes = m.offset_bytes;
+    h.len_bytes = m.len_bytes;
+    h.timeout = std::chrono::milliseconds(1000);
+    return _c.send(_node, h);
+  }
+
+private:
+  host::client _c;
+  std::uint32_t _node;
+  std::uint32_t _rank;
+  std::string _name, _key;
+  std::map<rt::ec_id, host::event_queue> _events;
+};
+
+} // namespace
+
+std::unique_ptr<port> local_port(emu::nic_control& nic) { return std::make_unique<local>(nic); }
+
+result<std::unique_ptr<port>> remote_port(const std::string& socket, std::uint32_t node) {
+  auto c = host::client::connect(socket);
+  if (!c.ok()) return fail(c.err().code, "spin-emu at " + socket + ": " + c.err().message);
+  auto nodes = c.value().nodes();
+  if (!nodes.ok()) return fail(nodes.err().code, "spin-emu at " + socket + ": " + nodes.err().message);
+  for (const auto& n : nodes.value()) {
+    if (n.node != node) continue;
+    std::error_code ec;
+    const auto canon = std::filesystem::weakly_canonical(socket, ec);
+    std::string key = "remote:" + (ec ? socket : canon.string()) + "#" + std::to_string(node);
+    return std::unique_ptr<port>(std::make_unique<remote>(std::move(c.value()), node, n.rank, n.name, std::move(key)));
+  }
+  return fail(errc::not_found, "spin-emu at " + socket + " has no node " + std::to_string(node) + " (it has " +
+                                   std::to_string(nodes.value().size()) + ")");
+}
+
+} // namespace spin::coll::detail

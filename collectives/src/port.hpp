@@ -1,0 +1,67 @@
+// How spin::coll reaches one NIC or switch: in this process (emu::nic_control, cluster mode) or
+// in another spin-emu process (spin::host::client over its control socket). The communicator
+// and the fabric see only this interface.
+#pragma once
+
+#include <spin/coll/coll.hpp>
+#include <spin/emu/nic_control.hpp>
+#include <spin/rt/result.hpp>
+#include <spin/rt/runtime.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+namespace spin::coll::detail {
+
+/// Host memory the NIC can DMA to and from: mapped here, registered with the NIC as `region`.
+/// Unregistered and unmapped when destroyed; destroy it before its port, and after every EC
+/// whose window lies in it was uninstalled.
+class port_memory {
+public:
+  virtual ~port_memory() = default;
+  std::span<std::byte> bytes;
+  rt::region_id region = 0;
+};
+
+/// What an engine EC is installed with (the handlers come from the package).
+struct engine_spec {
+  std::string name;
+  rt::match_rule match;
+  rt::ec_limits limits;
+  std::uint64_t handler_mem_bytes = 0;  ///< at least what the package declares
+  rt::host_window window;
+};
+
+/// One NIC (or switch) as the collectives drive it. Not thread-safe: one thread at a time per
+/// port (the communicator's thread, or the fabric under its lock).
+class port {
+public:
+  virtual ~port() = default;
+  virtual std::uint32_t rank() const noexcept = 0;
+  virtual const std::string& name() const noexcept = 0;
+  /// The same for two ports of one NIC in this process: communicators use it to refuse a
+  /// second communicator of one group on one NIC.
+  virtual const std::string& key() const noexcept = 0;
+  /// `bytes` of zeroed memory registered with the NIC. Errors: no_memory, those of
+  /// registering.
+  virtual result<std::unique_ptr<port_memory>> alloc(std::size_t bytes) = 0;
+  /// Installs `pkg`'s handlers. Errors: those of binding the package and of the NIC's install
+  /// (exists: another EC matches the same packets).
+  virtual result<rt::ec_id> install(const engine_package& pkg, const engine_spec& s) = 0;
+  virtual result<void> uninstall(rt::ec_id ec) = 0;
+  /// Host events of `ec`, without waiting.
+  virtual std::size_t poll_events(rt::ec_id ec, std::span<rt::host_event> out) = 0;
+  /// Sends a message from the NIC (waits up to 1 s for room in its transmit queue).
+  virtual result<void> send(const emu::message_send& m) = 0;
+};
+
+/// A NIC of this process. `nic` must outlive the port.
+std::unique_ptr<port> local_port(emu::nic_control& nic);
+/// Node `node` of the spin-emu process whose control socket is `socket`. Errors: those of
+/// host::client::connect and nodes(), not_found (no such node).
+result<std::unique_ptr<port>> remote_port(const std::string& socket, std::uint32_t node);
+
+} // namespace spin::coll::detail

@@ -1,0 +1,312 @@
+// spin::coll over other spin-emu processes: three host NIC processes and a switch process
+// joined by memif, each driven through its control socket (communicator::connect,
+// fabric::connect). Every algorithm runs, results are checked exactly and bit for bit.
+#include "../emulator/emu_process.hpp"
+#include "handlers/argmax.hpp"
+
+#include <spin/coll/coll.hpp>
+#include <spin/coll/kernels.hpp>
+#include <spin/rt/package.hpp>
+
+#include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace spin;
+using namespace spin::coll;
+using namespace spin::test;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr std::uint32_t n_hosts = 3;
+
+/// A switch process with one memif port per host and three host NIC processes (ranks 0..2).
+struct remote_net {
+  temp_dir dir;
+  std::unique_ptr<emu_process> sw;
+  std::vector<std::unique_ptr<emu_process>> hosts;
+
+  remote_net() {
+    const std::string prefix = "spinmp-" + std::to_string(::getpid()) + "-coll";
+    const std::vector<std::string> common = {"--hpus", "1", "--max-frame", "1514", "--mbuf-bytes", "2048", "--payload-bytes", "1024"};
+    sw = std::make_unique<emu_process>("sw", dir.path);
+    std::vector<std::string> eal = eal_args(prefix + "-sw", "net_memif0,role=server,socket=" + dir.path + "/p0.sock,id=0");
+    for (std::uint32_t i = 1; i < n_hosts; ++i)
+      eal.push_back("--vdev=net_memif" + std::to_string(i) + ",role=server,socket=" + dir.path + "/p" + std::to_string(i) +
+                    ".sock,id=0");
+    auto app = common;
+    app.insert(app.end(), {"--mode", "switch"});
+    for (std::uint32_t i = 0; i < n_hosts; ++i)
+      app.insert(app.end(), {"--port", "net_memif" + std::to_string(i), "--route", std::to_string(i) + "=" + std::to_string(i)});
+    sw->start({}, eal, app);
+    (void)sw->connect();  // the memif sockets exist once the control socket answers
+    for (std::uint32_t i = 0; i < n_hosts; ++i) {
+      hosts.push_back(std::make_unique<emu_process>("h" + std::to_string(i), dir.path));
+      auto a = common;
+      a.insert(a.end(), {"--port", "net_memif0", "--rank", std::to_string(i)});
+      hosts.back()->start({}, eal_args(prefix + "-h" + std::to_string(i), "net_memif0,role=client,socket=" + dir.path + "/p" +
+                                                                            std::to_string(i) + ".sock,id=0"),
+                          a);
+    }
+    for (auto& h : hosts) (void)h->connect();
+  }
+
+  ~remote_net() {
+    sw->terminate();  // see emu_process::terminate
+    for (auto& h : hosts) h->terminate();
+  }
+
+  std::string diag() const {
+    std::string s = sw->diag();
+    for (const auto& h : hosts) s += "\n" + h->diag();
+    return s;
+  }
+};
+
+/// Runs f(rank) on one thread per rank and returns the results.
+std::vector<result<void>> run_all(std::uint32_t n, const std::function<result<void>(std::uint32_t)>& f) {
+  std::vector<result<void>> res(n);
+  std::vector<std::thread> t;
+  for (std::uint32_t r = 0; r < n; ++r) t.emplace_back([&, r] { res[r] = f(r); });
+  for (auto& x : t) x.join();
+  return res;
+}
+
+std::vector<std::unique_ptr<communicator>> connect_all(remote_net& net, fabric* fab) {
+  std::vector<std::unique_ptr<communicator>> comms;
+  options o;
+  o.timeout = std::chrono::seconds(30);
+  o.arena_bytes = std::size_t{16} << 20;
+  o.staging_bytes = std::size_t{4} << 20;
+  o.switches = fab;
+  o.switch_slots = 16;
+  for (std::uint32_t r = 0; r < n_hosts; ++r) {
+    group g;
+    g.id = 7;
+    g.members = {0, 1, 2};
+    g.me = r;
+    auto c = communicator::connect(net.hosts[r]->socket, 0, g, o);
+    REQUIRE_MESSAGE(c.ok(), c.err().message << "\n" << net.diag());
+    comms.push_back(std::move(c.value()));
+  }
+  return comms;
+}
+
+} // namespace
+
+TEST_SUITE("collectives") {
+
+TEST_CASE("communicators and a fabric over spin-emu processes run every algorithm with exact results") {
+  remote_net net;
+  fabric_options fo;
+  fo.slots_per_switch = 32;
+  auto fab = fabric::connect({remote_switch{net.sw->socket, 0, {0, 1, 2}}}, fo);
+  REQUIRE_MESSAGE(fab.ok(), fab.err().message);
+  {
+    const auto u = fab.value()->usage();
+    REQUIRE(u.size() == 1);
+    CHECK(u[0].rank == 65535);
+    CHECK(u[0].name == "sw");
+    CHECK(u[0].free == 32);
+  }
+  auto comms = connect_all(net, fab.value().get());
+  {
+    const auto u = fab.value()->usage();
+    CHECK(u[0].free == 16);  // the group holds its 16 slots
+    CHECK(u[0].groups == 1);
+  }
+
+  // Integer sums: exact, on every algorithm, across packet boundaries (256 int32 per packet).
+  const std::uint64_t count = 3 * 256 + 77;
+  std::vector<std::vector<std::int32_t>> in(n_hosts, std::vector<std::int32_t>(count));
+  for (std::uint32_t r = 0; r < n_hosts; ++r)
+    for (std::uint64_t i = 0; i < count; ++i) in[r][i] = static_cast<std::int32_t>(i * 7 + r * 1000003) - 500;
+  for (algorithm a : {algorithm::switch_agg, algorithm::edge_ring, algorithm::host_ring}) {
+    std::vector<std::vector<std::int32_t>> out(n_hosts, std::vector<std::int32_t>(count, -1));
+    auto res = run_all(n_hosts, [&](std::uint32_t r) {
+      return comms[r]->allreduce(std::span<const std::int32_t>(in[r]), std::span<std::int32_t>(out[r]), op::sum, a);
+    });
+    for (std::uint32_t r = 0; r < n_hosts; ++r) {
+      INFO(name(a) << " rank " << r);
+      REQUIRE_MESSAGE(res[r].ok(), res[r].err().message << "\n" << net.diag());
+      for (std::uint64_t i = 0; i < count; ++i) REQUIRE(out[r][i] == in[0][i] + in[1][i] + in[2][i]);
+    }
+  }
+
+  // Random floats: the same bits on every rank and from every algorithm.
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> dist(-1e3f, 1e3f);
+  std::vector<std::vector<float>> fin(n_hosts, std::vector<float>(count));
+  for (auto& v : fin)
+    for (auto& x : v) x = dist(rng);
+  std::vector<float> ref;
+  for (algorithm a : {algorithm::edge_ring, algorithm::switch_agg, algorithm::host_ring}) {
+    std::vector<std::vector<float>> out(n_hosts, std::vector<float>(count));
+    auto res = run_all(n_hosts, [&](std::uint32_t r) {
+      return comms[r]->allreduce(std::span<const float>(fin[r]), std::span<float>(out[r]), op::sum, a);
+    });
+    for (std::uint32_t r = 0; r < n_hosts; ++r) {
+      INFO(name(a) << " rank " << r);
+      REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+      if (ref.empty()) ref = out[r];
+      CHECK(std::memcmp(out[r].data(), ref.data(), count * sizeof(float)) == 0);
+      // Within rounding of the exact sum (the bits themselves are the ring's order).
+      for (std::uint64_t i = 0; i < count; i += 97) {
+        const double exact = double(fin[0][i]) + double(fin[1][i]) + double(fin[2][i]);
+        CHECK(std::abs(out[r][i] - exact) <= 1e-3);
+      }
+    }
+  }
+
+  // Allgather and broadcast through the switch (multicast), reduce-scatter on the ring.
+  {
+    const std::uint64_t block = 1000;
+    std::vector<std::vector<std::uint64_t>> out(n_hosts, std::vector<std::uint64_t>(block * n_hosts));
+    std::vector<std::vector<std::uint64_t>> mine(n_hosts, std::vector<std::uint64_t>(block));
+    for (std::uint32_t r = 0; r < n_hosts; ++r)
+      for (std::uint64_t i = 0; i < block; ++i) mine[r][i] = (std::uint64_t{r} << 40) | i;
+    auto res = run_all(n_hosts, [&](std::uint32_t r) {
+      return comms[r]->allgather(mine[r].data(), out[r].data(), block, dtype::u64, algorithm::switch_agg);
+    });
+    for (std::uint32_t r = 0; r < n_hosts; ++r) {
+      REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+      for (std::uint32_t q = 0; q < n_hosts; ++q)
+        for (std::uint64_t i = 0; i < block; ++i) REQUIRE(out[r][q * block + i] == mine[q][i]);
+    }
+  }
+  for (algorithm a : {algorithm::switch_agg, algorithm::edge_ring}) {
+    const std::uint64_t n = 5000;
+    std::vector<double> src(n);
+    for (std::uint64_t i = 0; i < n; ++i) src[i] = 0.5 * static_cast<double>(i) - 7;
+    std::vector<std::vector<double>> out(n_hosts, std::vector<double>(n));
+    auto res = run_all(n_hosts, [&](std::uint32_t r) {
+      return comms[r]->broadcast(r == 2 ? src.data() : nullptr, out[r].data(), n, dtype::f64, 2, a);
+    });
+    for (std::uint32_t r = 0; r < n_hosts; ++r) {
+      INFO(name(a) << " rank " << r);
+      REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+      CHECK(std::memcmp(out[r].data(), src.data(), n * sizeof(double)) == 0);
+    }
+  }
+  {
+    const std::uint64_t block = 700;
+    std::vector<std::vector<std::uint32_t>> rin(n_hosts, std::vector<std::uint32_t>(block * n_hosts));
+    std::vector<std::vector<std::uint32_t>> part(n_hosts, std::vector<std::uint32_t>(block));
+    for (std::uint32_t r = 0; r < n_hosts; ++r)
+      for (std::uint64_t i = 0; i < block * n_hosts; ++i) rin[r][i] = static_cast<std::uint32_t>(i * 3 + r);
+    auto res = run_all(n_hosts, [&](std::uint32_t r) {
+      return comms[r]->reduce_scatter(rin[r].data(), part[r].data(), block, dtype::u32, op::max);
+    });
+    for (std::uint32_t r = 0; r < n_hosts; ++r) {
+      REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+      for (std::uint64_t i = 0; i < block; ++i) REQUIRE(part[r][i] == static_cast<std::uint32_t>((r * block + i) * 3 + 2));
+    }
+  }
+
+  // A user reduction: its package goes to each NIC and to the switch through their sockets.
+  {
+    auto pkg = rt::read_package_file(SPIN_ARGMAX_PACKAGE);
+    REQUIRE_MESSAGE(pkg.ok(), pkg.err().message);
+    std::vector<custom_op> ops;
+    for (auto& c : comms) {
+      auto op = c->add_reduction(reduction{"argmax", pkg.value(), kernels_of<argmax>()});
+      REQUIRE_MESSAGE(op.ok(), op.err().message);
+      ops.push_back(op.value());
+    }
+    const std::uint64_t n = 2000;
+    auto input = [](std::uint32_t r, std::uint64_t i) {
+      return value_index{static_cast<float>((i * 5 + r * 11) % 13), static_cast<std::uint32_t>(r * 100000 + i)};
+    };
+    std::vector<std::vector<value_index>> vin(n_hosts, std::vector<value_index>(n)), vout = vin;
+    for (std::uint32_t r = 0; r < n_hosts; ++r)
+      for (std::uint64_t i = 0; i < n; ++i) vin[r][i] = input(r, i);
+    for (algorithm a : {algorithm::switch_agg, algorithm::edge_ring}) {
+      auto res = run_all(n_hosts, [&](std::uint32_t r) { return comms[r]->allreduce(vin[r].data(), vout[r].data(), n, ops[r], a); });
+      for (std::uint32_t r = 0; r < n_hosts; ++r) {
+        INFO(name(a) << " rank " << r);
+        REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+        for (std::uint64_t i = 0; i < n; ++i) {
+          value_index best = input(0, i);
+          for (std::uint32_t q = 1; q < n_hosts; ++q) best = argmax::combine(best, input(q, i));
+          REQUIRE(vout[r][i].index == best.index);
+        }
+      }
+    }
+  }
+
+  // The engine's counters come back through the shared arena.
+  auto js = comms[1]->engine_stats_json();
+  REQUIRE_MESSAGE(js.ok(), js.err().message);
+  const json j = json::parse(js.value());
+  CHECK(j.at("sent").at("up").get<std::uint64_t>() > 0);
+
+  // The switch process ran the group's aggregation engines (standard and argmax) and every
+  // host's traffic crossed it.
+  {
+    auto swc = net.sw->connect();
+    auto st = swc.stats_json();
+    REQUIRE(st.ok());
+    const json s = json::parse(st.value())[0].at("stats");
+    std::uint64_t engines = 0, in = 0, sent = 0;
+    for (const auto& e : s.at("runtime").at("ecs"))
+      if (e.at("name") == "coll.7.switch") {
+        ++engines;
+        in += e.at("packets_in").get<std::uint64_t>();
+        sent += e.at("sends").get<std::uint64_t>();
+      }
+    CHECK(engines == 2);
+    // At least the integer allreduce's packets: 4 per rank up, 4 multicast to each rank.
+    CHECK(in >= 4 * n_hosts);
+    CHECK(sent >= 4 * n_hosts);
+    for (const auto& p : s.at("ports")) CHECK(p.at("rx_packets").get<std::uint64_t>() > 0);
+  }
+
+  // Destroying the communicators frees the group's slots and removes every engine EC.
+  comms.clear();
+  CHECK(fab.value()->usage()[0].free == 32);
+  for (auto& h : net.hosts) {
+    auto c = h->connect();
+    auto st = c.stats_json();
+    REQUIRE(st.ok());
+    const json s = json::parse(st.value());
+    CHECK_MESSAGE(s[0].at("stats").at("runtime").at("ecs").empty(), s.dump());
+  }
+}
+
+TEST_CASE("connecting to a missing spin-emu, a missing node or a switch without links fails with a clear error") {
+  group g;
+  g.members = {0};
+  auto c = communicator::connect("/nonexistent/spin.sock", 0, g);
+  REQUIRE_FALSE(c.ok());
+  CHECK(c.err().code == errc::not_found);
+  CHECK(c.err().message.find("/nonexistent/spin.sock") != std::string::npos);
+  auto f = fabric::connect({remote_switch{"/nonexistent/sw.sock", 0, {}}});
+  REQUIRE_FALSE(f.ok());
+  CHECK(f.err().code == errc::invalid_argument);
+  f = fabric::connect({});
+  REQUIRE_FALSE(f.ok());
+  CHECK(f.err().code == errc::invalid_argument);
+  f = fabric::connect({remote_switch{"/nonexistent/sw.sock", 0, {0}}});
+  REQUIRE_FALSE(f.ok());
+  CHECK(f.err().code == errc::not_found);
+
+  remote_net net;
+  c = communicator::connect(net.hosts[0]->socket, 3, g);
+  REQUIRE_FALSE(c.ok());
+  CHECK(c.err().code == errc::not_found);
+  CHECK(c.err().message.find("no node 3") != std::string::npos);
+  g.members = {5};
+  c = communicator::connect(net.hosts[0]->socket, 0, g);  // the NIC's rank is 0
+  REQUIRE_FALSE(c.ok());
+  CHECK(c.err().code == errc::invalid_argument);
+}
+
+} // TEST_SUITE
