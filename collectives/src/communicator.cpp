@@ -168,7 +168,13 @@ struct communicator::impl {
     m.region = region;
     m.offset_bytes = off;
     m.len_bytes = sizeof(c);
-    return nic->send(m);
+    // A full transmit queue (a poll loop starved on a loaded machine) queued nothing of this
+    // one-packet message: try again until the collective's own timeout.
+    const auto deadline = clock::now() + o.timeout;
+    for (;;) {
+      auto r = nic->send(m);
+      if (r.ok() || r.err().code != errc::timeout || clock::now() >= deadline) return r;
+    }
   }
 
   // Waits for a host event of engine `e` for which `want` returns true; `tick` runs every

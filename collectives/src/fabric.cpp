@@ -177,8 +177,12 @@ struct fabric::impl {
     msg.region = pl.mem->region;
     msg.offset_bytes = 0;
     msg.len_bytes = sizeof(cmd);
-    if (auto r = nic.send(msg); !r.ok()) return r;
     const auto deadline = clock::now() + std::chrono::seconds(10);
+    for (;;) {  // a full transmit queue queued nothing of this one-packet message: try again
+      auto r = nic.send(msg);
+      if (r.ok()) break;
+      if (r.err().code != errc::timeout || clock::now() >= deadline) return r;
+    }
     std::array<rt::host_event, 4> evs;
     while (clock::now() < deadline) {
       const std::size_t got = nic.poll_events(pl.ec, evs);

@@ -373,6 +373,30 @@ TEST_CASE("a rank that creates its communicator and calls late still gets the ex
   comms.clear();
 }
 
+TEST_CASE("a poll loop that stalls longer than a command's send timeout (1 s) delays the collective but does not fail it") {
+  world w(test::topology_for(3));
+  std::vector<std::vector<std::int32_t>> in(3, std::vector<std::int32_t>(3000)), out(3, std::vector<std::int32_t>(3000));
+  for (std::uint32_t r = 0; r < 3; ++r)
+    for (std::uint64_t i = 0; i < 3000; ++i) in[r][i] = static_cast<std::int32_t>(i + r);
+  // The cluster's poll loop stops (a starved driver thread on a loaded machine): the ranks'
+  // start commands wait in their NICs' transmit queues for 1.5 s.
+  w.drv.stop = true;
+  w.drv.th.join();
+  std::thread resume([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    w.drv.stop = false;
+    w.drv.start(*w.cluster);
+  });
+  auto res = w.run([&](std::uint32_t r) {
+    return w.comms[r]->allreduce(std::span<const std::int32_t>(in[r]), std::span<std::int32_t>(out[r]), op::sum);
+  });
+  resume.join();
+  for (std::uint32_t r = 0; r < 3; ++r) {
+    REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+    for (std::uint64_t i = 0; i < 3000; ++i) REQUIRE(out[r][i] == static_cast<std::int32_t>(3 * i + 3));
+  }
+}
+
 TEST_CASE("bad arguments are refused before anything is sent") {
   world w(test::topology_for(2));
   std::vector<std::int32_t> a(10), b(10);

@@ -1,0 +1,481 @@
+// dp_training: data-parallel training on Fashion-MNIST with in-network allreduce.
+//
+// N emulated hosts (cluster mode: a star of N hosts around one switch) each hold a replica of
+// the model and a shard of every minibatch. Each step, every host computes the gradient of its
+// shard, the hosts allreduce the gradients through the emulated network with spin::coll, and
+// every host applies the same update. By default the switch aggregates (Core-INC, SwitchML's
+// scheme); --algorithm edge_ring makes the NICs reduce along a ring (Edge-INC) and host_ring is
+// the no-INC baseline.
+//
+// Gradients travel as 32-bit fixed point by default, as SwitchML does (Sapio et al., NSDI
+// 2021, section 4.3): integer sums do not depend on any order, so training is deterministic and
+// the program checks that its parameters equal those of a single process that trains on the
+// same data in the same order. --aggregation float sends float32 instead (the ranks still agree
+// bit for bit: spin::coll combines floats in a fixed order).
+//
+//   dp_training [--ranks 4] [--epochs 3] [--model mlp|softmax] [--algorithm switch|edge_ring|host_ring]
+//               [--aggregation fixed|float] [--data DIR] [--out DIR] ... (--help lists them)
+//
+// Output: progress, a line per epoch, the checks; DIR/dp_training.json (summary),
+// DIR/dp_training.png (loss and accuracy curves; needs gnuplot) and DIR/dp_training.dat.
+// Exit status: 0 when training ran and every check passed; 1 when a check failed (or
+// --min-accuracy was not reached); 2 on bad arguments, missing data or a cluster that cannot start.
+#include "fashion_mnist.hpp"
+#include "model.hpp"
+
+#include <spin/coll/coll.hpp>
+#include <spin/emu/cluster.hpp>
+#include <spin/emu/eal.hpp>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using steady = std::chrono::steady_clock;
+
+struct config {
+  std::uint32_t ranks = 4;
+  std::uint32_t epochs = 5;
+  std::uint32_t batch = 32;  // images per rank per step
+  float lr = 0.1f;
+  std::string model = "mlp";
+  std::uint32_t hidden = 64;
+  std::string algorithm = "switch";
+  std::string aggregation = "fixed";
+  std::uint32_t fixed_bits = 16;  // fixed point: gradient x 2^fixed_bits
+  std::uint32_t train_limit = 0, test_limit = 0;
+  std::string data = dp::default_data_dir;
+  std::string out = "dp_training-out";
+  std::uint64_t seed = 1;
+  bool reference = true;
+  double min_accuracy = 0;
+  double loss_rate = 0;
+};
+
+int cannot_run(const std::string& msg) {
+  std::fprintf(stderr, "dp_training: %s\n", msg.c_str());
+  return 2;
+}
+
+// The order of epoch e's images: a seeded Fisher-Yates shuffle (the same in every run).
+std::vector<std::uint32_t> epoch_order(std::uint32_t n, std::uint64_t seed, std::uint32_t epoch) {
+  std::vector<std::uint32_t> p(n);
+  for (std::uint32_t i = 0; i < n; ++i) p[i] = i;
+  std::mt19937_64 rng(seed * 1000003u + epoch);
+  for (std::uint32_t i = n; i > 1; --i) std::swap(p[i - 1], p[static_cast<std::uint32_t>(rng() % i)]);
+  return p;
+}
+
+// ---- gradients on the wire ----
+// One rank's message: its summed gradient, then its summed loss (one more element).
+struct codec {
+  bool fixed = true;
+  float scale = 65536.0f;       // fixed point: value x scale
+  std::int64_t limit = 0;       // |q| <= limit, so that the sum of all ranks fits int32
+  float decode_mul = 0;         // wire sum -> mean gradient
+
+  codec(const config& c) : fixed(c.aggregation == "fixed") {
+    scale = std::ldexp(1.0f, static_cast<int>(c.fixed_bits));
+    limit = static_cast<std::int64_t>(0x7fffffff) / c.ranks;
+    const float per_batch = 1.0f / static_cast<float>(std::uint64_t{c.ranks} * c.batch);
+    decode_mul = fixed ? per_batch / scale : per_batch;
+  }
+  // Fixed point: round to nearest, saturate (counted).
+  std::int32_t quantize(float g, std::uint64_t& saturated) const {
+    const double v = std::nearbyint(static_cast<double>(g) * scale);
+    if (v > static_cast<double>(limit)) {
+      ++saturated;
+      return static_cast<std::int32_t>(limit);
+    }
+    if (v < -static_cast<double>(limit)) {
+      ++saturated;
+      return static_cast<std::int32_t>(-limit);
+    }
+    return static_cast<std::int32_t>(v);
+  }
+  void encode(std::span<const float> grad, double loss, std::span<std::uint32_t> wire, std::uint64_t& saturated) const {
+    const std::size_t n = grad.size();
+    if (fixed) {
+      for (std::size_t i = 0; i < n; ++i) wire[i] = static_cast<std::uint32_t>(quantize(grad[i], saturated));
+      std::uint64_t ignore = 0;
+      wire[n] = static_cast<std::uint32_t>(quantize(static_cast<float>(loss), ignore));
+    } else {
+      std::memcpy(wire.data(), grad.data(), n * sizeof(float));
+      const float l = static_cast<float>(loss);
+      std::memcpy(&wire[n], &l, sizeof l);
+    }
+  }
+  // The summed wire message -> the mean gradient; returns the summed loss of all ranks.
+  double decode(std::span<const std::uint32_t> wire, std::span<float> grad) const {
+    const std::size_t n = grad.size();
+    if (fixed) {
+      for (std::size_t i = 0; i < n; ++i) grad[i] = static_cast<float>(static_cast<std::int32_t>(wire[i])) * decode_mul;
+      return static_cast<double>(static_cast<std::int32_t>(wire[n])) / scale;
+    }
+    float l = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      float v;
+      std::memcpy(&v, &wire[i], sizeof v);
+      grad[i] = v * decode_mul;
+    }
+    std::memcpy(&l, &wire[n], sizeof l);
+    return l;
+  }
+};
+
+// ---- what the run records ----
+struct epoch_record {
+  std::uint32_t epoch = 0;
+  double train_loss = 0, test_loss = 0, test_accuracy = 0, seconds = 0;
+  std::uint64_t bytes_sent_per_host = 0;  // frames the host NIC sent (mean over hosts)
+  std::uint64_t payload_per_host = 0;     // gradient bytes each host contributed (S per step)
+  std::uint64_t ring_payload_per_host = 0;  // 2(N-1)/N x S per step
+};
+struct curve_point {
+  double epoch = 0;  // fractional
+  double train_loss = 0;
+};
+
+spin::coll::algorithm parse_algorithm(const std::string& s) {
+  if (s == "edge_ring") return spin::coll::algorithm::edge_ring;
+  if (s == "host_ring") return spin::coll::algorithm::host_ring;
+  return spin::coll::algorithm::switch_agg;
+}
+
+std::string mb(std::uint64_t bytes) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.2f MB", static_cast<double>(bytes) / 1e6);
+  return b;
+}
+
+// ---- single-process training: the same images, order, rounding and sums on one thread ----
+std::vector<float> train_reference(const config& c, const dp::dataset& d, const codec& cd, std::uint32_t steps) {
+  dp::model m(d.train.pixels_per_image(), c.model == "mlp" ? c.hidden : 0, 10, c.seed);
+  const std::size_t n = m.size();
+  std::vector<float> grad(n), mean(n);
+  std::vector<std::uint32_t> wire(n + 1), sum(n + 1);
+  std::uint64_t saturated = 0;
+  for (std::uint32_t e = 0; e < c.epochs; ++e) {
+    const auto order = epoch_order(d.train.count, c.seed, e);
+    for (std::uint32_t s = 0; s < steps; ++s) {
+      std::fill(sum.begin(), sum.end(), 0u);
+      for (std::uint32_t r = 0; r < c.ranks; ++r) {
+        std::fill(grad.begin(), grad.end(), 0.0f);
+        const std::span<const std::uint32_t> idx(order.data() + (std::size_t{s} * c.ranks + r) * c.batch, c.batch);
+        const double loss = m.accumulate(d.train, idx, grad);
+        cd.encode(grad, loss, wire, saturated);
+        for (std::size_t i = 0; i <= n; ++i) sum[i] += wire[i];  // integers wrap, as spin::coll's sum does
+      }
+      cd.decode(sum, mean);
+      m.step(mean, c.lr);
+    }
+  }
+  return {m.params().begin(), m.params().end()};
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  // ---- arguments ----
+  config c;
+  CLI::App app{"Data-parallel training on Fashion-MNIST with in-network allreduce (spin::coll on an emulated cluster)"};
+  app.add_option("--ranks", c.ranks, "emulated hosts, one model replica each")->check(CLI::Range(1, 64))->capture_default_str();
+  app.add_option("--epochs", c.epochs, "passes over the training set")->check(CLI::Range(1, 100))->capture_default_str();
+  app.add_option("--batch", c.batch, "images per rank per step")->check(CLI::Range(1, 4096))->capture_default_str();
+  app.add_option("--lr", c.lr, "learning rate (SGD)")->check(CLI::Range(1e-6, 10.0))->capture_default_str();
+  app.add_option("--model", c.model, "mlp (one hidden layer of ReLU units) or softmax (regression)")
+      ->check(CLI::IsMember({"mlp", "softmax"}))
+      ->capture_default_str();
+  app.add_option("--hidden", c.hidden, "hidden units of the mlp")->check(CLI::Range(1, 4096))->capture_default_str();
+  app.add_option("--algorithm", c.algorithm, "switch (Core-INC), edge_ring (Edge-INC) or host_ring (no INC)")
+      ->check(CLI::IsMember({"switch", "edge_ring", "host_ring"}))
+      ->capture_default_str();
+  app.add_option("--aggregation", c.aggregation, "fixed (int32 fixed point: deterministic) or float (float32)")
+      ->check(CLI::IsMember({"fixed", "float"}))
+      ->capture_default_str();
+  app.add_option("--fixed-bits", c.fixed_bits, "fractional bits of the fixed-point gradients")->check(CLI::Range(4, 24))->capture_default_str();
+  app.add_option("--train-limit", c.train_limit, "use the first N training images (0: all 60000)")->capture_default_str();
+  app.add_option("--test-limit", c.test_limit, "use the first N test images (0: all 10000)")->capture_default_str();
+  app.add_option("--data", c.data, "directory of the gzip-compressed IDX files")->capture_default_str();
+  app.add_option("--out", c.out, "directory for dp_training.json, .png and .dat")->capture_default_str();
+  app.add_option("--seed", c.seed, "initialisation and data order")->capture_default_str();
+  app.add_option("--loss-rate", c.loss_rate, "packet loss of every link (0..0.1): spin::coll repairs it")
+      ->check(CLI::Range(0.0, 0.1))
+      ->capture_default_str();
+  app.add_flag("!--no-reference", c.reference, "skip the single-process comparison (fixed aggregation)");
+  app.add_option("--min-accuracy", c.min_accuracy, "exit status 1 when the final test accuracy is lower")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  const bool tty = ::isatty(1) != 0;
+
+  // ---- data ----
+  auto data = dp::load(c.data, c.train_limit, c.test_limit);
+  if (!data) return cannot_run(data.err().message);
+  const dp::dataset& d = data.value();
+  const std::uint32_t global_batch = c.ranks * c.batch;
+  const std::uint32_t steps = d.train.count / global_batch;
+  if (steps == 0)
+    return cannot_run(std::to_string(d.train.count) + " training images do not fill one step of " + std::to_string(c.ranks) +
+                      " ranks x " + std::to_string(c.batch) + " images");
+  const codec cd(c);
+  const spin::coll::algorithm algo = parse_algorithm(c.algorithm);
+
+  // ---- the emulated cluster: N hosts around one switch ----
+  if (auto r = spin::emu::eal_init(spin::emu::default_eal_args("dp-training-" + std::to_string(getpid()))); !r)
+    return cannot_run(r.err().message);
+  spin::emu::link_model lm;
+  lm.loss = c.loss_rate;
+  auto cluster = spin::emu::cluster::create(spin::emu::star(c.ranks, lm), {});
+  if (!cluster) return cannot_run(cluster.err().message);
+  std::atomic<bool> stop{false};
+  std::thread driver([&] { cluster.value()->run(stop); });
+  auto stop_driver = [&] {
+    stop = true;
+    driver.join();
+  };
+  auto fab = spin::coll::fabric::create(*cluster.value());
+  if (!fab) {
+    stop_driver();
+    return cannot_run(fab.err().message);
+  }
+  spin::coll::options co;
+  co.timeout = std::chrono::seconds(60);  // rank 0 evaluates the model while the others wait
+  co.switches = fab.value().get();
+  co.log = [](const std::string& line) { std::fprintf(stderr, "dp_training: %s\n", line.c_str()); };
+  spin::coll::group g;
+  g.id = 1;
+  for (std::uint32_t r = 0; r < c.ranks; ++r) g.members.push_back(r);
+  std::vector<std::unique_ptr<spin::coll::communicator>> comms;
+  for (std::uint32_t r = 0; r < c.ranks; ++r) {
+    g.me = r;
+    auto comm = spin::coll::communicator::create(*cluster.value()->host(r), g, co);
+    if (!comm) {
+      comms.clear();
+      stop_driver();
+      return cannot_run(comm.err().message);
+    }
+    comms.push_back(std::move(comm.value()));
+  }
+
+  // ---- training: one thread per rank ----
+  const std::uint32_t hidden = c.model == "mlp" ? c.hidden : 0;
+  std::vector<dp::model> replicas;
+  for (std::uint32_t r = 0; r < c.ranks; ++r) replicas.emplace_back(d.train.pixels_per_image(), hidden, 10, c.seed);
+  const std::size_t n_params = replicas[0].size();
+  const std::uint64_t wire_bytes = (n_params + 1) * 4;
+  std::printf("dp_training: %u hosts + 1 switch (emulated), %s (%zu parameters), %u epochs of %u steps x %u images, "
+              "allreduce by %s, %s gradients (%s per step)\n",
+              c.ranks, c.model == "mlp" ? ("mlp " + std::to_string(c.hidden) + " hidden").c_str() : "softmax regression",
+              n_params, c.epochs, steps, global_batch, c.algorithm.c_str(),
+              cd.fixed ? ("int32 fixed-point (2^" + std::to_string(c.fixed_bits) + ")").c_str() : "float32", mb(wire_bytes).c_str());
+  std::fflush(stdout);
+
+  std::vector<epoch_record> records;
+  std::vector<curve_point> curve;
+  const auto initial = replicas[0].evaluate(d.test);  // epoch 0: before the first step
+  std::vector<std::uint64_t> tx_before(c.ranks, 0);
+  auto host_tx = [&](std::uint32_t r) { return cluster.value()->node(r).stats().ports[0].tx_bytes; };
+  for (std::uint32_t r = 0; r < c.ranks; ++r) tx_before[r] = host_tx(r);
+  std::atomic<std::uint64_t> saturated{0};
+  std::atomic<bool> failed{false};
+  std::string failure;
+  std::mutex failure_m;
+  auto epoch_start = steady::now();
+  double window_loss = 0;
+  std::uint32_t window_steps = 0, epoch_now = 0;
+  double epoch_loss = 0;
+  const std::uint32_t window = std::max<std::uint32_t>(1, steps / 10);
+
+  // At the end of each epoch, once every rank has applied its last update: evaluate, count
+  // the traffic, report.
+  auto end_of_epoch = [&]() noexcept {
+    if (failed) return;
+    epoch_record er;
+    er.epoch = epoch_now + 1;
+    er.train_loss = epoch_loss / (static_cast<double>(steps) * global_batch);
+    const auto sc = replicas[0].evaluate(d.test);
+    er.test_loss = sc.loss;
+    er.test_accuracy = sc.accuracy;
+    er.seconds = std::chrono::duration<double>(steady::now() - epoch_start).count();
+    std::uint64_t sent = 0;
+    for (std::uint32_t r = 0; r < c.ranks; ++r) {
+      const std::uint64_t now = host_tx(r);
+      sent += now - tx_before[r];
+      tx_before[r] = now;
+    }
+    er.bytes_sent_per_host = sent / c.ranks;
+    er.payload_per_host = wire_bytes * steps;
+    er.ring_payload_per_host = c.ranks > 1 ? 2 * (c.ranks - 1) * wire_bytes * steps / c.ranks : 0;
+    records.push_back(er);
+    std::printf("%sepoch %u/%u  loss %.4f  test loss %.4f  test accuracy %.4f  %.1f s  sent per host %s (payload %s; a ring "
+                "would send %s)\n",
+                tty ? "\r\033[K" : "", er.epoch, c.epochs, er.train_loss, er.test_loss, er.test_accuracy, er.seconds,
+                mb(er.bytes_sent_per_host).c_str(), mb(er.payload_per_host).c_str(), mb(er.ring_payload_per_host).c_str());
+    std::fflush(stdout);
+    epoch_loss = 0;
+    ++epoch_now;
+    epoch_start = steady::now();
+  };
+  std::barrier sync(static_cast<std::ptrdiff_t>(c.ranks), end_of_epoch);
+
+  auto rank_main = [&](std::uint32_t r) {
+    dp::model& m = replicas[r];
+    std::vector<float> grad(n_params), mean(n_params);
+    std::vector<std::uint32_t> wire(n_params + 1);
+    std::uint64_t sat = 0;
+    for (std::uint32_t e = 0; e < c.epochs; ++e) {
+      const auto order = epoch_order(d.train.count, c.seed, e);
+      for (std::uint32_t s = 0; s < steps && !failed; ++s) {
+        std::fill(grad.begin(), grad.end(), 0.0f);
+        const std::span<const std::uint32_t> idx(order.data() + (std::size_t{s} * c.ranks + r) * c.batch, c.batch);
+        const double loss = m.accumulate(d.train, idx, grad);
+        cd.encode(grad, loss, wire, sat);
+        auto res = comms[r]->allreduce(wire.data(), wire.data(), wire.size(),
+                                       cd.fixed ? spin::coll::dtype::i32 : spin::coll::dtype::f32, spin::coll::op::sum, algo);
+        if (!res) {
+          std::lock_guard<std::mutex> l(failure_m);
+          if (!failed) failure = "rank " + std::to_string(r) + ": allreduce: " + res.err().message;
+          failed = true;
+          break;
+        }
+        const double total_loss = cd.decode(wire, mean);
+        m.step(mean, c.lr);
+        if (r == 0) {
+          epoch_loss += total_loss;
+          window_loss += total_loss;
+          if (++window_steps == window || s + 1 == steps) {
+            curve.push_back({e + static_cast<double>(s + 1) / steps, window_loss / (static_cast<double>(window_steps) * global_batch)});
+            if (tty) {
+              std::printf("\r\033[Kepoch %u/%u  step %u/%u  loss %.4f", e + 1, c.epochs, s + 1, steps, curve.back().train_loss);
+              std::fflush(stdout);
+            }
+            window_loss = 0;
+            window_steps = 0;
+          }
+        }
+      }
+      saturated += sat;
+      sat = 0;
+      if (failed) {
+        sync.arrive_and_drop();
+        return;
+      }
+      sync.arrive_and_wait();
+    }
+  };
+  const auto t0 = steady::now();
+  {
+    std::vector<std::thread> threads;
+    for (std::uint32_t r = 0; r < c.ranks; ++r) threads.emplace_back(rank_main, r);
+    for (auto& t : threads) t.join();
+  }
+  const double train_seconds = std::chrono::duration<double>(steady::now() - t0).count();
+  comms.clear();
+  fab.value().reset();
+  stop_driver();
+  if (failed) {
+    std::fprintf(stderr, "dp_training: training failed: %s\n", failure.c_str());
+    return 1;
+  }
+
+  // ---- checks ----
+  int status = 0;
+  bool identical = true;
+  for (std::uint32_t r = 1; r < c.ranks; ++r)
+    identical = identical && std::memcmp(replicas[r].params().data(), replicas[0].params().data(), n_params * sizeof(float)) == 0;
+  std::printf("check: all %u ranks hold bitwise-identical parameters: %s\n", c.ranks, identical ? "yes" : "NO");
+  if (!identical) status = 1;
+  std::string reference = "not run";
+  if (cd.fixed && c.reference) {
+    if (tty) {
+      std::printf("check: training the same model on one process (same data order, same rounding) ...");
+      std::fflush(stdout);
+    }
+    const auto ref = train_reference(c, d, cd, steps);
+    const bool same = std::memcmp(ref.data(), replicas[0].params().data(), n_params * sizeof(float)) == 0;
+    reference = same ? "equal" : "different";
+    std::printf("%scheck: the parameters equal those of single-process training on the same data order: %s\n", tty ? "\r\033[K" : "",
+                same ? "yes" : "NO");
+    if (!same) status = 1;
+  } else if (!cd.fixed) {
+    reference = "float aggregation: not compared";
+    std::printf("check: single-process comparison runs with --aggregation fixed (float sums follow the ring's order)\n");
+  }
+  if (saturated > 0)
+    std::printf("note: %llu gradient values saturated the fixed-point range (raise --fixed-bits' headroom: lower it)\n",
+                static_cast<unsigned long long>(saturated.load()));
+  const double final_acc = records.empty() ? 0 : records.back().test_accuracy;
+  std::printf("dp_training: final test accuracy %.4f after %u epochs, %.1f s\n", final_acc, c.epochs, train_seconds);
+  if (final_acc < c.min_accuracy) {
+    std::printf("dp_training: accuracy below --min-accuracy %.4f\n", c.min_accuracy);
+    status = 1;
+  }
+
+  // ---- JSON summary, curves, plot ----
+  std::error_code ec;
+  std::filesystem::create_directories(c.out, ec);
+  if (ec) return cannot_run("cannot create " + c.out + ": " + ec.message());
+  nlohmann::json j;
+  j["config"] = {{"ranks", c.ranks}, {"epochs", c.epochs}, {"batch_per_rank", c.batch}, {"lr", c.lr}, {"model", c.model},
+                 {"hidden", hidden}, {"parameters", n_params}, {"algorithm", c.algorithm}, {"aggregation", c.aggregation},
+                 {"fixed_bits", c.fixed_bits}, {"train_images", d.train.count}, {"test_images", d.test.count},
+                 {"steps_per_epoch", steps}, {"seed", c.seed}, {"loss_rate", c.loss_rate}};
+  for (const auto& er : records)
+    j["epochs"].push_back({{"epoch", er.epoch}, {"train_loss", er.train_loss}, {"test_loss", er.test_loss},
+                           {"test_accuracy", er.test_accuracy}, {"seconds", er.seconds},
+                           {"bytes_sent_per_host", er.bytes_sent_per_host}, {"payload_bytes_per_host", er.payload_per_host},
+                           {"ring_payload_bytes_per_host", er.ring_payload_per_host}});
+  j["initial_test_accuracy"] = initial.accuracy;
+  j["final_test_accuracy"] = final_acc;
+  j["train_seconds"] = train_seconds;
+  j["identical_across_ranks"] = identical;
+  j["single_process_reference"] = reference;
+  j["saturated_values"] = saturated.load();
+  const std::string base = c.out + "/dp_training";
+  {
+    std::ofstream f(base + ".json");
+    f << j.dump(2) << "\n";
+    if (!f) return cannot_run("cannot write " + base + ".json");
+  }
+  {
+    std::ofstream f(base + ".dat");
+    f << "# epoch train_loss (curve)\n";
+    for (const auto& p : curve) f << p.epoch << " " << p.train_loss << "\n";
+    f << "\n\n# epoch test_loss test_accuracy\n0 " << initial.loss << " " << initial.accuracy << "\n";
+    for (const auto& er : records) f << er.epoch << " " << er.test_loss << " " << er.test_accuracy << "\n";
+    if (!f) return cannot_run("cannot write " + base + ".dat");
+  }
+  const std::string script =
+      "set terminal pngcairo size 900,540 noenhanced\nset output '" + base + ".png'\n" +
+      "set title 'dp_training: " + std::to_string(c.ranks) + " hosts, " + c.model + ", allreduce by " + c.algorithm + "'\n" +
+      "set xlabel 'epoch'\nset ylabel 'loss'\nset y2label 'test accuracy'\nset y2range [0:1]\nset ytics nomirror\nset y2tics\n"
+      "set key center right\nset grid\n"
+      "plot '" + base + ".dat' index 0 using 1:2 with lines lw 2 title 'training loss', " +
+      "'' index 1 using 1:2 with linespoints lw 2 title 'test loss', " +
+      "'' index 1 using 1:3 axes x1y2 with linespoints lw 2 title 'test accuracy'\n";
+  FILE* gp = ::popen("gnuplot 2>&1", "w");
+  bool plotted = false;
+  if (gp != nullptr) {
+    std::fputs(script.c_str(), gp);
+    plotted = ::pclose(gp) == 0 && std::filesystem::exists(base + ".png");
+  }
+  std::printf("wrote %s.json, %s.dat%s\n", base.c_str(), base.c_str(),
+              plotted ? (" and " + base + ".png").c_str() : " (no plot: gnuplot is missing; apt-get install gnuplot-nox)");
+  return status;
+}
