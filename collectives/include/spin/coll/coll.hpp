@@ -38,7 +38,7 @@ enum class algorithm : std::uint8_t {
   automatic = 0,  ///< switch_agg when the group holds switch slots (not for reduce-scatter), else edge_ring
   edge_ring = 1,  ///< Edge-INC: NIC handlers reduce and forward along a ring of the members
   switch_agg = 2, ///< Core-INC: a switch aggregates (allreduce) or replicates (allgather, broadcast); needs a fabric with slots
-  host_ring = 3,  ///< the no-INC baseline: host threads reduce (not available yet: not_supported)
+  host_ring = 3,  ///< the no-INC baseline: host threads reduce, NICs only move chunks (allreduce only)
 };
 /// "automatic", "edge_ring", "switch", "host_ring".
 const char* name(algorithm a);
