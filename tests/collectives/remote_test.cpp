@@ -59,9 +59,14 @@ struct remote_net {
     for (auto& h : hosts) (void)h->connect();
   }
 
+  // The memif clients (hosts) stop first, the server (switch) once they have exited: closing a
+  // memif server's ports under connected clients can crash DPDK 22.11's memif, and reaping a
+  // client can block until its server is gone (emu_process::running); the destructors reap.
   ~remote_net() {
-    sw->terminate();  // see emu_process::terminate
     for (auto& h : hosts) h->terminate();
+    for (auto& h : hosts) (void)h->wait_exit(10s);
+    sw->terminate();
+    (void)sw->wait_exit(10s);
   }
 
   std::string diag() const {

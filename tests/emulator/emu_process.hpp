@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -110,17 +111,38 @@ public:
     ::close(log);
   }
 
-  /// True while the process runs (reaps it when it has exited).
+  /// True while the process runs. An exited process is not reaped here: its state and wait
+  /// status come from /proc/<pid>/stat (field 52, exit_code). Reaping (wait4) an exited memif
+  /// client can block in the kernel until its memif server process exits too (seen here: a
+  /// 118 s wait4 on Linux 6.x), so reap() runs only in the destructor, after the test has
+  /// stopped every process of its memif network.
   bool running() {
-    if (_pid <= 0) return false;
-    int st = 0;
-    const pid_t r = ::waitpid(_pid, &st, WNOHANG);
-    if (r == _pid) {
-      _status = st;
-      _pid = -1;
+    if (_pid <= 0 || _exited) return false;
+    std::ifstream f("/proc/" + std::to_string(_pid) + "/stat");
+    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const auto close = text.rfind(')');
+    if (!f.good() && text.empty()) {  // no /proc entry: reap to learn more
+      reap();
       return false;
     }
-    return r == 0;
+    if (close == std::string::npos || close + 2 >= text.size()) return true;
+    const char state = text[close + 2];
+    if (state != 'Z' && state != 'X') return true;
+    std::istringstream fields(text.substr(close + 2));
+    std::string tok;
+    for (int field = 3; field <= 52 && fields >> tok; ++field)
+      if (field == 52) _status = std::stoi(tok);
+    _exited = true;
+    return false;
+  }
+
+  /// Reaps the process once it has exited (blocks until it has).
+  void reap() {
+    if (_pid <= 0) return;
+    int st = 0;
+    if (::waitpid(_pid, &st, 0) == _pid && !_exited) _status = st;
+    _exited = true;
+    _pid = -1;
   }
 
   /// Waits until the control socket answers "hello", up to `limit`. Fails with the log when
@@ -142,27 +164,28 @@ public:
     std::abort();  // not reached: FAIL throws
   }
 
-  /// Waits up to `limit` for the process to exit; returns its wait status, or nullopt.
+  /// Waits up to `limit` for the process to exit (without reaping it); returns its wait
+  /// status, or nullopt.
   std::optional<int> wait_exit(std::chrono::milliseconds limit) {
     const auto end = std::chrono::steady_clock::now() + limit;
     while (running() && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(20ms);
-    if (_pid > 0) return std::nullopt;
+    if (!_exited) return std::nullopt;
     return _status;
   }
 
-  /// SIGTERM, then SIGKILL after 5 s.
+  /// SIGTERM, then SIGKILL after 5 s; then reaps.
   void kill() {
-    if (!running()) return;
-    ::kill(_pid, SIGTERM);
-    if (wait_exit(5s)) return;
-    ::kill(_pid, SIGKILL);
-    (void)wait_exit(5s);
+    if (running()) {
+      ::kill(_pid, SIGTERM);
+      if (!wait_exit(5s)) {
+        ::kill(_pid, SIGKILL);
+        (void)wait_exit(5s);
+      }
+    }
+    reap();
   }
 
-  /// SIGTERM without waiting. Reaping a memif client can block in the kernel until its memif
-  /// server exits too (seen on Linux 6.x: wait4 of an exited client returned only once the
-  /// server process was gone), so a test with a switch process signals every process before
-  /// it waits for any.
+  /// SIGTERM without waiting.
   void terminate() {
     if (running()) ::kill(_pid, SIGTERM);
   }
@@ -181,7 +204,8 @@ public:
 
 private:
   std::string _name;
-  pid_t _pid = -1;
+  pid_t _pid = -1;   // until reaped
+  bool _exited = false;
   int _status = -1;
 };
 
