@@ -67,6 +67,7 @@ struct config {
   bool reference = true;
   double min_accuracy = 0;
   double loss_rate = 0;
+  std::uint32_t repair_ms = 0;  // 0: 10 ms with --loss-rate, else 1000 ms
 };
 
 int cannot_run(const std::string& msg) {
@@ -219,6 +220,11 @@ int main(int argc, char** argv) {
   app.add_option("--loss-rate", c.loss_rate, "packet loss of every link (0..0.1): spin::coll repairs it")
       ->check(CLI::Range(0.0, 0.1))
       ->capture_default_str();
+  app.add_option("--repair-ms", c.repair_ms,
+                 "spin::coll's repair interval (0: 10 ms on lossy links; 1000 ms without loss, so that a slow machine "
+                 "adds no repair traffic)")
+      ->check(CLI::Range(0, 60000))
+      ->capture_default_str();
   app.add_flag("!--no-reference", c.reference, "skip the single-process comparison (fixed aggregation)");
   app.add_option("--min-accuracy", c.min_accuracy, "exit status 1 when the final test accuracy is lower")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -256,6 +262,8 @@ int main(int argc, char** argv) {
   }
   spin::coll::options co;
   co.timeout = std::chrono::seconds(60);  // rank 0 evaluates the model while the others wait
+  if (c.repair_ms == 0) c.repair_ms = c.loss_rate > 0 ? 10 : 1000;
+  co.repair_interval = std::chrono::milliseconds(c.repair_ms);
   co.switches = fab.value().get();
   co.log = [](const std::string& line) { std::fprintf(stderr, "dp_training: %s\n", line.c_str()); };
   spin::coll::group g;
@@ -435,7 +443,8 @@ int main(int argc, char** argv) {
   j["config"] = {{"ranks", c.ranks}, {"epochs", c.epochs}, {"batch_per_rank", c.batch}, {"lr", c.lr}, {"model", c.model},
                  {"hidden", hidden}, {"parameters", n_params}, {"algorithm", c.algorithm}, {"aggregation", c.aggregation},
                  {"fixed_bits", c.fixed_bits}, {"train_images", d.train.count}, {"test_images", d.test.count},
-                 {"steps_per_epoch", steps}, {"seed", c.seed}, {"loss_rate", c.loss_rate}};
+                 {"steps_per_epoch", steps}, {"seed", c.seed}, {"loss_rate", c.loss_rate},
+                 {"repair_interval_ms", c.repair_ms}};
   for (const auto& er : records)
     j["epochs"].push_back({{"epoch", er.epoch}, {"train_loss", er.train_loss}, {"test_loss", er.test_loss},
                            {"test_accuracy", er.test_accuracy}, {"seconds", er.seconds},
