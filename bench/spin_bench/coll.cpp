@@ -1,0 +1,495 @@
+// spin-bench coll. How the figures come about (docs/benchmarks.md has the full story):
+//
+// spin::coll (switch, edge_ring, host_ring): an emulated cluster in this process, N hosts in a
+// star around one switch (cluster mode: one poll thread drives every node and link), one
+// communicator per rank, one thread per rank. Buffers come from the communicator's arena, so
+// they go to the NIC without a staging copy. Lossless links; the repair interval is 1 s, so a
+// slow machine adds no spurious repairs to the measured bytes.
+// Gloo (gloo): N threads in this process, each with a Gloo context over TCP on 127.0.0.1
+// (rendezvous through an in-process HashStore), gloo::allreduce with the ring algorithm.
+// Open MPI (mpi): spin-bench-mpi under mpirun, N processes, MPI_Allreduce (Open MPI picks its
+// algorithm and transport: shared memory between processes of one machine).
+//
+// Every implementation gets the same float32 inputs (coll_data.hpp): integers, so that the sum
+// is exact in any order, and #wrong counts elements that differ from it bit for bit. A
+// measurement: warm-up calls, then `iters` timed calls; each call starts on every rank at a
+// barrier, its time is the slowest rank's, and the table gives the mean over the calls
+// (nccl-tests: time, algbw = S / time, busbw = algbw x 2(n-1)/n). In-place calls refill the
+// buffer before each call, outside the timed region.
+#include "coll.hpp"
+
+#include "coll_data.hpp"
+#include "coll_table.hpp"
+#include "common.hpp"
+
+#include <spin/coll/coll.hpp>
+#include <spin/emu/cluster.hpp>
+#include <spin/emu/eal.hpp>
+#include <spin/emu/topology.hpp>
+
+#if SPIN_BENCH_HAVE_GLOO
+#include <gloo/allreduce.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/hash_store.h>
+#include <gloo/transport/tcp/device.h>
+#endif
+
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+namespace spin::bench {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+// One rank's part of one measurement: `call` runs the collective once (out-of-place or in
+// place), `refill` prepares the buffers before each call (outside the timed region), `check`
+// counts wrong elements after the last call.
+struct rank_ops {
+  std::function<std::string(bool in_place)> call;  // "" or the error
+  std::function<void(bool in_place)> refill;
+  std::function<std::uint64_t(bool in_place)> check;
+};
+
+// Runs warm-up and timed calls of one mode on every rank (one thread each); fills `m`.
+// `between` runs on the calling thread after the warm-up and after the timed calls (counters).
+void measure_mode(std::vector<rank_ops>& ranks, bool in_place, std::uint32_t warmup, std::uint32_t iters, std::uint64_t bytes,
+                  coll_mode& m, const std::function<void()>& after_warmup, const std::function<void()>& after_timed) {
+  const std::uint32_t n = static_cast<std::uint32_t>(ranks.size());
+  std::vector<std::vector<double>> secs(n, std::vector<double>(iters, 0));
+  std::vector<std::string> errors(n);
+  std::vector<std::uint64_t> wrong(n, 0);
+  auto phase = [&](std::uint32_t calls, bool timed) {
+    std::barrier sync(static_cast<std::ptrdiff_t>(n));
+    std::vector<std::thread> ts;
+    for (std::uint32_t r = 0; r < n; ++r)
+      ts.emplace_back([&, r] {
+        for (std::uint32_t k = 0; k < calls; ++k) {
+          if (in_place || k == 0) ranks[r].refill(in_place);
+          sync.arrive_and_wait();
+          const auto t0 = clock_type::now();
+          std::string e = errors[r].empty() ? ranks[r].call(in_place) : std::string("skipped after an error");
+          const auto t1 = clock_type::now();
+          if (!e.empty() && errors[r].empty()) errors[r] = e;
+          if (timed) secs[r][k] = std::chrono::duration<double>(t1 - t0).count();
+        }
+        if (timed && errors[r].empty()) wrong[r] = ranks[r].check(in_place);
+      });
+    for (auto& t : ts) t.join();
+  };
+  phase(warmup, false);
+  if (after_warmup) after_warmup();
+  phase(iters, true);
+  if (after_timed) after_timed();
+  for (std::uint32_t r = 0; r < n; ++r)
+    if (!errors[r].empty()) {
+      m.error = "rank " + std::to_string(r) + ": " + errors[r];
+      m.ran = false;
+      return;
+    }
+  double total = 0;
+  for (std::uint32_t k = 0; k < iters; ++k) {
+    double slowest = 0;
+    for (std::uint32_t r = 0; r < n; ++r) slowest = std::max(slowest, secs[r][k]);
+    total += slowest;
+  }
+  set_rates(m, bytes, n, total / iters);
+  for (auto w : wrong) m.wrong += w;
+}
+
+std::uint32_t warmup_for(const coll_options& o, std::uint64_t bytes) {
+  return bytes <= (std::uint64_t{8} << 20) ? o.warmup_iters : std::min<std::uint32_t>(o.warmup_iters, 1);
+}
+
+// ---- spin::coll on an emulated cluster --------------------------------------------------------
+
+coll::algorithm algorithm_of(const std::string& a) {
+  if (a == "switch") return coll::algorithm::switch_agg;
+  if (a == "edge_ring") return coll::algorithm::edge_ring;
+  return coll::algorithm::host_ring;
+}
+
+// Runs every spin::coll algorithm of `algos` over `sizes`; appends rows. false: set-up failed
+// (message printed).
+bool run_spin(const coll_options& o, const std::vector<std::string>& algos, const std::vector<std::uint64_t>& sizes,
+              std::vector<coll_row>& rows) {
+  if (auto r = emu::eal_init(emu::default_eal_args("spin-bench-coll-" + std::to_string(::getpid()))); !r) {
+    std::fprintf(stderr, "spin-bench coll: %s\n", r.err().message.c_str());
+    return false;
+  }
+  auto cluster = emu::cluster::create(emu::star(o.ranks, emu::link_model{}), {});
+  if (!cluster) {
+    std::fprintf(stderr, "spin-bench coll: %s\n", cluster.err().message.c_str());
+    return false;
+  }
+  std::atomic<bool> stop{false};
+  std::thread driver([&] { cluster.value()->run(stop); });
+  struct stopper {
+    std::atomic<bool>& s;
+    std::thread& t;
+    ~stopper() {
+      s = true;
+      t.join();
+    }
+  } stop_driver{stop, driver};
+  auto fab = coll::fabric::create(*cluster.value());
+  if (!fab) {
+    std::fprintf(stderr, "spin-bench coll: %s\n", fab.err().message.c_str());
+    return false;
+  }
+  const std::uint64_t max_bytes = *std::max_element(sizes.begin(), sizes.end());
+  coll::options co;
+  // A large message on a slow machine takes seconds; the timeout only guards against a hang.
+  co.timeout = std::chrono::milliseconds(60'000 + max_bytes / (1 << 20) * 1000);
+  co.repair_interval = std::chrono::milliseconds(1000);
+  co.packet_bytes = o.packet_bytes;
+  // The buffers come from the arena (no staging copy); the staging buffers stay small.
+  co.staging_bytes = std::size_t{1} << 20;
+  // host_ring keeps its partial sums in the arena too (one more message).
+  const std::uint64_t buffer = (max_bytes + 4095) / 4096 * 4096;
+  co.arena_bytes = 3 * buffer + 2 * co.staging_bytes + (std::size_t{1} << 20);
+  co.switches = fab.value().get();
+  co.log = [](const std::string& line) { std::fprintf(stderr, "spin-bench coll: %s\n", line.c_str()); };
+  coll::group g;
+  g.id = 1;
+  for (std::uint32_t r = 0; r < o.ranks; ++r) g.members.push_back(r);
+  std::vector<std::unique_ptr<coll::communicator>> comms;
+  std::vector<std::span<std::byte>> in(o.ranks), out(o.ranks);
+  for (std::uint32_t r = 0; r < o.ranks; ++r) {
+    g.me = r;
+    auto c = coll::communicator::create(*cluster.value()->host(r), g, co);
+    if (!c) {
+      std::fprintf(stderr, "spin-bench coll: communicator of rank %u: %s\n", r, c.err().message.c_str());
+      return false;
+    }
+    comms.push_back(std::move(c.value()));
+    in[r] = comms[r]->alloc(max_bytes);
+    out[r] = comms[r]->alloc(max_bytes);
+    if (in[r].size() < max_bytes || out[r].size() < max_bytes) {
+      std::fprintf(stderr, "spin-bench coll: the arena of rank %u cannot hold two buffers of %llu bytes\n", r,
+                   static_cast<unsigned long long>(max_bytes));
+      return false;
+    }
+  }
+  auto tx_bytes = [&] {
+    std::uint64_t s = 0;
+    for (std::uint32_t r = 0; r < o.ranks; ++r) s += cluster.value()->node(r).stats().ports[0].tx_bytes;
+    return s;
+  };
+  for (const auto& a : algos) {
+    const coll::algorithm algo = algorithm_of(a);
+    for (std::uint64_t bytes : sizes) {
+      coll_row row;
+      row.algorithm = a;
+      row.ranks = o.ranks;
+      row.bytes = bytes;
+      row.count = bytes / 4;
+      row.iters = coll_iters(bytes, o.budget_bytes, o.max_iters);
+      std::fprintf(stderr, "  %s %llu B x %u\n", a.c_str(), static_cast<unsigned long long>(bytes), row.iters);
+      std::vector<rank_ops> ops(o.ranks);
+      for (std::uint32_t r = 0; r < o.ranks; ++r) {
+        float* ip = reinterpret_cast<float*>(in[r].data());
+        float* op = reinterpret_cast<float*>(out[r].data());
+        const std::size_t n = row.count;
+        ops[r].refill = [=](bool in_place) { coll_fill(r, in_place ? op : ip, n); };
+        ops[r].call = [&, r, ip, op, n, algo](bool in_place) -> std::string {
+          auto res = comms[r]->allreduce(in_place ? op : ip, op, n, coll::dtype::f32, coll::op::sum, algo);
+          return res ? std::string() : res.err().message;
+        };
+        ops[r].check = [=](bool) { return coll_wrong(o.ranks, op, n); };
+      }
+      std::uint64_t tx0 = 0, tx1 = 0;
+      measure_mode(ops, false, warmup_for(o, bytes), row.iters, bytes, row.oop, [&] { tx0 = tx_bytes(); }, [&] { tx1 = tx_bytes(); });
+      if (row.oop.ran) row.sent_bytes_per_rank = static_cast<double>(tx1 - tx0) / o.ranks / row.iters;
+      if (row.oop.error.empty()) measure_mode(ops, true, warmup_for(o, bytes), row.iters, bytes, row.ip, {}, {});
+      rows.push_back(row);
+      if (!row.oop.error.empty() || !row.ip.error.empty()) {
+        // A failed collective leaves its communicator broken: the remaining sizes cannot run.
+        std::fprintf(stderr, "spin-bench coll: %s failed at %llu bytes: %s\n", a.c_str(), static_cast<unsigned long long>(bytes),
+                     (row.oop.error.empty() ? row.ip.error : row.oop.error).c_str());
+        return true;
+      }
+    }
+  }
+  return true;
+}
+
+// ---- Gloo ----------------------------------------------------------------------------------
+
+#if SPIN_BENCH_HAVE_GLOO
+std::string run_gloo(const coll_options& o, const std::vector<std::uint64_t>& sizes, std::vector<coll_row>& rows) {
+  const std::uint64_t max_bytes = *std::max_element(sizes.begin(), sizes.end());
+  auto store = std::make_shared<gloo::rendezvous::HashStore>();
+  std::vector<std::shared_ptr<gloo::rendezvous::Context>> ctx(o.ranks);
+  std::vector<std::string> errors(o.ranks);
+  {
+    std::vector<std::thread> ts;
+    for (std::uint32_t r = 0; r < o.ranks; ++r)
+      ts.emplace_back([&, r] {
+        try {
+          gloo::transport::tcp::attr attr("127.0.0.1");
+          auto dev = gloo::transport::tcp::CreateDevice(attr);
+          auto c = std::make_shared<gloo::rendezvous::Context>(static_cast<int>(r), static_cast<int>(o.ranks));
+          c->setTimeout(std::chrono::milliseconds(120'000 + max_bytes / (1 << 20) * 1000));
+          c->connectFullMesh(*store, dev);
+          ctx[r] = c;
+        } catch (const std::exception& e) {
+          errors[r] = e.what();
+        }
+      });
+    for (auto& t : ts) t.join();
+  }
+  for (std::uint32_t r = 0; r < o.ranks; ++r)
+    if (!errors[r].empty()) return "Gloo rendezvous of rank " + std::to_string(r) + ": " + errors[r];
+  std::vector<std::vector<float>> in(o.ranks, std::vector<float>(max_bytes / 4)), out(o.ranks, std::vector<float>(max_bytes / 4));
+  for (std::uint64_t bytes : sizes) {
+    coll_row row;
+    row.algorithm = "gloo";
+    row.ranks = o.ranks;
+    row.bytes = bytes;
+    row.count = bytes / 4;
+    row.iters = coll_iters(bytes, o.budget_bytes, o.max_iters);
+    std::fprintf(stderr, "  gloo %llu B x %u\n", static_cast<unsigned long long>(bytes), row.iters);
+    std::vector<rank_ops> ops(o.ranks);
+    for (std::uint32_t r = 0; r < o.ranks; ++r) {
+      float* ip = in[r].data();
+      float* op = out[r].data();
+      const std::size_t n = row.count;
+      ops[r].refill = [=](bool in_place) { coll_fill(r, in_place ? op : ip, n); };
+      ops[r].call = [&, r, ip, op, n](bool in_place) -> std::string {
+        try {
+          gloo::AllreduceOptions opts(ctx[r]);
+          if (!in_place) opts.setInput(ip, n);
+          opts.setOutput(op, n);
+          opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+          opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+          opts.setTag(1);
+          gloo::allreduce(opts);
+        } catch (const std::exception& e) {
+          return e.what();
+        }
+        return "";
+      };
+      ops[r].check = [=](bool) { return coll_wrong(o.ranks, op, n); };
+    }
+    measure_mode(ops, false, warmup_for(o, bytes), row.iters, bytes, row.oop, {}, {});
+    if (row.oop.error.empty()) measure_mode(ops, true, warmup_for(o, bytes), row.iters, bytes, row.ip, {}, {});
+    rows.push_back(row);
+    if (!row.oop.error.empty() || !row.ip.error.empty()) return "";
+  }
+  return "";
+}
+#endif
+
+// ---- Open MPI (a child process) -------------------------------------------------------------
+
+std::string run_mpi(const coll_options& o, std::vector<coll_row>& rows) {
+  if (o.mpi_peer.empty() || access(o.mpi_peer.c_str(), X_OK) != 0)
+    return "spin-bench-mpi was not built (Open MPI's development files were missing at configure time: Debian libopenmpi-dev)";
+  if (std::system(("command -v " + o.mpirun + " >/dev/null 2>&1").c_str()) != 0)
+    return o.mpirun + " not found (Debian: openmpi-bin)";
+  const std::string json_path = o.out_dir + "/coll-mpi.json";
+  std::filesystem::remove(json_path);
+  std::ostringstream cmd;
+  // Root may run mpirun only when told; more ranks than cores need --oversubscribe.
+  cmd << o.mpirun << " --allow-run-as-root --oversubscribe -np " << o.ranks << " '" << o.mpi_peer << "' --min-bytes " << o.min_bytes
+      << " --max-bytes " << o.max_bytes << " --factor " << o.factor << " --iters " << o.max_iters << " --warmup " << o.warmup_iters
+      << " --budget-bytes " << o.budget_bytes << " --json '" << json_path << "' > '" << o.out_dir << "/coll-mpi.log' 2>&1";
+  std::fprintf(stderr, "  mpi: %s\n", cmd.str().c_str());
+  const int rc = std::system(cmd.str().c_str());
+  std::ifstream f(json_path);
+  if (rc != 0 || !f) return "mpirun failed (status " + std::to_string(rc) + "); its output is in " + o.out_dir + "/coll-mpi.log";
+  try {
+    const nlohmann::json j = nlohmann::json::parse(f);
+    for (const auto& r : j.at("rows")) rows.push_back(row_from_json(r));
+  } catch (const std::exception& e) {
+    return "cannot read " + json_path + ": " + e.what();
+  }
+  return "";
+}
+
+// ---- report --------------------------------------------------------------------------------
+
+std::string mode_cols(const coll_mode& m) {
+  char b[128];
+  if (!m.ran) return "         -        -        -       -";
+  std::snprintf(b, sizeof b, "%10.1f %8.4f %8.4f %7llu", m.time_us, m.algbw_gbs, m.busbw_gbs, static_cast<unsigned long long>(m.wrong));
+  return b;
+}
+
+const char* describe(const std::string& a) {
+  if (a == "switch") return "spin::coll Core-INC: the emulated switch aggregates (algorithm::switch_agg)";
+  if (a == "edge_ring") return "spin::coll Edge-INC: NIC handlers reduce along a ring (algorithm::edge_ring)";
+  if (a == "host_ring") return "spin::coll without INC: host threads reduce, NICs move chunks (algorithm::host_ring)";
+  if (a == "gloo") return "Gloo ring allreduce, TCP over loopback, one thread per rank";
+  if (a == "mpi") return "Open MPI MPI_Allreduce under mpirun, one process per rank";
+  return "";
+}
+
+} // namespace
+
+int run_coll(const coll_options& o) {
+  for (const auto& a : o.algorithms)
+    if (a != "switch" && a != "edge_ring" && a != "host_ring" && a != "gloo" && a != "mpi") {
+      std::fprintf(stderr, "spin-bench coll: unknown algorithm '%s' (switch, edge_ring, host_ring, gloo, mpi)\n", a.c_str());
+      return 2;
+    }
+  if (o.ranks < 2 || o.ranks > 64) {
+    std::fprintf(stderr, "spin-bench coll: --ranks must be 2..64\n");
+    return 2;
+  }
+  if (o.min_bytes < 4 || o.max_bytes < o.min_bytes || o.factor < 2) {
+    std::fprintf(stderr, "spin-bench coll: need 4 <= --min-bytes <= --max-bytes and --factor >= 2\n");
+    return 2;
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(o.out_dir, ec);
+  if (ec) {
+    std::fprintf(stderr, "spin-bench coll: cannot create %s: %s\n", o.out_dir.c_str(), ec.message().c_str());
+    return 2;
+  }
+  const std::vector<std::uint64_t> sizes = coll_sizes(o.min_bytes, o.max_bytes, o.factor);
+  run_conditions cond = measure_conditions();
+  cond.print("spin-bench coll");
+  std::printf("allreduce, float32 sum, %u ranks, %llu .. %llu bytes (factor %llu); up to %u timed calls after up to %u warm-up calls, "
+              "fewer for large messages (about %llu MiB per measurement)\n",
+              o.ranks, static_cast<unsigned long long>(o.min_bytes), static_cast<unsigned long long>(o.max_bytes),
+              static_cast<unsigned long long>(o.factor), o.max_iters, o.warmup_iters,
+              static_cast<unsigned long long>(o.budget_bytes >> 20));
+  std::fflush(stdout);
+
+  std::vector<coll_row> rows;
+  std::vector<std::pair<std::string, std::string>> not_run;
+  std::vector<std::string> spin_algos;
+  for (const auto& a : o.algorithms)
+    if (a == "switch" || a == "edge_ring" || a == "host_ring") spin_algos.push_back(a);
+  for (const auto& a : o.algorithms) {
+    if (a == "gloo") {
+#if SPIN_BENCH_HAVE_GLOO
+      if (std::string why = run_gloo(o, sizes, rows); !why.empty()) not_run.emplace_back("gloo", why);
+#else
+      not_run.emplace_back("gloo", "spin-bench was built without Gloo (Debian libgloo-dev was missing at configure time)");
+#endif
+    } else if (a == "mpi") {
+      if (std::string why = run_mpi(o, rows); !why.empty()) not_run.emplace_back("mpi", why);
+    }
+  }
+  // spin::coll last: EAL stays initialised for the rest of the process.
+  if (!spin_algos.empty() && !run_spin(o, spin_algos, sizes, rows)) return 2;
+  cond.load_after = load_average();
+
+  bool all_ok = true;
+  std::vector<std::string> order;
+  for (const auto& a : o.algorithms)
+    if (std::any_of(rows.begin(), rows.end(), [&](const coll_row& r) { return r.algorithm == a; })) order.push_back(a);
+  const double ring = busbw_factor(o.ranks);
+  for (const auto& a : order) {
+    std::printf("\n# %s: %s\n", a.c_str(), describe(a));
+    std::printf("#%70s%38s\n", "out-of-place", "in-place");
+    std::printf("# %12s %11s %6s %6s %5s %10s %8s %8s %7s %10s %8s %8s %7s %12s %7s\n", "size", "count", "type", "redop", "root", "time",
+                "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong", "sent/rank", "x S");
+    std::printf("# %12s %11s %6s %6s %5s %10s %8s %8s %7s %10s %8s %8s %7s %12s %7s\n", "(B)", "(elements)", "", "", "", "(us)", "(GB/s)",
+                "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "", "(B)", "");
+    for (const auto& r : rows) {
+      if (r.algorithm != a) continue;
+      char sent[32] = "-", ratio[32] = "-";
+      if (r.sent_bytes_per_rank >= 0) {
+        std::snprintf(sent, sizeof sent, "%.0f", r.sent_bytes_per_rank);
+        std::snprintf(ratio, sizeof ratio, "%.3f", r.sent_bytes_per_rank / static_cast<double>(r.bytes));
+      }
+      std::printf("  %12llu %11llu %6s %6s %5d %s %s %12s %7s\n", static_cast<unsigned long long>(r.bytes),
+                  static_cast<unsigned long long>(r.count), "float", "sum", -1, mode_cols(r.oop).c_str(), mode_cols(r.ip).c_str(), sent, ratio);
+      for (const coll_mode* m : {&r.oop, &r.ip}) {
+        if (!m->error.empty()) std::printf("  FAILED: %s\n", m->error.c_str());
+        if (!m->error.empty() || m->wrong != 0) all_ok = false;
+      }
+    }
+    double sum_bus = 0;
+    std::uint32_t n = 0;
+    for (const auto& r : rows)
+      if (r.algorithm == a && r.oop.ran) {
+        sum_bus += r.oop.busbw_gbs;
+        ++n;
+      }
+    std::printf("# Avg bus bandwidth (out-of-place): %.4f GB/s\n", n ? sum_bus / n : 0);
+  }
+  std::printf("\nsent/rank: bytes of frames each rank's NIC sent per call (headers and any repairs included); x S: the same\n"
+              "divided by the message size S. A ring sends %.3f x S of payload (2(n-1)/n); Core-INC aggregation sends 1 x S.\n"
+              "Gloo and Open MPI do not go through an emulated NIC, so their bytes are not measured.\n",
+              ring);
+  for (const auto& [what, why] : not_run) std::printf("not run: %s: %s\n", what.c_str(), why.c_str());
+  std::printf("load average after: %.2f %.2f %.2f\n", cond.load_after[0], cond.load_after[1], cond.load_after[2]);
+
+  // ---- files ----
+  std::ostringstream csv;
+  csv << "algorithm,ranks,size_bytes,count,type,redop,root,iters,oop_time_us,oop_algbw_gbs,oop_busbw_gbs,oop_wrong,ip_time_us,"
+         "ip_algbw_gbs,ip_busbw_gbs,ip_wrong,sent_bytes_per_rank,sent_over_size,error\n";
+  nlohmann::json jrows = nlohmann::json::array();
+  for (const auto& r : rows) {
+    csv << r.algorithm << ',' << r.ranks << ',' << r.bytes << ',' << r.count << ",float,sum,-1," << r.iters << ',' << r.oop.time_us << ','
+        << r.oop.algbw_gbs << ',' << r.oop.busbw_gbs << ',' << r.oop.wrong << ',' << r.ip.time_us << ',' << r.ip.algbw_gbs << ','
+        << r.ip.busbw_gbs << ',' << r.ip.wrong << ',';
+    if (r.sent_bytes_per_rank >= 0) csv << r.sent_bytes_per_rank << ',' << r.sent_bytes_per_rank / static_cast<double>(r.bytes);
+    else csv << ',';
+    csv << ',' << csv_field(r.oop.error.empty() ? r.ip.error : r.oop.error) << '\n';
+    jrows.push_back(to_json(r));
+  }
+  nlohmann::json jn = nlohmann::json::array();
+  for (const auto& [what, why] : not_run) jn.push_back({{"algorithm", what}, {"why", why}});
+  const nlohmann::json doc = {{"benchmark", "spin-bench coll"},
+                              {"conditions", cond.to_json()},
+                              {"config",
+                               {{"ranks", o.ranks}, {"min_bytes", o.min_bytes}, {"max_bytes", o.max_bytes}, {"factor", o.factor},
+                                {"max_iters", o.max_iters}, {"warmup_iters", o.warmup_iters}, {"budget_bytes", o.budget_bytes},
+                                {"packet_bytes", o.packet_bytes}, {"algorithms", o.algorithms}}},
+                              {"ring_bytes_factor", ring},
+                              {"rows", jrows},
+                              {"not_run", jn},
+                              {"exact", all_ok}};
+  const std::string base = o.out_dir + "/coll";
+  const bool files_ok = write_text(base + ".csv", csv.str()) && write_text(base + ".json", doc.dump(2) + "\n");
+  if (o.plots && files_ok && !order.empty()) {
+    std::ostringstream dat;
+    for (std::size_t i = 0; i < order.size(); ++i) {
+      dat << (i ? "\n\n" : "") << "# " << order[i] << '\n';
+      for (const auto& r : rows)
+        if (r.algorithm == order[i] && r.oop.ran) dat << r.bytes << ' ' << r.oop.busbw_gbs << ' ' << r.oop.time_us << '\n';
+    }
+    if (write_text(base + ".dat", dat.str())) {
+      std::ostringstream gp;
+      gp << "set terminal pngcairo size 1100,650 noenhanced\nset output '" << base << ".png'\n"
+         << "set title 'spin-bench coll: allreduce float32 sum, " << o.ranks << " ranks, out-of-place (" << cond.cpu_model << ")'\n"
+         << "set xlabel 'message size (bytes)'\nset logscale x 2\nset logscale y\nset key left top\nset grid\n"
+         << "set ylabel 'busbw (GB/s)'\nplot ";
+      for (std::size_t i = 0; i < order.size(); ++i)
+        gp << (i ? ", " : "") << "'" << base << ".dat' index " << i << " using 1:2 with linespoints title '" << order[i] << "'";
+      gp << '\n';
+      if (std::string why = run_gnuplot(base + ".gp", gp.str()); !why.empty())
+        std::printf("no plot: %s\n", why.c_str());
+      else
+        std::printf("wrote %s.png\n", base.c_str());
+    }
+  }
+  if (files_ok) std::printf("wrote %s.csv and %s.json\n", base.c_str(), base.c_str());
+  std::printf("result: %s\n", all_ok ? "every result exact (#wrong 0)" : "WRONG RESULTS OR FAILED COLLECTIVES (exit status 1)");
+  std::fflush(stdout);
+  if (!files_ok) return 2;
+  return all_ok ? 0 : 1;
+}
+
+} // namespace spin::bench

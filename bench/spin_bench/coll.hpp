@@ -1,0 +1,35 @@
+// spin-bench coll: nccl-tests-style allreduce tables for spin::coll's algorithms on an emulated
+// cluster, beside Gloo's ring allreduce and Open MPI's MPI_Allreduce on the same data.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace spin::bench {
+
+struct coll_options {
+  std::uint32_t ranks = 4;
+  std::uint64_t min_bytes = 8;
+  std::uint64_t max_bytes = std::uint64_t{256} << 20;
+  std::uint64_t factor = 4;                         ///< nccl-tests' -f
+  /// switch, edge_ring, host_ring (spin::coll on the emulated cluster), gloo (Gloo's ring
+  /// allreduce over TCP on loopback), mpi (Open MPI's MPI_Allreduce under mpirun).
+  std::vector<std::string> algorithms{"switch", "edge_ring", "host_ring", "gloo", "mpi"};
+  std::uint32_t max_iters = 20;                     ///< nccl-tests' -n
+  std::uint32_t warmup_iters = 2;                   ///< nccl-tests' -w (for messages up to 8 MiB; 1 above)
+  std::uint64_t budget_bytes = std::uint64_t{64} << 20;  ///< data per measurement (sets iterations)
+  std::uint32_t packet_bytes = 1024;                ///< spin::coll payload per packet
+  std::string out_dir = "spin-bench-out";
+  std::string mpi_peer;                             ///< the spin-bench-mpi binary
+  std::string mpirun = "mpirun";
+  bool plots = true;
+};
+
+/// Runs the tables, prints them, writes coll.csv, coll.json and coll.png to out_dir. Exit
+/// status: 0 when every result was exact, 1 when any #wrong is non-zero or a collective failed,
+/// 2 on bad options or a set-up error. A peer that is not available here (Gloo not built in,
+/// mpirun missing) is reported as not run and does not change the status.
+int run_coll(const coll_options& o);
+
+} // namespace spin::bench

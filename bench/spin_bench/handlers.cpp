@@ -1,0 +1,1184 @@
+// spin-bench handlers. How the figures come about (docs/benchmarks.md has the full story):
+//
+// Packets. Every row feeds spin-emu's NIC from a net_null port (copy=0: the PMD hands out mbufs
+// of its pool without writing them). The pool is pre-filled: every mbuf is given a valid spin
+// frame (one single-packet message, start|end, a distinct message id, the handler's payload
+// pattern) and freed. The pool has no per-lcore cache, so its ring hands mbufs out in FIFO order
+// and an id comes back only after the whole pool (8191 messages) has cycled, far beyond the EC's
+// retired-message history (1024); with a cache the same few mbufs would cycle LIFO and be
+// dropped as duplicates. Every packet is a whole message: header, payload and completion
+// handler all run once per packet, the worst case for per-message costs.
+//
+// Threads. The NIC's poll thread (the scheduler: RX, parse, match, dispatch) is EAL's main lcore
+// on --poll-cpu; HPU i runs on CPU (poll + 1 + i) mod hardware threads, so with as many HPUs as
+// cores one HPU shares the poll thread's core (the poll loop never yields: that HPU runs only
+// when the OS preempts it).
+//
+// Baselines, per frame size, in the same process on the same kind of port:
+// - io-fwd: testpmd's io forwarding (rx_burst on net_null A, tx_burst on net_null B, unsent
+//   freed) on one lcore; Debian's DPDK has no dpdk-testpmd, so the loop is rebuilt here.
+// - fwd+copy: io-fwd plus a memcpy of each payload into a host buffer (a default deposit's work).
+// - memcpy and fadd: one core's bandwidth over the same bytes: the payloads of the same
+//   pre-filled pool, in pool order, copied into one host buffer (memcpy) or added as float32
+//   into one accumulator (fadd).
+//
+// Rates. Mpps counts frames taken from the RX port per wall-clock second; Gbit/s is Mpps x frame
+// bytes x 8. hpu ns/pkt is HPU time inside handlers (or deposits) per packet, all HPUs summed
+// (hpu_stats::busy_ns); hpu cyc/pkt is the same in cycles of the cycle counter. poll ns/pkt is
+// the poll thread's CPU time per packet.
+//
+// Checks. After the runs the runtime is drained and every row checked exactly: the EC accepted
+// every frame handed to it, every message completed, nothing was dropped or rejected anywhere,
+// and the handler's own counters and results in handler memory equal what the packets imply
+// (sums, bin counts, echoes, DMA bytes).
+#include "handlers.hpp"
+
+#include "common.hpp"
+
+#include <spin/cc/object.hpp>
+#include <spin/emu/eal.hpp>
+#include <spin/emu/nic.hpp>
+#include <spin/emu/port.hpp>
+#include <spin/rt/loader.hpp>
+#include <spin/rt/package.hpp>
+#include <spin/rt/runtime.hpp>
+#include <spin/rt/wire.hpp>
+
+#include "../../handlers/std/isum_layout.hpp"
+#include "../../handlers/std/std_layouts.hpp"
+
+#include <rte_dev.h>
+#include <rte_errno.h>
+#include <rte_ethdev.h>
+#include <rte_mbuf.h>
+#include <rte_mempool.h>
+#include <rte_version.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <unistd.h>
+#include <utility>
+#include <vector>
+
+namespace spin::bench {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+constexpr double aim_empty_vs_fwd = 0.8;     // empty handler set: Mpps / io-fwd Mpps
+constexpr double aim_fsum_vs_memcpy = 0.5;   // fsum at 4 KiB: payload bytes/s per HPU / memcpy bytes/s
+constexpr std::uint32_t aim_fsum_payload = 4096;
+constexpr std::uint32_t burst = 32;          // testpmd's default burst; the NIC's burst too
+constexpr std::uint64_t bench_match_bits = 0xbe7cull;
+constexpr std::uint32_t source_rank = 1;
+constexpr std::uint32_t nic_rank = 0;
+constexpr std::size_t host_window_bytes = 64 << 10;
+constexpr std::uint32_t tx_ring_packets = 1024;  // per HPU and port (nic_config)
+constexpr std::uint32_t header_bytes = static_cast<std::uint32_t>(rt::wire::min_overhead);
+
+// ---- ports -----------------------------------------------------------------------------------
+
+// A net_null vdev created at run time (EAL initialises once per process, so sizes cannot come
+// from the command line) and removed again.
+class null_vdev {
+public:
+  static std::unique_ptr<null_vdev> create(std::uint32_t frame_bytes, bool receives = true) {
+    static unsigned seq = 0;
+    std::unique_ptr<null_vdev> v(new null_vdev());
+    v->_name = "net_null_bench" + std::to_string(seq++);
+    const std::string args = "size=" + std::to_string(frame_bytes) + ",copy=0" + (receives ? "" : ",no-rx=1");
+    if (int rc = rte_eal_hotplug_add("vdev", v->_name.c_str(), args.c_str()); rc != 0) {
+      std::fprintf(stderr, "cannot create vdev %s,%s: %s\n", v->_name.c_str(), args.c_str(), rte_strerror(-rc));
+      return nullptr;
+    }
+    v->_live = true;
+    auto id = emu::find_port(v->_name);
+    if (!id) {
+      std::fprintf(stderr, "%s\n", id.err().message.c_str());
+      return nullptr;
+    }
+    v->_port = *id;
+    v->_has_port = true;
+    return v;
+  }
+  null_vdev(const null_vdev&) = delete;
+  null_vdev& operator=(const null_vdev&) = delete;
+  ~null_vdev() {
+    if (!_live) return;
+    if (_has_port) (void)rte_eth_dev_close(_port);
+    (void)rte_eal_hotplug_remove("vdev", _name.c_str());
+  }
+  std::uint16_t port() const { return _port; }
+
+private:
+  null_vdev() = default;
+  std::string _name;
+  std::uint16_t _port = 0;
+  bool _live = false, _has_port = false;
+};
+
+emu::port_options port_opts(std::uint32_t frame_bytes, const handlers_options& o) {
+  emu::port_options p;
+  p.pool_mbufs = o.pool_mbufs;
+  p.pool_cache = 0;  // FIFO mbuf order: see the top of the file
+  // net_null cannot scatter: a frame must fit one mbuf.
+  // The NIC's own sends reserve room for the collective extension: the largest frame must
+  // exceed the received ones by that much, or a handler could not send a received payload on.
+  p.mbuf_data_bytes = static_cast<std::uint16_t>(std::max<std::uint32_t>(2048, frame_bytes + rt::wire::spin_coll_len));
+  p.max_frame_bytes = p.mbuf_data_bytes;
+  return p;
+}
+
+// Fresh message ids. A pre-filled pool hands out the same frames again after one cycle; an HPU
+// that the OS keeps off its core for longer than a cycle would then see a message id that is
+// still open (a duplicate). An RX callback (rte_eth_add_rx_callback) therefore writes a new
+// message id into every received frame, on the poll thread, before anyone parses it: one 8-byte
+// store into the header's cache line per packet. The baselines do without it (io-fwd touches no
+// frame byte), so the store counts against the NIC.
+constexpr std::size_t message_id_offset = rt::wire::eth_len + rt::wire::ipv4_min_len + rt::wire::udp_len + 16;
+struct id_stamp {
+  std::uint64_t next = 1;
+};
+std::uint16_t stamp_ids(std::uint16_t, std::uint16_t, rte_mbuf** pkts, std::uint16_t n, std::uint16_t, void* user) {
+  auto* s = static_cast<id_stamp*>(user);
+  for (std::uint16_t i = 0; i < n; ++i) {
+    const std::uint64_t be = __builtin_bswap64(s->next++);
+    std::memcpy(rte_pktmbuf_mtod_offset(pkts[i], std::byte*, message_id_offset), &be, sizeof be);
+  }
+  return n;
+}
+// Adds stamp_ids to queue 0 of `port` for its lifetime.
+class stamper {
+public:
+  bool add(std::uint16_t port) {
+    _port = port;
+    _cb = rte_eth_add_rx_callback(port, 0, stamp_ids, &_ids);
+    if (_cb == nullptr) std::fprintf(stderr, "rte_eth_add_rx_callback on port %u: %s\n", port, rte_strerror(rte_errno));
+    return _cb != nullptr;
+  }
+  stamper() = default;
+  stamper(const stamper&) = delete;
+  stamper& operator=(const stamper&) = delete;
+  // Only once nobody polls the port any more (rte_eth_remove_rx_callback's rule), and before
+  // the port closes.
+  void remove() {
+    if (_cb != nullptr) (void)rte_eth_remove_rx_callback(_port, 0, _cb);
+    _cb = nullptr;
+  }
+  ~stamper() { remove(); }
+
+private:
+  id_stamp _ids;
+  std::uint16_t _port = 0;
+  const rte_eth_rxtx_callback* _cb = nullptr;
+};
+
+using fill_fn = std::function<void(std::span<std::byte> payload)>;
+
+// Writes a valid single-packet message (payload from `fill`) into every mbuf of `pool`, ids
+// first_id, first_id + 1, ... in the order the pool's ring hands them out, and frees them all.
+// `payloads`, when given, receives each mbuf's payload address (pool order).
+bool prefill_pool(rte_mempool* pool, std::uint32_t frame_bytes, const fill_fn& fill, std::vector<const std::byte*>* payloads) {
+  const unsigned size = pool->size;
+  if (rte_mempool_avail_count(pool) != size) {
+    std::fprintf(stderr, "prefill: pool %s has %u of %u mbufs free\n", pool->name, rte_mempool_avail_count(pool), size);
+    return false;
+  }
+  std::vector<rte_mbuf*> all;
+  all.reserve(size);
+  std::vector<std::byte> payload(frame_bytes - header_bytes);
+  fill(payload);
+  const rt::wire::endpoint src = rt::wire::rank_endpoint(source_rank), dst = rt::wire::rank_endpoint(nic_rank);
+  bool ok = true;
+  for (unsigned k = 0; k < size && ok; ++k) {
+    rte_mbuf* m = rte_pktmbuf_alloc(pool);
+    if (m == nullptr) {
+      std::fprintf(stderr, "prefill: got %u of %u mbufs\n", k, size);
+      ok = false;
+      break;
+    }
+    all.push_back(m);
+    rt::wire::header h;
+    h.source_rank = source_rank;
+    h.match_bits = bench_match_bits;
+    h.message_id = 1 + k;
+    h.seq = 0;
+    h.message_len = static_cast<std::uint32_t>(payload.size());
+    h.offset = 0;
+    h.flags = rt::wire::flag_start | rt::wire::flag_end;
+    // net_null's RX resets data_off to the headroom and sets the length, so the frame goes there.
+    const std::size_t n =
+        rt::wire::encode(src, dst, h, payload, std::span<std::byte>(rte_pktmbuf_mtod(m, std::byte*), rte_pktmbuf_tailroom(m)));
+    if (n != frame_bytes) {
+      std::fprintf(stderr, "prefill: wire::encode wrote %zu bytes, expected %u\n", n, frame_bytes);
+      ok = false;
+    }
+    if (payloads != nullptr) payloads->push_back(rte_pktmbuf_mtod_offset(m, const std::byte*, header_bytes));
+  }
+  for (rte_mbuf* m : all) rte_pktmbuf_free(m);  // in allocation order: the ring hands them out the same way
+  return ok;
+}
+
+// ---- baselines -------------------------------------------------------------------------------
+
+struct loop_result {
+  std::uint64_t packets = 0;
+  double seconds = 0;      // wall clock
+  double cpu_seconds = 0;  // CPU time of the loop's thread
+};
+
+clock_type::time_point deadline(clock_type::time_point t0, double seconds) {
+  return t0 + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(seconds));
+}
+
+// testpmd io forwarding: rx A -> tx B, unsent freed. With `copy_bytes`, each payload is copied
+// into `sink` first.
+loop_result forward_loop(std::uint16_t rx_port, std::uint16_t tx_port, double seconds, std::uint32_t copy_bytes, std::byte* sink) {
+  std::array<rte_mbuf*, burst> bufs{};
+  loop_result r;
+  const double c0 = thread_cpu_seconds();
+  const auto t0 = clock_type::now(), end = deadline(t0, seconds);
+  auto now = t0;
+  do {
+    for (int k = 0; k < 64; ++k) {
+      const std::uint16_t n = rte_eth_rx_burst(rx_port, 0, bufs.data(), burst);
+      if (n == 0) continue;
+      r.packets += n;
+      if (copy_bytes > 0)
+        for (std::uint16_t i = 0; i < n; ++i)
+          std::memcpy(sink, rte_pktmbuf_mtod_offset(bufs[i], const std::byte*, header_bytes), copy_bytes);
+      const std::uint16_t sent = rte_eth_tx_burst(tx_port, 0, bufs.data(), n);
+      if (sent < n) rte_pktmbuf_free_bulk(bufs.data() + sent, n - sent);
+    }
+    now = clock_type::now();
+  } while (now < end);
+  r.cpu_seconds = thread_cpu_seconds() - c0;
+  r.seconds = std::chrono::duration<double>(now - t0).count();
+  return r;
+}
+
+// Keeps the memory loops' results alive without a store per element.
+volatile float memory_loop_sink = 0;
+
+// One core's memcpy over `payloads` (each `bytes` long), in order, into one buffer; packets are
+// payloads copied.
+loop_result memcpy_loop(const std::vector<const std::byte*>& payloads, std::uint32_t bytes, double seconds) {
+  std::vector<std::byte> dst(std::max<std::uint32_t>(bytes, 64));
+  loop_result r;
+  const double c0 = thread_cpu_seconds();
+  const auto t0 = clock_type::now(), end = deadline(t0, seconds);
+  auto now = t0;
+  do {
+    for (const std::byte* p : payloads) std::memcpy(dst.data(), p, bytes);
+    r.packets += payloads.size();
+    asm volatile("" : : "r"(dst.data()) : "memory");
+    now = clock_type::now();
+  } while (now < end);
+  r.cpu_seconds = thread_cpu_seconds() - c0;
+  r.seconds = std::chrono::duration<double>(now - t0).count();
+  memory_loop_sink = static_cast<float>(dst[0]);
+  return r;
+}
+
+// One core's float32 add loop: acc[j] += payload[j] over every payload in order.
+loop_result fadd_loop(const std::vector<const std::byte*>& payloads, std::uint32_t bytes, double seconds) {
+  const std::size_t n = bytes / sizeof(float);
+  std::vector<float> acc(std::max<std::size_t>(n, 1), 0.0f);
+  loop_result r;
+  const double c0 = thread_cpu_seconds();
+  const auto t0 = clock_type::now(), end = deadline(t0, seconds);
+  auto now = t0;
+  do {
+    for (const std::byte* p : payloads) {
+      const float* v = reinterpret_cast<const float*>(p);
+      float* a = acc.data();
+      for (std::size_t j = 0; j < n; ++j) a[j] += v[j];
+    }
+    r.packets += payloads.size();
+    asm volatile("" : : "r"(acc.data()) : "memory");
+    now = clock_type::now();
+  } while (now < end);
+  r.cpu_seconds = thread_cpu_seconds() - c0;
+  r.seconds = std::chrono::duration<double>(now - t0).count();
+  memory_loop_sink = acc[0];
+  return r;
+}
+
+// ---- the handlers --------------------------------------------------------------------------
+
+struct check_input {
+  std::uint64_t rx = 0;  // frames handed to the runtime
+  std::uint32_t payload = 0;
+  const rt::ec_stats* ec = nullptr;
+  std::span<const std::byte> mem;        // handler memory
+  std::span<const std::byte> pattern;    // every frame's payload
+};
+using bad_fn = std::function<void(const std::string&)>;
+
+// What the benchmark needs to know of one handler package.
+struct handler_spec {
+  std::string name;
+  std::string package;  // package base name; "" for the empty handler set
+  std::vector<std::string> targets;
+  std::string what;
+  // Why the handler cannot take this payload ("" when it can).
+  std::function<std::string(std::uint32_t payload)> refuses = [](std::uint32_t) { return std::string(); };
+  fill_fn fill = [](std::span<std::byte> p) {
+    for (std::size_t i = 0; i < p.size(); ++i) p[i] = static_cast<std::byte>(i * 13 + 5);
+  };
+  // Writes the handler memory's configuration before traffic.
+  std::function<void(std::span<std::byte> mem, std::uint32_t payload)> setup = [](std::span<std::byte>, std::uint32_t) {};
+  // Exact checks of the handler's own results after the runs.
+  std::function<void(const check_input&, const bad_fn&)> check = [](const check_input&, const bad_fn&) {};
+  bool sends = false;     // one send per packet
+  bool deposits = false;  // no payload handler: default deposit
+};
+
+template <class T> T read_mem(std::span<const std::byte> mem, std::size_t off = 0) {
+  T v{};
+  std::memcpy(&v, mem.data() + off, sizeof v);
+  return v;
+}
+template <class T> void write_mem(std::span<std::byte> mem, const T& v, std::size_t off = 0) { std::memcpy(mem.data() + off, &v, sizeof v); }
+
+std::string u64s(std::uint64_t v) { return std::to_string(v); }
+
+void expect_eq(const bad_fn& bad, const char* what, std::uint64_t got, std::uint64_t want) {
+  if (got != want) bad(std::string(what) + " " + u64s(got) + " != " + u64s(want));
+}
+
+// The runtime runs no payload handler for a packet without payload (its message has only a
+// header and a completion).
+constexpr const char* no_payload_handler = "a packet without payload runs no payload handler";
+
+std::vector<handler_spec> all_handlers() {
+  using namespace spin::stdh;
+  std::vector<handler_spec> v;
+  {
+    handler_spec h;
+    h.name = "empty";
+    h.what = "the empty handler set: an EC without handlers, whose packets are deposited into host memory (a memcpy)";
+    h.targets = {"none"};
+    h.deposits = true;
+    v.push_back(h);
+  }
+  {
+    handler_spec h;
+    h.name = "noop";
+    h.package = "noop";
+    h.targets = {"native", "ebpf"};
+    h.what = "a payload handler that returns at once (bench/handlers/noop.cpp): the cost of calling a handler";
+    v.push_back(h);
+  }
+  {
+    handler_spec h;
+    h.name = "isum";
+    h.package = "isum";
+    h.targets = {"native", "ebpf"};
+    h.what = "streaming int32 sum into int64 accumulators, a lock per 256 elements (handlers/std/isum.cpp)";
+    h.refuses = [](std::uint32_t p) -> std::string {
+      if (p == 0 || p % 4 != 0) return "payload is not a non-empty multiple of 4 bytes";
+      if (p > spin::max_packet_elements * 4) return "isum takes at most 4096 payload bytes per packet";
+      return "";
+    };
+    h.fill = [](std::span<std::byte> p) {
+      for (std::size_t i = 0; i < p.size() / 4; ++i) {
+        const std::int32_t x = static_cast<std::int32_t>(i * 37 % 2001) - 1000;
+        std::memcpy(p.data() + 4 * i, &x, 4);
+      }
+    };
+    h.setup = [](std::span<std::byte> mem, std::uint32_t payload) {
+      write_mem<std::uint64_t>(mem, payload / 4, offsetof(spin::isum_state, elements));
+      write_mem<std::uint64_t>(mem, ~0ull, offsetof(spin::isum_state, expected_messages));  // never DMA
+    };
+    h.check = [](const check_input& in, const bad_fn& bad) {
+      expect_eq(bad, "isum packets", read_mem<std::uint64_t>(in.mem, offsetof(spin::isum_state, packets)), in.rx);
+      expect_eq(bad, "isum messages", read_mem<std::uint64_t>(in.mem, offsetof(spin::isum_state, messages)), in.rx);
+      expect_eq(bad, "isum rejected", read_mem<std::uint64_t>(in.mem, offsetof(spin::isum_state, rejected)), 0);
+      for (std::size_t i = 0; i < in.payload / 4; ++i) {
+        const std::int64_t got = read_mem<std::int64_t>(in.mem, offsetof(spin::isum_state, acc) + 8 * i);
+        const std::int64_t want = static_cast<std::int64_t>(read_mem<std::int32_t>(in.pattern, 4 * i)) * static_cast<std::int64_t>(in.rx);
+        if (got != want) {
+          bad("isum acc[" + std::to_string(i) + "] " + std::to_string(got) + " != " + std::to_string(want));
+          return;
+        }
+      }
+    };
+    v.push_back(h);
+  }
+  {
+    handler_spec h;
+    h.name = "fsum";
+    h.package = "fsum";
+    h.targets = {"native"};
+    h.what = "streaming float32 sum, a lock per 512 elements (handlers/std/fsum.cpp; native only: eBPF has no floating point)";
+    h.refuses = [](std::uint32_t p) -> std::string {
+      if (p == 0 || p % 4 != 0) return "payload is not a non-empty multiple of 4 bytes";
+      if (p > fsum_max_packet_elements * 4) return "fsum takes at most 9216 payload bytes per packet";
+      return "";
+    };
+    // Small integers, so that every partial sum is exact in float32 (below 2^24).
+    h.fill = [](std::span<std::byte> p) {
+      for (std::size_t i = 0; i < p.size() / 4; ++i) {
+        const float x = static_cast<float>(static_cast<int>(i % 5) - 2);
+        std::memcpy(p.data() + 4 * i, &x, 4);
+      }
+    };
+    h.setup = [](std::span<std::byte> mem, std::uint32_t payload) {
+      write_mem<std::uint64_t>(mem, payload / 4, offsetof(fsum_state, elements));
+      write_mem<std::uint64_t>(mem, 0, offsetof(fsum_state, expected_messages));  // never DMA
+    };
+    h.check = [](const check_input& in, const bad_fn& bad) {
+      expect_eq(bad, "fsum packets", read_mem<std::uint64_t>(in.mem, offsetof(fsum_state, packets)), in.rx);
+      expect_eq(bad, "fsum messages", read_mem<std::uint64_t>(in.mem, offsetof(fsum_state, messages)), in.rx);
+      expect_eq(bad, "fsum rejected", read_mem<std::uint64_t>(in.mem, offsetof(fsum_state, rejected)), 0);
+      if (in.rx * 2 >= (1ull << 24)) return;  // beyond float32's exact integers: no exact value to compare with
+      for (std::size_t i = 0; i < in.payload / 4; ++i) {
+        const float got = read_mem<float>(in.mem, offsetof(fsum_state, acc) + 4 * i);
+        const float want = read_mem<float>(in.pattern, 4 * i) * static_cast<float>(in.rx);
+        if (got != want) {
+          bad("fsum acc[" + std::to_string(i) + "] " + std::to_string(got) + " != " + std::to_string(want));
+          return;
+        }
+      }
+    };
+    v.push_back(h);
+  }
+  {
+    handler_spec h;
+    h.name = "pingpong";
+    h.package = "pingpong";
+    h.targets = {"native", "ebpf"};
+    h.what = "every packet sent straight back to its source (handlers/std/pingpong.cpp; PsPIN, ISCA 2021, section 6.1)";
+    h.sends = true;
+    h.refuses = [](std::uint32_t p) -> std::string { return p == 0 ? no_payload_handler : ""; };
+    h.check = [](const check_input& in, const bad_fn& bad) {
+      expect_eq(bad, "pingpong echoed", read_mem<std::uint64_t>(in.mem, 0), in.rx);
+      expect_eq(bad, "pingpong refused", read_mem<std::uint64_t>(in.mem, 8), 0);
+    };
+    v.push_back(h);
+  }
+  {
+    handler_spec h;
+    h.name = "strided_unpack";
+    h.package = "strided_unpack";
+    h.targets = {"native"};
+    h.what = "16-byte blocks scattered to a 32-byte stride in host memory (handlers/std/strided_unpack.cpp; sPIN, SC17, 5.2)";
+    h.refuses = [](std::uint32_t p) -> std::string {
+      if (p == 0 || p % 16 != 0) return "payload is not a non-empty multiple of 16 bytes (the block)";
+      if (p / 16 * 32 > host_window_bytes) return "the unpacked vector exceeds the 64 KiB host window";
+      return "";
+    };
+    h.setup = [](std::span<std::byte> mem, std::uint32_t payload) {
+      write_mem<std::uint64_t>(mem, 16, offsetof(strided_state, block_bytes));
+      write_mem<std::uint64_t>(mem, 32, offsetof(strided_state, stride_bytes));
+      write_mem<std::uint64_t>(mem, payload / 16, offsetof(strided_state, blocks));
+    };
+    h.check = [](const check_input& in, const bad_fn& bad) {
+      expect_eq(bad, "strided messages", read_mem<std::uint64_t>(in.mem, offsetof(strided_state, messages)), in.rx);
+      expect_eq(bad, "strided rejected", read_mem<std::uint64_t>(in.mem, offsetof(strided_state, rejected)), 0);
+      expect_eq(bad, "strided dma_failed", read_mem<std::uint64_t>(in.mem, offsetof(strided_state, dma_failed)), 0);
+      expect_eq(bad, "EC dma_to_host_bytes", in.ec->dma_to_host_bytes, in.rx * in.payload);
+    };
+    v.push_back(h);
+  }
+  {
+    handler_spec h;
+    h.name = "histogram";
+    h.package = "histogram";
+    h.targets = {"native"};
+    h.what = "int32 values counted into 256 bins with atomic adds (handlers/std/histogram.cpp)";
+    h.refuses = [](std::uint32_t p) -> std::string { return p % 4 != 0 ? "payload is not a multiple of 4 bytes" : ""; };
+    h.fill = [](std::span<std::byte> p) {
+      for (std::size_t i = 0; i < p.size() / 4; ++i) {
+        const std::int32_t x = static_cast<std::int32_t>(i * 37 % 4200) - 50;  // some under- and overflow
+        std::memcpy(p.data() + 4 * i, &x, 4);
+      }
+    };
+    h.setup = [](std::span<std::byte> mem, std::uint32_t) {
+      write_mem<std::int64_t>(mem, 0, offsetof(histogram_state, lo));
+      write_mem<std::uint64_t>(mem, 16, offsetof(histogram_state, bin_width));
+      write_mem<std::uint64_t>(mem, histogram_max_bins, offsetof(histogram_state, bins));
+      write_mem<std::uint64_t>(mem, 0, offsetof(histogram_state, expected_messages));  // never DMA
+    };
+    h.check = [](const check_input& in, const bad_fn& bad) {
+      std::uint64_t under = 0, over = 0;
+      std::vector<std::uint64_t> counts(histogram_max_bins, 0);
+      for (std::size_t i = 0; i < in.payload / 4; ++i) {
+        const std::int32_t x = read_mem<std::int32_t>(in.pattern, 4 * i);
+        if (x < 0)
+          ++under;
+        else if (x / 16 >= static_cast<std::int32_t>(histogram_max_bins))
+          ++over;
+        else
+          ++counts[static_cast<std::size_t>(x / 16)];
+      }
+      expect_eq(bad, "histogram rejected", read_mem<std::uint64_t>(in.mem, offsetof(histogram_state, rejected)), 0);
+      expect_eq(bad, "histogram messages", read_mem<std::uint64_t>(in.mem, offsetof(histogram_state, messages)), in.rx);
+      expect_eq(bad, "histogram underflow", read_mem<std::uint64_t>(in.mem, offsetof(histogram_state, underflow)), under * in.rx);
+      expect_eq(bad, "histogram overflow", read_mem<std::uint64_t>(in.mem, offsetof(histogram_state, overflow)), over * in.rx);
+      for (std::size_t b = 0; b < histogram_max_bins; ++b) {
+        const std::uint64_t got = read_mem<std::uint64_t>(in.mem, offsetof(histogram_state, counts) + 8 * b);
+        if (got != counts[b] * in.rx) {
+          bad("histogram bin " + std::to_string(b) + " " + u64s(got) + " != " + u64s(counts[b] * in.rx));
+          return;
+        }
+      }
+    };
+    v.push_back(h);
+  }
+  {
+    handler_spec h;
+    h.name = "filter";
+    h.package = "filter";
+    h.targets = {"native"};
+    h.what = "16-byte records whose key lies outside [0, 999] are dropped on the NIC; here every record is (handlers/std/filter.cpp)";
+    h.refuses = [](std::uint32_t p) -> std::string { return p % 16 != 0 ? "payload is not a multiple of 16 bytes (records)" : ""; };
+    h.fill = [](std::span<std::byte> p) {
+      for (std::size_t i = 0; i < p.size() / 16; ++i) {
+        const filter_record r{1000 + i, i};
+        std::memcpy(p.data() + 16 * i, &r, 16);
+      }
+    };
+    h.setup = [](std::span<std::byte> mem, std::uint32_t) {
+      write_mem<std::uint64_t>(mem, 0, offsetof(filter_state, key_lo));
+      write_mem<std::uint64_t>(mem, 999, offsetof(filter_state, key_hi));
+      write_mem<std::uint64_t>(mem, host_window_bytes / 16, offsetof(filter_state, capacity_records));
+    };
+    h.check = [](const check_input& in, const bad_fn& bad) {
+      expect_eq(bad, "filter dropped", read_mem<std::uint64_t>(in.mem, offsetof(filter_state, dropped)), in.rx * (in.payload / 16));
+      expect_eq(bad, "filter kept", read_mem<std::uint64_t>(in.mem, offsetof(filter_state, kept)), 0);
+      expect_eq(bad, "filter rejected", read_mem<std::uint64_t>(in.mem, offsetof(filter_state, rejected)), 0);
+    };
+    v.push_back(h);
+  }
+  {
+    handler_spec h;
+    h.name = "bcast_forward";
+    h.package = "bcast_forward";
+    h.targets = {"native"};
+    h.what = "every packet DMAed to host memory and sent on to the next rank (handlers/std/bcast_forward.cpp; SC24, section 3)";
+    h.sends = true;
+    h.refuses = [](std::uint32_t p) -> std::string { return p == 0 ? no_payload_handler : p > host_window_bytes ? "payload exceeds the host window" : ""; };
+    h.setup = [](std::span<std::byte> mem, std::uint32_t) {
+      write_mem<std::uint32_t>(mem, 2, offsetof(bcast_state, next_rank));
+      write_mem<std::uint32_t>(mem, 1, offsetof(bcast_state, has_next));
+    };
+    h.check = [](const check_input& in, const bad_fn& bad) {
+      expect_eq(bad, "bcast packets", read_mem<std::uint64_t>(in.mem, offsetof(bcast_state, packets)), in.rx);
+      expect_eq(bad, "bcast forward_failed", read_mem<std::uint64_t>(in.mem, offsetof(bcast_state, forward_failed)), 0);
+      expect_eq(bad, "bcast dma_failed", read_mem<std::uint64_t>(in.mem, offsetof(bcast_state, dma_failed)), 0);
+      expect_eq(bad, "bcast messages", read_mem<std::uint64_t>(in.mem, offsetof(bcast_state, messages)), in.rx);
+      expect_eq(bad, "EC dma_to_host_bytes", in.ec->dma_to_host_bytes, in.rx * in.payload);
+    };
+    v.push_back(h);
+  }
+  return v;
+}
+
+// ---- one row: a NIC running one handler ------------------------------------------------------
+
+struct row {
+  std::uint32_t size = 0, frame = 0, payload = 0;
+  std::string handler, target;
+  std::uint32_t hpus = 0;
+  std::string cpus;
+  std::vector<double> mpps, poll_ns, hpu_ns;  // per repeat
+  double ratio_fwd = 0;       // Mpps / io-fwd Mpps
+  double gbs_per_hpu = 0;     // payload GB/s per HPU
+  double ratio_memcpy = 0;    // gbs_per_hpu / one core's memcpy GB/s
+  double ratio_fadd = 0;      // gbs_per_hpu / one core's fadd GB/s
+  std::string aim;            // "" or the aim this row is judged by
+  bool aim_met = false;
+  bool ok = true;
+  std::vector<std::string> failures;
+};
+
+struct baseline {
+  std::uint32_t size = 0, frame = 0, payload = 0;
+  std::vector<double> fwd_mpps, copy_mpps, memcpy_gbs, fadd_gbs;
+};
+
+struct loaded {
+  std::optional<rt::loaded_package> pkg;
+  std::uint32_t bpf_insns = 0;  // eBPF: instructions of the payload handler (static)
+};
+
+std::string package_path(const handlers_options& o, const std::string& name, const std::string& target) {
+  return o.package_dir + "/" + name + "." + target + ".spkg";
+}
+
+// Measures one (handler, target, size, HPU count) row.
+bool run_row(const handlers_options& o, const handler_spec& h, const std::string& target, const loaded& lp, std::uint32_t size,
+             std::uint32_t hpus, row& r) {
+  const std::uint32_t frame = std::max(size, header_bytes), payload = frame - header_bytes;
+  r.size = size;
+  r.frame = frame;
+  r.payload = payload;
+  r.handler = h.name;
+  r.target = target;
+  r.hpus = hpus;
+  const unsigned ncpu = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<int> hpu_cpus;
+  r.cpus = "poll=" + std::to_string(o.poll_cpu) + " hpu=";
+  for (std::uint32_t i = 0; i < hpus; ++i) {
+    hpu_cpus.push_back(static_cast<int>((static_cast<unsigned>(o.poll_cpu) + 1 + i) % ncpu));
+    r.cpus += (i ? "," : "") + std::to_string(hpu_cpus.back());
+  }
+
+  // The NIC builds every frame it sends from its first port's pool. A handler that sends gets a
+  // first port that only transmits (net_null no-rx=1), so that its sends never land in the
+  // pre-filled pool of the receiving port; every destination leaves through it.
+  auto vdev = null_vdev::create(frame);
+  if (!vdev) return false;
+  std::unique_ptr<null_vdev> tx_vdev;
+  if (h.sends) {
+    tx_vdev = null_vdev::create(frame, false);
+    if (!tx_vdev) return false;
+  }
+  const std::uint32_t rx_index = h.sends ? 1 : 0;
+  std::unique_ptr<emu::nic> nic;
+  {
+    emu::nic_config c;
+    c.name = "bench." + h.name;
+    c.rank = nic_rank;
+    c.ports = {vdev->port()};
+    if (tx_vdev) c.ports.insert(c.ports.begin(), tx_vdev->port());
+    c.port = port_opts(frame, o);
+    c.burst = burst;
+    c.tx_ring_packets = tx_ring_packets;
+    c.payload_bytes = 0;
+    c.runtime.hpus = hpus;
+    c.runtime.hpu_cpus = hpu_cpus;
+    c.runtime.nic_memory_bytes = 16 << 20;
+    auto n = emu::nic::create(c);
+    if (!n) {
+      std::fprintf(stderr, "nic::create: %s\n", n.err().message.c_str());
+      return false;
+    }
+    nic = std::move(n.value());
+  }
+  std::vector<std::byte> host(host_window_bytes);
+  auto region = nic->register_host_memory(host);
+  if (!region) {
+    std::fprintf(stderr, "register_host_memory: %s\n", region.err().message.c_str());
+    return false;
+  }
+  rt::ec_config ec;
+  ec.name = h.name;
+  ec.match = {bench_match_bits, 0};
+  ec.window = rt::host_window{*region, 0, host_window_bytes};
+  // Every queued task keeps its message open: room for full HPU queues plus bursts.
+  ec.limits.max_messages = 1024;
+  ec.limits.retired_history = 1024;
+  // The budget guards against runaway handlers, not a measurement. Its clock is the HPU thread's
+  // CPU time, which in a virtual machine also holds time the hypervisor took the vCPU away:
+  // seen here once in a few million invocations, a 10 ms stall inside a 1 us handler aborted its
+  // message under the default 10 ms budget.
+  ec.limits.handler_budget = std::chrono::seconds(1);
+  if (o.pool_mbufs <= ec.limits.retired_history + ec.limits.max_messages) {
+    std::fprintf(stderr, "--pool-mbufs must exceed %u so that message ids do not repeat within the EC's memory\n",
+                 ec.limits.retired_history + ec.limits.max_messages);
+    return false;
+  }
+  if (lp.pkg) {
+    if (auto b = lp.pkg->bind(ec); !b) {
+      std::fprintf(stderr, "bind %s: %s\n", h.name.c_str(), b.err().message.c_str());
+      return false;
+    }
+  }
+  auto id = nic->install(ec);
+  if (!id) {
+    std::fprintf(stderr, "install %s: %s\n", h.name.c_str(), id.err().message.c_str());
+    return false;
+  }
+  stamper ids;
+  if (!ids.add(vdev->port())) return false;
+  std::span<std::byte> mem = nic->runtime().handler_memory(*id);
+  h.setup(mem, payload);
+  if (!prefill_pool(nic->port_pool(rx_index), frame, h.fill, nullptr)) return false;
+  std::vector<std::byte> pattern(payload);
+  h.fill(pattern);
+
+  auto measure = [&](double seconds) {
+    const emu::nic_stats s0 = nic->stats();
+    const double c0 = thread_cpu_seconds();
+    const auto t0 = clock_type::now(), end = deadline(t0, seconds);
+    auto now = t0;
+    do {
+      for (int k = 0; k < 64; ++k) nic->poll();
+      now = clock_type::now();
+    } while (now < end);
+    const double cpu = thread_cpu_seconds() - c0;
+    const double wall = std::chrono::duration<double>(now - t0).count();
+    const emu::nic_stats s1 = nic->stats();
+    const std::uint64_t pk = s1.ports.at(rx_index).rx_packets - s0.ports.at(rx_index).rx_packets;
+    std::uint64_t busy = 0;
+    for (std::size_t i = 0; i < s1.runtime.hpus.size(); ++i) busy += s1.runtime.hpus[i].busy_ns - s0.runtime.hpus[i].busy_ns;
+    if (pk == 0) return;
+    r.mpps.push_back(static_cast<double>(pk) / wall / 1e6);
+    r.poll_ns.push_back(cpu * 1e9 / static_cast<double>(pk));
+    r.hpu_ns.push_back(static_cast<double>(busy) / static_cast<double>(pk));
+  };
+  measure(o.warmup_seconds);
+  r.mpps.clear();
+  r.poll_ns.clear();
+  r.hpu_ns.clear();
+  for (std::uint32_t k = 0; k < o.repeats; ++k) measure(o.seconds);
+
+  // Checks. nic::quiesce would never see the NIC idle (net_null always has frames): drain the
+  // runtime instead; the frames the NIC took from the port but has not yet handed to the runtime
+  // (at most one burst) are then the only mbufs it holds, besides sends still in its TX rings.
+  auto bad = [&](const std::string& what) {
+    r.ok = false;
+    r.failures.push_back(what);
+  };
+  if (r.mpps.empty()) bad("no packet was received");
+  if (!nic->runtime().drain(std::chrono::milliseconds(5000))) bad("runtime drain timed out");
+  const emu::nic_stats st = nic->stats();
+  const rt::ec_stats& es = st.runtime.ecs.at(0);
+  const std::uint64_t handed = st.runtime.frames_accepted;
+  const std::uint64_t held = st.ports.at(rx_index).rx_packets - handed;
+  if (held > burst) bad(u64s(held) + " received frames never reached the runtime (at most one burst may wait)");
+  expect_eq(bad, "EC packets_in", es.packets_in, handed);
+  expect_eq(bad, "messages completed", es.messages_completed, handed);
+  if (h.deposits) expect_eq(bad, "deposit_bytes", es.deposit_bytes, handed * payload);
+  if (lp.pkg && lp.pkg->handlers().payload && payload > 0)
+    expect_eq(bad, "payload handler invocations", es.kinds[static_cast<std::size_t>(handler_kind::payload)].invocations, handed);
+  if (h.sends) {
+    expect_eq(bad, "sends", es.sends, handed);
+    expect_eq(bad, "send_failed", es.send_failed, 0);
+    // Sends the poll thread has not yet moved from the HPUs' TX rings to the port are not sent
+    // yet; nic_drop counters (checked below) would show any the port refused.
+    const std::uint64_t sent = st.ports.at(0).tx_packets, ring_room = std::uint64_t{hpus} * tx_ring_packets + burst;
+    if (sent > handed || handed - sent > ring_room)
+      bad("frames sent " + u64s(sent) + " for " + u64s(handed) + " sends (at most " + u64s(ring_room) + " may wait in TX rings)");
+  }
+  for (std::size_t k = 0; k < rt::drop_reason_count; ++k)
+    if (es.drops[k] != 0) bad("EC dropped " + u64s(es.drops[k]) + " as " + rt::drop_reason_name(static_cast<rt::drop_reason>(k)));
+  for (std::size_t k = 0; k < emu::nic_drop_count; ++k)
+    if (st.drops[k] != 0) bad("NIC dropped " + u64s(st.drops[k]) + " as " + emu::nic_drop_name(static_cast<emu::nic_drop>(k)));
+  for (std::size_t k = 0; k < rt::wire::reject_count; ++k)
+    if (st.runtime.frames_rejected[k] != 0)
+      bad("rejected " + u64s(st.runtime.frames_rejected[k]) + " as " + rt::wire::reject_name(static_cast<rt::wire::reject>(k)));
+  if (st.runtime.unknown_ec != 0) bad(u64s(st.runtime.unknown_ec) + " frames matched no EC");
+  if (es.messages_dropped != 0) bad(u64s(es.messages_dropped) + " messages dropped by the header handler");
+  for (const auto& k : es.kinds) {
+    if (k.faults != 0) bad(u64s(k.faults) + " handler faults");
+    if (k.over_budget != 0) bad(u64s(k.over_budget) + " invocations over budget");
+  }
+  check_input in;
+  in.rx = handed;
+  in.payload = payload;
+  in.ec = &es;
+  in.mem = mem;
+  in.pattern = pattern;
+  h.check(in, bad);
+  ids.remove();
+  nic.reset();  // closes its port before the vdev goes
+  return true;
+}
+
+// ---- report ----------------------------------------------------------------------------------
+
+std::string fmt(const char* f, double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, f, v);
+  return b;
+}
+
+struct model_row {
+  std::string handler, target;
+  std::uint32_t frame = 0, payload = 0;
+  double cycles = 0;           // HPU cycles per packet measured (1 HPU)
+  double hpu_mpps = 0;         // model_hpus * ghz / cycles
+  double line_mpps = 0;        // line rate in packets
+  std::string bound;           // "HPUs" or "line"
+  double gbps = 0;             // predicted, frame bytes
+};
+
+} // namespace
+
+int run_handlers(const handlers_options& o) {
+  // Which handlers and packages.
+  std::vector<handler_spec> specs = all_handlers();
+  if (!o.handlers.empty()) {
+    for (const auto& n : o.handlers)
+      if (std::none_of(specs.begin(), specs.end(), [&](const handler_spec& h) { return h.name == n; })) {
+        std::string names;
+        for (const auto& h : specs) names += (names.empty() ? "" : ", ") + h.name;
+        std::fprintf(stderr, "spin-bench handlers: unknown handler '%s' (known: %s)\n", n.c_str(), names.c_str());
+        return 2;
+      }
+    std::erase_if(specs, [&](const handler_spec& h) { return std::find(o.handlers.begin(), o.handlers.end(), h.name) == o.handlers.end(); });
+  }
+  for (const auto& t : o.targets)
+    if (t != "native" && t != "ebpf") {
+      std::fprintf(stderr, "spin-bench handlers: unknown target '%s' (native or ebpf)\n", t.c_str());
+      return 2;
+    }
+  const unsigned ncpu = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::uint32_t> hpu_counts = o.hpus;
+  if (hpu_counts.empty())
+    for (std::uint32_t h = 1; h <= ncpu; ++h) hpu_counts.push_back(h);
+  if (o.poll_cpu < 0 || static_cast<unsigned>(o.poll_cpu) >= ncpu) {
+    std::fprintf(stderr, "spin-bench handlers: --poll-cpu %d is not one of the %u CPUs\n", o.poll_cpu, ncpu);
+    return 2;
+  }
+  std::map<std::string, loaded> packages;  // "name.target"
+  for (const auto& h : specs) {
+    if (h.package.empty()) continue;
+    for (const auto& t : h.targets) {
+      if (std::find(o.targets.begin(), o.targets.end(), t) == o.targets.end()) continue;
+      loaded l;
+      rt::load_options lo;
+      lo.bpf = rt::bpf_exec::jit;
+      const std::string path = package_path(o, h.package, t);
+      auto p = rt::read_package_file(path);
+      if (!p) {
+        std::fprintf(stderr, "spin-bench handlers: %s\n(--packages names the directory of the handler packages; ninja builds them in build/bench)\n",
+                     p.err().message.c_str());
+        return 2;
+      }
+      if (t == "ebpf") {
+        auto facts = cc::inspect_bpf_object(p->object);
+        if (facts)
+          for (const auto& prog : facts->programs)
+            if (prog.section.find(".spin.payload.") == 0) l.bpf_insns = prog.insn_count;
+      }
+      auto lp = rt::load_package(*p, lo);
+      if (!lp) {
+        std::fprintf(stderr, "spin-bench handlers: %s: %s\n", path.c_str(), lp.err().message.c_str());
+        return 2;
+      }
+      l.pkg = std::move(lp.value());
+      packages[h.name + "." + t] = std::move(l);
+    }
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(o.out_dir, ec);
+  if (ec) {
+    std::fprintf(stderr, "spin-bench handlers: cannot create %s: %s\n", o.out_dir.c_str(), ec.message().c_str());
+    return 2;
+  }
+
+  std::vector<std::string> eal = emu::default_eal_args("spin_bench_" + std::to_string(::getpid()));
+  eal.push_back("-l");
+  eal.push_back(std::to_string(o.poll_cpu));
+  if (auto e = emu::eal_init(eal); !e) {
+    std::fprintf(stderr, "spin-bench handlers: %s\n", e.err().message.c_str());
+    return 2;
+  }
+  run_conditions cond = measure_conditions();
+  cond.print("spin-bench handlers");
+  std::printf("%s; net_null ports, burst %u, pools of %u mbufs without cache; %.2f s per measurement, %u repeats (median), "
+              "%.2f s warm-up\n",
+              rte_version(), burst, o.pool_mbufs, o.seconds, o.repeats, o.warmup_seconds);
+  std::fflush(stdout);
+
+  std::vector<baseline> bases;
+  std::vector<row> rows;
+  std::vector<std::pair<std::string, std::string>> skipped;  // what, why
+  bool all_ok = true;
+  for (std::uint32_t size : o.sizes) {
+    const std::uint32_t frame = std::max(size, header_bytes), payload = frame - header_bytes;
+    std::fprintf(stderr, "size %u: frame %u bytes, payload %u bytes\n", size, frame, payload);
+    // Baselines.
+    baseline b;
+    b.size = size;
+    b.frame = frame;
+    b.payload = payload;
+    {
+      auto fa = null_vdev::create(frame), fb = null_vdev::create(frame);
+      if (!fa || !fb) return 2;
+      const emu::port_options popts = port_opts(frame, o);
+      auto pa = emu::port::open(fa->port(), popts, "fwd.a"), pb = emu::port::open(fb->port(), popts, "fwd.b");
+      if (!pa || !pb) {
+        std::fprintf(stderr, "port::open: %s\n", (!pa ? pa.err() : pb.err()).message.c_str());
+        return 2;
+      }
+      std::vector<const std::byte*> payloads;
+      if (!prefill_pool((*pa)->pool(), frame, all_handlers()[0].fill, &payloads)) return 2;
+      std::vector<std::byte> sink(std::max<std::uint32_t>(payload, 64));
+      (void)forward_loop((*pa)->id(), (*pb)->id(), o.warmup_seconds, 0, nullptr);
+      for (std::uint32_t k = 0; k < o.repeats; ++k) {
+        const loop_result f = forward_loop((*pa)->id(), (*pb)->id(), o.seconds, 0, nullptr);
+        b.fwd_mpps.push_back(static_cast<double>(f.packets) / f.seconds / 1e6);
+        if (payload > 0) {
+          const loop_result c = forward_loop((*pa)->id(), (*pb)->id(), o.seconds, payload, sink.data());
+          b.copy_mpps.push_back(static_cast<double>(c.packets) / c.seconds / 1e6);
+          const loop_result m = memcpy_loop(payloads, payload, o.seconds);
+          b.memcpy_gbs.push_back(static_cast<double>(m.packets) * payload / m.seconds / 1e9);
+          const loop_result a = fadd_loop(payloads, payload / 4 * 4, o.seconds);
+          b.fadd_gbs.push_back(static_cast<double>(a.packets) * (payload / 4 * 4) / a.seconds / 1e9);
+        }
+      }
+      pa.value().reset();
+      pb.value().reset();
+    }
+    bases.push_back(b);
+    const double fwd = median(b.fwd_mpps), mcp = median(b.memcpy_gbs), fad = median(b.fadd_gbs);
+
+    for (const auto& h : specs)
+      for (const auto& t : h.targets) {
+        if (t != "none" && std::find(o.targets.begin(), o.targets.end(), t) == o.targets.end()) continue;
+        const std::string label = h.name + (t == "none" ? "" : "/" + t);
+        if (std::string why = h.refuses(payload); !why.empty()) {
+          skipped.emplace_back(label + " at frame " + std::to_string(frame), why);
+          continue;
+        }
+        const loaded none;
+        const loaded& lp = t == "none" ? none : packages.at(h.name + "." + t);
+        for (std::uint32_t hp : hpu_counts) {
+          std::fprintf(stderr, "  %s, %u HPU%s\n", label.c_str(), hp, hp > 1 ? "s" : "");
+          row r;
+          if (!run_row(o, h, t, lp, size, hp, r)) return 2;
+          const double m = median(r.mpps);
+          r.ratio_fwd = fwd > 0 ? m / fwd : 0;
+          r.gbs_per_hpu = m * 1e6 * payload / hp / 1e9;
+          r.ratio_memcpy = mcp > 0 ? r.gbs_per_hpu / mcp : 0;
+          r.ratio_fadd = fad > 0 ? r.gbs_per_hpu / fad : 0;
+          if (h.name == "empty" && hp == 1) {
+            r.aim = "Mpps >= " + fmt("%.1f", aim_empty_vs_fwd) + " x io-fwd";
+            r.aim_met = r.ratio_fwd >= aim_empty_vs_fwd;
+          }
+          if (h.name == "fsum" && payload == aim_fsum_payload) {
+            r.aim = "payload GB/s per HPU >= " + fmt("%.1f", aim_fsum_vs_memcpy) + " x memcpy";
+            r.aim_met = r.ratio_memcpy >= aim_fsum_vs_memcpy;
+          }
+          all_ok &= r.ok;
+          rows.push_back(std::move(r));
+        }
+      }
+  }
+  cond.load_after = load_average();
+
+  // ---- print ----
+  std::printf("\nbaselines (one lcore on CPU %d)\n", o.poll_cpu);
+  std::printf("%5s %5s %7s  %8s %9s %9s %9s\n", "frame", "size", "payload", "io-fwd", "fwd+copy", "memcpy", "fadd");
+  std::printf("%5s %5s %7s  %8s %9s %9s %9s\n", "B", "B", "B", "Mpps", "Mpps", "GB/s", "GB/s");
+  for (const auto& b : bases)
+    std::printf("%5u %5u %7u  %8.2f %9s %9s %9s\n", b.frame, b.size, b.payload, median(b.fwd_mpps),
+                b.copy_mpps.empty() ? "-" : fmt("%.2f", median(b.copy_mpps)).c_str(),
+                b.memcpy_gbs.empty() ? "-" : fmt("%.2f", median(b.memcpy_gbs)).c_str(),
+                b.fadd_gbs.empty() ? "-" : fmt("%.2f", median(b.fadd_gbs)).c_str());
+
+  std::printf("\nhandlers (spin-emu NIC on net_null; every packet a one-packet message)\n");
+  std::printf("%-15s %-6s %5s %7s %4s %7s %7s %8s %8s %8s %7s %8s %7s %7s  %s\n", "handler", "target", "frame", "payload", "hpus", "Mpps",
+              "Gbit/s", "ns/pkt", "hpu ns", "hpu cyc", "poll ns", "x io-fwd", "GB/s/h", "x mcpy", "check");
+  for (const auto& r : rows) {
+    const double m = median(r.mpps);
+    std::string check = r.ok ? "ok" : "FAILED";
+    if (!r.aim.empty()) check += r.aim_met ? ", aim met" : ", aim MISSED";
+    std::printf("%-15s %-6s %5u %7u %4u %7.3f %7.2f %8.1f %8.1f %8.0f %7.1f %8.3f %7.2f %7s  %s\n", r.handler.c_str(), r.target.c_str(),
+                r.frame, r.payload, r.hpus, m, m * r.frame * 8 / 1e3, m > 0 ? 1e3 / m : 0, median(r.hpu_ns),
+                median(r.hpu_ns) * cond.tsc_ghz, median(r.poll_ns), r.ratio_fwd, r.gbs_per_hpu,
+                r.payload > 0 ? fmt("%.3f", r.ratio_memcpy).c_str() : "-", check.c_str());
+    for (const auto& f : r.failures) std::printf("    FAIL: %s\n", f.c_str());
+  }
+  if (!skipped.empty()) {
+    std::printf("\nnot run (the handler cannot take the payload):\n");
+    for (const auto& [what, why] : skipped) std::printf("  %s: %s\n", what.c_str(), why.c_str());
+  }
+  for (const auto& t : o.targets)
+    if (t == "ebpf") {
+      std::string native_only;
+      for (const auto& h : specs)
+        if (!h.package.empty() && std::find(h.targets.begin(), h.targets.end(), "ebpf") == h.targets.end())
+          native_only += (native_only.empty() ? "" : ", ") + h.name;
+      if (!native_only.empty())
+        std::printf("\nnative only (use floating point or loops whose trip count is not a compile-time constant, which eBPF "
+                    "cannot run): %s\n",
+                    native_only.c_str());
+    }
+
+  // ---- aims ----
+  std::printf("\naims:\n");
+  for (const auto& r : rows)
+    if (!r.aim.empty())
+      std::printf("  %-6s %s frame %u, %u HPU%s: %s: %s (%.3f)\n", r.handler.c_str(), r.target.c_str(), r.frame, r.hpus, r.hpus > 1 ? "s" : "",
+                  r.aim.c_str(), r.aim_met ? "met" : "MISSED", r.handler == "empty" ? r.ratio_fwd : r.ratio_memcpy);
+
+  // ---- NIC model ----
+  std::vector<model_row> model;
+  for (const auto& r : rows) {
+    if (r.hpus != 1 || median(r.hpu_ns) <= 0) continue;
+    model_row m;
+    m.handler = r.handler;
+    m.target = r.target;
+    m.frame = r.frame;
+    m.payload = r.payload;
+    m.cycles = median(r.hpu_ns) * cond.tsc_ghz;
+    m.hpu_mpps = o.model_hpus * o.model_ghz * 1e3 / m.cycles;
+    // On the wire a frame also takes 24 bytes: preamble and start delimiter (8), FCS (4), gap (12).
+    m.line_mpps = o.model_line_gbps * 1e3 / (8.0 * (r.frame + 24));
+    m.bound = m.hpu_mpps < m.line_mpps ? "HPUs" : "line";
+    m.gbps = std::min(m.hpu_mpps, m.line_mpps) * r.frame * 8 / 1e3;
+    model.push_back(m);
+  }
+  std::printf("\nNIC model: %u HPUs at %.2f GHz, line rate %.0f Gbit/s. An HPU is assumed to need the cycles one HPU of this\n"
+              "machine measured per packet (hpu cyc, 1 HPU); rate = min(HPUs x GHz / cycles, line / ((frame + 24) x 8)).\n",
+              o.model_hpus, o.model_ghz, o.model_line_gbps);
+  std::printf("%-15s %-6s %5s %7s %9s %10s %10s %6s %9s\n", "handler", "target", "frame", "payload", "cyc/pkt", "HPU Mpps", "line Mpps",
+              "bound", "Gbit/s");
+  for (const auto& m : model)
+    std::printf("%-15s %-6s %5u %7u %9.0f %10.2f %10.2f %6s %9.1f\n", m.handler.c_str(), m.target.c_str(), m.frame, m.payload, m.cycles,
+                m.hpu_mpps, m.line_mpps, m.bound.c_str(), m.gbps);
+
+  // Ping-pong beside PsPIN (ISCA 2021: 29 instructions, ~38 ns per packet, 443 Gbit/s with 32 HPUs, 1 KiB packets).
+  nlohmann::json pingpong_vs = nlohmann::json::array();
+  {
+    std::printf("\nping-pong beside PsPIN (ISCA 2021: handler of 29 instructions, ~38 ns per 1 KiB packet on a 1 GHz HPU,\n"
+                "443 Gbit/s with 32 HPUs):\n");
+    bool any = false;
+    for (const auto& r : rows) {
+      if (r.handler != "pingpong" || r.hpus != 1 || r.payload != 1024) continue;
+      any = true;
+      const double ns = median(r.hpu_ns), cyc = ns * cond.tsc_ghz;
+      const double pred = o.model_hpus * o.model_ghz * 1e3 / cyc;  // Mpps
+      const std::uint32_t insns = r.target == "ebpf" && packages.count("pingpong.ebpf") ? packages.at("pingpong.ebpf").bpf_insns : 0;
+      std::printf("  %-6s: %.1f ns = %.0f cycles per packet on one HPU%s; 32 HPUs at 1 GHz with these cycles: %.1f Gbit/s of 1 KiB "
+                  "payload\n",
+                  r.target.c_str(), ns, cyc, insns ? (", handler " + std::to_string(insns) + " eBPF instructions").c_str() : "",
+                  pred * 1024 * 8 / 1e3);
+      pingpong_vs.push_back({{"target", r.target}, {"hpu_ns_per_packet", ns}, {"cycles_per_packet", cyc}, {"ebpf_instructions", insns},
+                             {"predicted_gbps_32hpus_1ghz", pred * 1024 * 8 / 1e3}});
+    }
+    if (!any) std::printf("  (not measured: run with a 1112-byte frame, 1 KiB payload, and 1 HPU)\n");
+    else
+      std::printf("  The difference: a PsPIN HPU runs the handler on a packet already in its L1 and sends it with a DMA\n"
+                  "  command; here an HPU's packet time also holds the runtime's task, the send (an mbuf, a copy of the frame,\n"
+                  "  a TX ring), the atomic counter and the timing of every invocation (docs/benchmarks.md).\n");
+  }
+  std::printf("\nload average after: %.2f %.2f %.2f\n", cond.load_after[0], cond.load_after[1], cond.load_after[2]);
+
+  // ---- files ----
+  std::ostringstream csv;
+  csv << "handler,target,frame_bytes,size_requested,payload_bytes,hpus,cpus,mpps,gbps,ns_per_packet,hpu_ns_per_packet,"
+         "hpu_cycles_per_packet,poll_cpu_ns_per_packet,ratio_vs_io_fwd,payload_gbs_per_hpu,ratio_vs_memcpy,ratio_vs_fadd,"
+         "io_fwd_mpps,memcpy_gbs,fadd_gbs,aim,aim_met,check,mpps_runs\n";
+  nlohmann::json jrows = nlohmann::json::array();
+  for (const auto& r : rows) {
+    const baseline& b = *std::find_if(bases.begin(), bases.end(), [&](const baseline& x) { return x.frame == r.frame; });
+    const double m = median(r.mpps);
+    csv << r.handler << ',' << r.target << ',' << r.frame << ',' << r.size << ',' << r.payload << ',' << r.hpus << ',' << csv_field(r.cpus)
+        << ',' << m << ',' << m * r.frame * 8 / 1e3 << ',' << (m > 0 ? 1e3 / m : 0) << ',' << median(r.hpu_ns) << ','
+        << median(r.hpu_ns) * cond.tsc_ghz << ',' << median(r.poll_ns) << ',' << r.ratio_fwd << ',' << r.gbs_per_hpu << ','
+        << r.ratio_memcpy << ',' << r.ratio_fadd << ',' << median(b.fwd_mpps) << ',' << median(b.memcpy_gbs) << ','
+        << median(b.fadd_gbs) << ',' << csv_field(r.aim) << ',' << (r.aim.empty() ? "" : r.aim_met ? "yes" : "no") << ','
+        << (r.ok ? "ok" : "failed") << ',' << join(r.mpps, ";") << '\n';
+    nlohmann::json j = {{"handler", r.handler},
+                        {"target", r.target},
+                        {"frame_bytes", r.frame},
+                        {"size_requested", r.size},
+                        {"payload_bytes", r.payload},
+                        {"hpus", r.hpus},
+                        {"cpus", r.cpus},
+                        {"mpps", m},
+                        {"gbps", m * r.frame * 8 / 1e3},
+                        {"ns_per_packet", m > 0 ? 1e3 / m : 0},
+                        {"hpu_ns_per_packet", median(r.hpu_ns)},
+                        {"hpu_cycles_per_packet", median(r.hpu_ns) * cond.tsc_ghz},
+                        {"poll_cpu_ns_per_packet", median(r.poll_ns)},
+                        {"ratio_vs_io_fwd", r.ratio_fwd},
+                        {"payload_gbs_per_hpu", r.gbs_per_hpu},
+                        {"ratio_vs_memcpy", r.ratio_memcpy},
+                        {"ratio_vs_fadd", r.ratio_fadd},
+                        {"mpps_runs", r.mpps},
+                        {"check_passed", r.ok},
+                        {"failures", r.failures}};
+    if (!r.aim.empty()) j["aim"] = {{"what", r.aim}, {"met", r.aim_met}};
+    jrows.push_back(j);
+  }
+  nlohmann::json jb = nlohmann::json::array();
+  for (const auto& b : bases)
+    jb.push_back({{"frame_bytes", b.frame},
+                  {"size_requested", b.size},
+                  {"payload_bytes", b.payload},
+                  {"io_fwd_mpps", median(b.fwd_mpps)},
+                  {"fwd_copy_mpps", median(b.copy_mpps)},
+                  {"memcpy_gbs", median(b.memcpy_gbs)},
+                  {"fadd_gbs", median(b.fadd_gbs)},
+                  {"io_fwd_mpps_runs", b.fwd_mpps}});
+  nlohmann::json jm = nlohmann::json::array();
+  for (const auto& m : model)
+    jm.push_back({{"handler", m.handler}, {"target", m.target}, {"frame_bytes", m.frame}, {"payload_bytes", m.payload},
+                  {"cycles_per_packet", m.cycles}, {"hpu_bound_mpps", m.hpu_mpps}, {"line_mpps", m.line_mpps}, {"bound", m.bound},
+                  {"gbps", m.gbps}});
+  nlohmann::json js = nlohmann::json::array();
+  for (const auto& [what, why] : skipped) js.push_back({{"what", what}, {"why", why}});
+  const nlohmann::json doc = {
+      {"benchmark", "spin-bench handlers"},
+      {"conditions", cond.to_json()},
+      {"dpdk", rte_version()},
+      {"config",
+       {{"seconds", o.seconds}, {"repeats", o.repeats}, {"warmup_seconds", o.warmup_seconds}, {"burst", burst}, {"pool_mbufs", o.pool_mbufs},
+        {"poll_cpu", o.poll_cpu}, {"sizes", o.sizes}, {"hpus", hpu_counts}}},
+      {"baselines", jb},
+      {"results", jrows},
+      {"skipped", js},
+      {"nic_model", {{"hpus", o.model_hpus}, {"ghz", o.model_ghz}, {"line_gbps", o.model_line_gbps}, {"rows", jm}}},
+      {"pingpong_vs_pspin", {{"pspin", {{"instructions", 29}, {"ns_per_packet", 38}, {"gbps_32hpus", 443}}}, {"measured", pingpong_vs}}},
+      {"checks_passed", all_ok}};
+  const std::string base = o.out_dir + "/handlers";
+  bool files_ok = write_text(base + ".csv", csv.str()) && write_text(base + ".json", doc.dump(2) + "\n");
+
+  if (o.plots && files_ok) {
+    // One data block per handler/target at 1 HPU, plus io-fwd: frame bytes against Gbit/s.
+    std::ostringstream dat;
+    std::vector<std::string> titles;
+    dat << "# io-fwd\n";
+    for (const auto& b : bases) dat << b.frame << ' ' << median(b.fwd_mpps) * b.frame * 8 / 1e3 << ' ' << median(b.fwd_mpps) << '\n';
+    titles.push_back("io-fwd (baseline)");
+    std::vector<std::string> seen;
+    for (const auto& r : rows) {
+      const std::string key = r.handler + (r.target == "none" ? "" : "/" + r.target);
+      if (r.hpus != 1 || std::find(seen.begin(), seen.end(), key) != seen.end()) continue;
+      seen.push_back(key);
+      dat << "\n\n# " << key << '\n';
+      for (const auto& x : rows)
+        if (x.hpus == 1 && x.handler == r.handler && x.target == r.target)
+          dat << x.frame << ' ' << median(x.mpps) * x.frame * 8 / 1e3 << ' ' << median(x.mpps) << '\n';
+      titles.push_back(key);
+    }
+    if (write_text(base + ".dat", dat.str())) {
+      std::ostringstream gp;
+      gp << "set terminal pngcairo size 1100,700 noenhanced\nset output '" << base << ".png'\n"
+         << "set title 'spin-bench handlers: throughput of spin-emu with 1 HPU on net_null (" << cond.cpu_model << ")'\n"
+         << "set xlabel 'frame bytes'\nset logscale x 2\nset key outside right\nset grid\n"
+         << "set multiplot layout 1,2\nset ylabel 'Gbit/s'\nplot ";
+      for (std::size_t i = 0; i < titles.size(); ++i)
+        gp << (i ? ", " : "") << "'" << base << ".dat' index " << i << " using 1:2 with linespoints title '" << titles[i] << "'";
+      gp << "\nset ylabel 'Mpps'\nset logscale y\nplot ";
+      for (std::size_t i = 0; i < titles.size(); ++i)
+        gp << (i ? ", " : "") << "'" << base << ".dat' index " << i << " using 1:3 with linespoints title '" << titles[i] << "'";
+      gp << "\nunset multiplot\n";
+      if (std::string why = run_gnuplot(base + ".gp", gp.str()); !why.empty())
+        std::printf("no plot: %s\n", why.c_str());
+      else
+        std::printf("wrote %s.png\n", base.c_str());
+    }
+  }
+  if (files_ok) std::printf("wrote %s.csv and %s.json\n", base.c_str(), base.c_str());
+  std::printf("result: %s\n", all_ok ? "all checks passed" : "CHECKS FAILED (exit status 1)");
+  std::fflush(stdout);
+  packages.clear();
+  rte_eal_cleanup();
+  if (!files_ok) return 2;
+  return all_ok ? 0 : 1;
+}
+
+} // namespace spin::bench

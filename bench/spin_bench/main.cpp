@@ -1,0 +1,97 @@
+// spin-bench: handler throughput and collective benchmarks against baselines run in the same
+// process or script (docs/benchmarks.md).
+//
+//   spin-bench handlers [options]   handler throughput of spin-emu's NIC, with the NIC model
+//   spin-bench coll [options]       nccl-tests-style allreduce tables: spin::coll's algorithms,
+//                                   Gloo and Open MPI on the same data
+//
+// Exit status: 0 when every check passed; 1 when a check failed (lost, dropped or wrongly handled
+// packets, wrong results); 2 on bad options or set-up errors. Missing an aim is reported, not an
+// error.
+#if SPIN_BENCH_HAVE_COLL
+#include "coll.hpp"
+#endif
+#include "handlers.hpp"
+
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <string>
+
+#ifndef SPIN_BENCH_PACKAGE_DIR
+#define SPIN_BENCH_PACKAGE_DIR "."
+#endif
+#ifndef SPIN_BENCH_MPI_PEER
+#define SPIN_BENCH_MPI_PEER ""
+#endif
+
+int main(int argc, char** argv) {
+  CLI::App app{"spin-bench: handler throughput and collective benchmarks of spinnic, each beside baselines measured in the same run"};
+  app.require_subcommand(1);
+
+  spin::bench::handlers_options h;
+  h.package_dir = SPIN_BENCH_PACKAGE_DIR;
+  CLI::App* hc = app.add_subcommand(
+      "handlers",
+      "Throughput of spin-emu's NIC for each standard handler x frame size x HPU count x target (native, eBPF-JIT) on net_null, beside "
+      "io forwarding and one core's memcpy and float32-add bandwidth measured in the same run; then a NIC model (HPUs x GHz against "
+      "line rate) and ping-pong beside PsPIN. Writes handlers.csv, handlers.json and handlers.png to --out.");
+  hc->add_option("--sizes", h.sizes, "frame sizes in bytes, 64..9000 (a spin frame has at least 88 bytes: 64 runs at 88)")
+      ->capture_default_str()
+      ->check(CLI::Range(64u, 9000u));
+  hc->add_option("--handler", h.handlers,
+                 "handlers to run (default: all): empty, noop, isum, fsum, pingpong, strided_unpack, histogram, filter, bcast_forward");
+  hc->add_option("--target", h.targets, "targets of packaged handlers: native, ebpf")->capture_default_str()->check(CLI::IsMember({"native", "ebpf"}));
+  hc->add_option("--hpus", h.hpus, "HPU counts to run (default: 1 .. hardware threads)")->check(CLI::Range(1u, 64u));
+  hc->add_option("--seconds", h.seconds, "duration of one measurement")->capture_default_str()->check(CLI::Range(0.01, 600.0));
+  hc->add_option("--repeats", h.repeats, "measurements per row (the median is reported)")->capture_default_str()->check(CLI::Range(1u, 1000u));
+  hc->add_option("--warmup", h.warmup_seconds, "warm-up run per row (seconds)")->capture_default_str()->check(CLI::Range(0.0, 60.0));
+  hc->add_option("--poll-cpu", h.poll_cpu, "CPU of the poll thread and the baselines; HPU i runs on (poll-cpu + 1 + i) mod CPUs")->capture_default_str();
+  hc->add_option("--pool-mbufs", h.pool_mbufs, "mbufs per port pool (message ids repeat after this many frames)")
+      ->capture_default_str()
+      ->check(CLI::Range(2049u, 1u << 20));
+  hc->add_option("--packages", h.package_dir, "directory holding <handler>.<target>.spkg")->capture_default_str();
+  hc->add_option("--out", h.out_dir, "directory for handlers.csv, .json, .dat, .gp and .png")->capture_default_str();
+  hc->add_flag("!--no-plot", h.plots, "do not run gnuplot");
+  hc->add_option("--model-hpus", h.model_hpus, "NIC model: HPUs (PsPIN: 32)")->capture_default_str()->check(CLI::Range(1u, 4096u));
+  hc->add_option("--model-ghz", h.model_ghz, "NIC model: HPU clock in GHz (PsPIN: 1)")->capture_default_str()->check(CLI::Range(0.01, 10.0));
+  hc->add_option("--line-gbps", h.model_line_gbps, "NIC model: line rate in Gbit/s (PsPIN: 400)")->capture_default_str()->check(CLI::Range(0.1, 10000.0));
+
+#if SPIN_BENCH_HAVE_COLL
+  spin::bench::coll_options c;
+  c.mpi_peer = SPIN_BENCH_MPI_PEER;
+  CLI::App* cc = app.add_subcommand(
+      "coll",
+      "nccl-tests-style allreduce tables (size, count, type, redop, root, time, algbw, busbw, #wrong; out-of-place and in-place) for "
+      "spin::coll's switch, edge_ring and host_ring on an emulated cluster, Gloo's ring allreduce over TCP on loopback and Open MPI's "
+      "MPI_Allreduce, all on the same data, with the bytes each rank's NIC sent. Writes coll.csv, coll.json and coll.png to --out.");
+  cc->add_option("-n,--ranks", c.ranks, "ranks (hosts)")->capture_default_str()->check(CLI::Range(2u, 64u));
+  cc->add_option("-b,--min-bytes", c.min_bytes, "smallest message (bytes)")->capture_default_str()->check(CLI::Range(std::uint64_t{4}, std::uint64_t{1} << 33));
+  cc->add_option("-e,--max-bytes", c.max_bytes, "largest message (bytes)")->capture_default_str()->check(CLI::Range(std::uint64_t{4}, std::uint64_t{1} << 33));
+  cc->add_option("-f,--factor", c.factor, "size step factor")->capture_default_str()->check(CLI::Range(std::uint64_t{2}, std::uint64_t{1024}));
+  cc->add_option("--algorithm", c.algorithms, "switch, edge_ring, host_ring, gloo, mpi")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"switch", "edge_ring", "host_ring", "gloo", "mpi"}));
+  cc->add_option("--iters", c.max_iters, "timed calls per measurement, at most (fewer for large messages)")->capture_default_str()->check(CLI::Range(1u, 100000u));
+  cc->add_option("--warmup", c.warmup_iters, "warm-up calls per measurement (1 at most above 8 MiB)")->capture_default_str()->check(CLI::Range(0u, 1000u));
+  cc->add_option("--budget-bytes", c.budget_bytes, "data per measurement that sets the number of timed calls")
+      ->capture_default_str()
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 40));
+  cc->add_option("--packet-bytes", c.packet_bytes, "spin::coll payload per packet")->capture_default_str()->check(CLI::Range(64u, 4096u));
+  cc->add_option("--mpi-peer", c.mpi_peer, "the spin-bench-mpi binary")->capture_default_str();
+  cc->add_option("--mpirun", c.mpirun, "mpirun command")->capture_default_str();
+  cc->add_option("--out", c.out_dir, "directory for coll.csv, .json, .dat, .gp and .png")->capture_default_str();
+  cc->add_flag("!--no-plot", c.plots, "do not run gnuplot");
+#endif
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  if (hc->parsed()) return spin::bench::run_handlers(h);
+#if SPIN_BENCH_HAVE_COLL
+  if (cc->parsed()) return spin::bench::run_coll(c);
+#endif
+  return 2;
+}
