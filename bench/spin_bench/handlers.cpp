@@ -913,8 +913,8 @@ int run_handlers(const handlers_options& o) {
       std::vector<const std::byte*> payloads;
       if (!prefill_pool((*pa)->pool(), frame, all_handlers()[0].fill, &payloads)) return 2;
       std::vector<std::byte> sink(std::max<std::uint32_t>(payload, 64));
-      (void)forward_loop((*pa)->id(), (*pb)->id(), o.warmup_seconds, 0, nullptr);
-      for (std::uint32_t k = 0; k < o.repeats; ++k) {
+      if (o.baselines) (void)forward_loop((*pa)->id(), (*pb)->id(), o.warmup_seconds, 0, nullptr);
+      for (std::uint32_t k = 0; k < (o.baselines ? o.repeats : 0); ++k) {
         const loop_result f = forward_loop((*pa)->id(), (*pb)->id(), o.seconds, 0, nullptr);
         b.fwd_mpps.push_back(static_cast<double>(f.packets) / f.seconds / 1e6);
         if (payload > 0) {

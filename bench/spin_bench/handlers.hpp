@@ -25,6 +25,7 @@ struct handlers_options {
   std::string package_dir;            ///< where <handler>.<target>.spkg are
   std::string out_dir = "spin-bench-out";
   bool plots = true;
+  bool baselines = true;              ///< false: skip them (profiling a handler; no ratios)
   // NIC model (defaults: PsPIN's reference NIC, ISCA 2021)
   std::uint32_t model_hpus = 32;
   double model_ghz = 1.0;

@@ -53,6 +53,7 @@ int main(int argc, char** argv) {
   hc->add_option("--packages", h.package_dir, "directory holding <handler>.<target>.spkg")->capture_default_str();
   hc->add_option("--out", h.out_dir, "directory for handlers.csv, .json, .dat, .gp and .png")->capture_default_str();
   hc->add_flag("!--no-plot", h.plots, "do not run gnuplot");
+  hc->add_flag("!--no-baselines", h.baselines, "skip the baselines (for profiling a handler; no ratios are printed)");
   hc->add_option("--model-hpus", h.model_hpus, "NIC model: HPUs (PsPIN: 32)")->capture_default_str()->check(CLI::Range(1u, 4096u));
   hc->add_option("--model-ghz", h.model_ghz, "NIC model: HPU clock in GHz (PsPIN: 1)")->capture_default_str()->check(CLI::Range(0.01, 10.0));
   hc->add_option("--line-gbps", h.model_line_gbps, "NIC model: line rate in Gbit/s (PsPIN: 400)")->capture_default_str()->check(CLI::Range(0.1, 10000.0));

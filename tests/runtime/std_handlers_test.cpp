@@ -1,5 +1,5 @@
 // The standard handlers of handlers/std (built by spinc): strided-vector unpack, histogram,
-// filter and the broadcast forwarder, each against an exact expectation, with packets in any
+// filter, the broadcast forwarder and the float32 sum, each against an exact expectation, with packets in any
 // order and malformed input.
 #include "test_util.hpp"
 
@@ -195,6 +195,50 @@ TEST_CASE("bcast_forward lands every packet in host memory and passes it on to t
     std::memcpy(rebuilt.data() + p.hdr.offset, fr.bytes.data() + p.payload_offset, p.hdr.payload_len);
   }
   CHECK(rebuilt == msg);
+}
+
+TEST_CASE("fsum adds every float32 element of every message, across lock blocks and in any packet order, and DMAs the sum once") {
+  fixture f(3);
+  const std::uint64_t n = 3001;  // six lock blocks of 512 elements, the last one partly used
+  std::vector<std::byte> host(n * sizeof(float), std::byte{0xee});
+  auto st = std::make_unique<stdh::fsum_state>();  // 64 KiB: not on the test's stack
+  st->elements = n;
+  st->expected_messages = 4;
+  const rt::ec_id ec = install(f, "fsum", host, *st);
+  // Integers: every partial sum is exact in float32, so the result does not depend on the order.
+  std::vector<float> want(n, 0.0f);
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> dist(-1000, 1000);
+  for (std::uint32_t m = 0; m < 4; ++m) {
+    std::vector<float> v(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      v[i] = static_cast<float>(dist(rng));
+      want[i] += v[i];
+    }
+    std::vector<std::byte> bytes(n * sizeof(float));
+    std::memcpy(bytes.data(), v.data(), bytes.size());
+    REQUIRE(feed(*f.rt, shuffled(f.pool, 2, 100 + m, bytes, 1000, m)));  // packets cut across lock blocks
+  }
+  std::vector<float> got(n);
+  std::memcpy(got.data(), host.data(), host.size());
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < n; ++i) wrong += got[i] != want[i];
+  CHECK(wrong == 0);
+  rt::host_event ev[4];
+  REQUIRE(f.rt->poll_events(ec, ev) == 1);
+  CHECK(ev[0].value == 4);
+  *st = state_of<stdh::fsum_state>(f, ec);
+  CHECK(st->messages == 4);
+  CHECK(st->packets == 4 * ((n * 4 + 999) / 1000));
+  CHECK(st->rejected == 0);
+  // A contribution of the wrong length is refused by the header handler and adds nothing.
+  std::vector<std::byte> short_msg((n - 1) * sizeof(float));
+  REQUIRE(feed(*f.rt, shuffled(f.pool, 2, 300, short_msg, 1000, 7)));
+  *st = state_of<stdh::fsum_state>(f, ec);
+  CHECK(st->rejected == 1);
+  CHECK(st->messages == 4);
+  for (std::size_t i = 0; i < n; ++i) wrong += st->acc[i] != want[i];
+  CHECK(wrong == 0);
 }
 
 }

@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""Smoke test of spin-bench: short runs of both subcommands with their exact checks.
+
+Not a measurement (the runs are far too short for that): it checks that every handler row and
+every collective row ran, that spin-bench's own checks passed (no lost, dropped or wrongly
+handled packet; #wrong 0), that the files it promises exist and agree with what it printed, and
+that bad options give exit status 2 with a message.
+
+usage: spin_bench_check.py SPIN_BENCH SANITIZE
+"""
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAIL:", what)
+
+
+def run(args, timeout):
+    p = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    return p.returncode, p.stdout, p.stderr
+
+
+def main():
+    exe, sanitize = sys.argv[1], sys.argv[2]
+    with tempfile.TemporaryDirectory(prefix="spin-bench-check-") as d:
+        # ---- handlers ----
+        hd = os.path.join(d, "h")
+        rc, out, err = run([exe, "handlers", "--sizes", "344", "--hpus", "1", "--seconds", "0.05", "--repeats", "1",
+                            "--warmup", "0.01", "--no-plot", "--out", hd,
+                            "--handler", "empty", "noop", "isum", "fsum", "pingpong", "histogram"], 600)
+        print(out[-3000:])
+        check(rc == 0, "spin-bench handlers exit status %d (stderr: %s)" % (rc, err[-2000:]))
+        doc = json.load(open(os.path.join(hd, "handlers.json")))
+        check(doc["checks_passed"] is True, "handlers.json: checks_passed")
+        got = sorted((r["handler"], r["target"]) for r in doc["results"])
+        want = sorted([("empty", "none"), ("noop", "native"), ("noop", "ebpf"), ("isum", "native"), ("isum", "ebpf"),
+                       ("fsum", "native"), ("pingpong", "native"), ("pingpong", "ebpf"), ("histogram", "native")])
+        check(got == want, "handler rows %s, expected %s" % (got, want))
+        for r in doc["results"]:
+            check(r["frame_bytes"] == 344 and r["payload_bytes"] == 256, "row %s/%s sizes" % (r["handler"], r["target"]))
+            check(r["mpps"] > 0 and r["check_passed"], "row %s/%s ran and passed its checks" % (r["handler"], r["target"]))
+            check(r["ratio_vs_io_fwd"] > 0, "row %s/%s has a ratio to io-fwd" % (r["handler"], r["target"]))
+        b = doc["baselines"]
+        check(len(b) == 1 and b[0]["io_fwd_mpps"] > 0 and b[0]["memcpy_gbs"] > 0 and b[0]["fadd_gbs"] > 0, "baselines measured")
+        rows = list(csv.DictReader(open(os.path.join(hd, "handlers.csv"))))
+        check(len(rows) == len(doc["results"]), "handlers.csv has one line per row")
+        check(any(r["handler"] == "empty" and r["aim"] for r in rows), "the empty handler set's row carries its aim")
+        check(len(doc["nic_model"]["rows"]) >= 1, "NIC model rows")
+        check("result: all checks passed" in out, "the report ends with the checks' result")
+        # Bad input: a clear error and exit status 2.
+        rc, out, err = run([exe, "handlers", "--handler", "nosuch", "--out", hd], 60)
+        check(rc == 2 and "unknown handler 'nosuch'" in err, "unknown handler: status %d, stderr %r" % (rc, err[-300:]))
+        rc, out, err = run([exe, "handlers", "--sizes", "20"], 60)
+        check(rc == 2, "a frame size below 64 is refused (status %d)" % rc)
+
+        # ---- coll ----
+        cd = os.path.join(d, "c")
+        algos = ["switch", "edge_ring", "host_ring"]
+        if sanitize in ("", "none"):
+            algos += ["gloo", "mpi"]  # uninstrumented libraries: only in plain builds
+        rc, out, err = run([exe, "coll", "-b", "8", "-e", "65536", "-f", "8", "--iters", "2", "--warmup", "1", "--no-plot",
+                            "--out", cd, "--algorithm"] + algos, 900)
+        print(out[-4000:])
+        check(rc == 0, "spin-bench coll exit status %d (stderr: %s)" % (rc, err[-2000:]))
+        doc = json.load(open(os.path.join(cd, "coll.json")))
+        check(doc["exact"] is True, "coll.json: exact")
+        sizes = [8, 64, 512, 4096, 32768, 65536]
+        for a in algos:
+            rows = [r for r in doc["rows"] if r["algorithm"] == a]
+            if a in ("gloo", "mpi") and not rows:
+                why = [n["why"] for n in doc["not_run"] if n["algorithm"] == a]
+                check(False, "%s did not run: %s" % (a, why))
+                continue
+            check([r["bytes"] for r in rows] == sizes, "%s sizes %s" % (a, [r["bytes"] for r in rows]))
+            for r in rows:
+                for mode in ("out_of_place", "in_place"):
+                    m = r[mode]
+                    check(m["ran"] and m["wrong"] == 0 and m["time_us"] > 0, "%s %d B %s: %s" % (a, r["bytes"], mode, m))
+                    check(abs(m["busbw_gbs"] - m["algbw_gbs"] * 1.5) < 1e-9 * max(1, m["busbw_gbs"]),
+                          "%s busbw = algbw x 2(n-1)/n" % a)
+        # Bytes each rank's NIC sent for 64 KiB (frames, so a little above the payload):
+        # the switch about 1 x S, the rings about 2(n-1)/n x S = 1.5 x S.
+        for a, lo, hi in (("switch", 1.0, 1.25), ("edge_ring", 1.5, 1.8), ("host_ring", 1.5, 2.0)):
+            r = [r for r in doc["rows"] if r["algorithm"] == a and r["bytes"] == 65536][0]
+            x = r["sent_bytes_per_rank"] / 65536
+            check(lo <= x <= hi, "%s sent %.3f x S per rank, expected %.2f .. %.2f" % (a, x, lo, hi))
+        check("#wrong" in out and "busbw" in out and "in-place" in out, "nccl-tests columns in the table")
+        rc, out, err = run([exe, "coll", "--ranks", "1"], 60)
+        check(rc == 2, "one rank is refused (status %d)" % rc)
+
+    print("%d failure(s)" % len(failures))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
