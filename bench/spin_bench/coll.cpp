@@ -474,7 +474,8 @@ int run_coll(const coll_options& o) {
       std::ostringstream gp;
       gp << "set terminal pngcairo size 1100,650 noenhanced\nset output '" << base << ".png'\n"
          << "set title 'spin-bench coll: allreduce float32 sum, " << o.ranks << " ranks, out-of-place (" << cond.cpu_model << ")'\n"
-         << "set xlabel 'message size (bytes)'\nset logscale x 2\nset logscale y\nset key left top\nset grid\n"
+         << "set xlabel 'message size (bytes)'\nset logscale x 2\nset format x '%.0b %BB'\nset logscale y\nset format y '%g'\n"
+         << "set key left top\nset grid\n"
          << "set ylabel 'busbw (GB/s)'\nplot ";
       for (std::size_t i = 0; i < order.size(); ++i)
         gp << (i ? ", " : "") << "'" << base << ".dat' index " << i << " using 1:2 with linespoints title '" << order[i] << "'";

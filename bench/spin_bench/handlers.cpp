@@ -1169,14 +1169,16 @@ int run_handlers(const handlers_options& o) {
       titles.push_back(key);
     }
     if (write_text(base + ".dat", dat.str())) {
-      std::ostringstream gp;
-      gp << "set terminal pngcairo size 1100,700 noenhanced\nset output '" << base << ".png'\n"
-         << "set title 'spin-bench handlers: throughput of spin-emu with 1 HPU on net_null (" << cond.cpu_model << ")'\n"
-         << "set xlabel 'frame bytes'\nset logscale x 2\nset key outside right\nset grid\n"
-         << "set multiplot layout 1,2\nset ylabel 'Gbit/s'\nplot ";
+      std::ostringstream gp, xtics;
+      for (std::size_t i = 0; i < bases.size(); ++i) xtics << (i ? ", " : "") << bases[i].frame;
+      gp << "set terminal pngcairo size 1200,1000 noenhanced\nset output '" << base << ".png'\n"
+         << "set multiplot layout 2,1 title 'spin-bench handlers: spin-emu NIC with 1 HPU on net_null, beside io forwarding ("
+         << cond.cpu_model << ")'\n"
+         << "set xlabel 'frame bytes'\nset logscale x 2\nset xtics (" << xtics.str() << ")\nset logscale y\nset format y '%g'\n"
+         << "set grid\nset key outside right\nset ylabel 'Gbit/s (frame bytes)'\nplot ";
       for (std::size_t i = 0; i < titles.size(); ++i)
         gp << (i ? ", " : "") << "'" << base << ".dat' index " << i << " using 1:2 with linespoints title '" << titles[i] << "'";
-      gp << "\nset ylabel 'Mpps'\nset logscale y\nplot ";
+      gp << "\nset ylabel 'Mpps'\nplot ";
       for (std::size_t i = 0; i < titles.size(); ++i)
         gp << (i ? ", " : "") << "'" << base << ".dat' index " << i << " using 1:3 with linespoints title '" << titles[i] << "'";
       gp << "\nunset multiplot\n";
