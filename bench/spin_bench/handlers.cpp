@@ -2,12 +2,11 @@
 //
 // Packets. Every row feeds spin-emu's NIC from a net_null port (copy=0: the PMD hands out mbufs
 // of its pool without writing them). The pool is pre-filled: every mbuf is given a valid spin
-// frame (one single-packet message, start|end, a distinct message id, the handler's payload
-// pattern) and freed. The pool has no per-lcore cache, so its ring hands mbufs out in FIFO order
-// and an id comes back only after the whole pool (8191 messages) has cycled, far beyond the EC's
-// retired-message history (1024); with a cache the same few mbufs would cycle LIFO and be
-// dropped as duplicates. Every packet is a whole message: header, payload and completion
-// handler all run once per packet, the worst case for per-message costs.
+// frame (one single-packet message, start|end, the handler's payload pattern) and freed. The
+// pool has no per-lcore cache, so its ring hands mbufs out in FIFO order and a frame's bytes come
+// from memory, as a NIC's DMA would, not from a few cache-hot mbufs. An RX callback writes a
+// fresh message id into every frame (stamp_ids, below). Every packet is a whole message: header,
+// payload and completion handler all run once per packet, the worst case for per-message costs.
 //
 // Threads. The NIC's poll thread (the scheduler: RX, parse, match, dispatch) is EAL's main lcore
 // on --poll-cpu; HPU i runs on CPU (poll + 1 + i) mod hardware threads, so with as many HPUs as
@@ -24,8 +23,9 @@
 //
 // Rates. Mpps counts frames taken from the RX port per wall-clock second; Gbit/s is Mpps x frame
 // bytes x 8. hpu ns/pkt is HPU time inside handlers (or deposits) per packet, all HPUs summed
-// (hpu_stats::busy_ns); hpu cyc/pkt is the same in cycles of the cycle counter. poll ns/pkt is
-// the poll thread's CPU time per packet.
+// (hpu_stats::busy_ns); hpu cyc/pkt is the same in cycles of the cycle counter; busy is the
+// share of wall time each HPU spent in handlers (near 1: the HPUs bound the rate; well below: the
+// poll thread does). The poll thread's CPU time per packet goes to the CSV and JSON.
 //
 // Checks. After the runs the runtime is drained and every row checked exactly: the EC accepted
 // every frame handed to it, every message completed, nothing was dropped or rejected anywhere,
