@@ -4,8 +4,8 @@
 // the same run.
 //
 // Every timed packet is a real wire-format frame (Ethernet/IPv4/UDP/spin, 64-byte payload);
-// messages have 64 packets with start/end flags and distinct ids, so they open, complete and
-// retire. The runtime does not copy frames, so each round re-encodes the frame pool with fresh
+// messages have 64 packets (--message-packets) with start/end flags and distinct ids, so they
+// open, complete and retire; one-packet messages show the per-message costs alone. The runtime does not copy frames, so each round re-encodes the frame pool with fresh
 // message ids before the clock starts. A round is timed from the first rx_burst to drain()
 // returning; round 0 is a warm-up; the median of the remaining rounds is reported.
 //
@@ -64,7 +64,7 @@ using namespace spin;
 using clock_type = std::chrono::steady_clock;
 
 constexpr std::uint32_t payload_bytes = 64;
-constexpr std::uint32_t packets_per_message = 64;
+constexpr std::uint32_t max_message_packets = 64;
 constexpr std::uint64_t bench_match_bits = 0x5b1dull;
 constexpr std::uint32_t source_rank = 1;
 constexpr std::uint32_t queue_depth = 256;  // runtime_config::hpu_queue_depth default; the ring baseline uses it too
@@ -131,11 +131,12 @@ private:
 
 // ---- frames ----------------------------------------------------------------------------------
 
-// N real frames in one buffer; packet k is packet k % 64 of message base + k / 64.
+// N real frames in one buffer; packet k is packet k % P of message base + k / P (P packets per
+// message).
 class frame_pool {
 public:
-  explicit frame_pool(std::uint64_t packets)
-      : _bytes(new (std::align_val_t{rt::detail::cache_line}) std::byte[packets * frame_stride]), _pkts(packets) {
+  frame_pool(std::uint64_t packets, std::uint32_t packets_per_message)
+      : _per_msg(packets_per_message), _bytes(new (std::align_val_t{rt::detail::cache_line}) std::byte[packets * frame_stride]), _pkts(packets) {
     for (std::uint64_t k = 0; k < packets; ++k) _pkts[k] = rt::packet{_bytes.get() + k * frame_stride, 0, k};
     for (std::uint32_t i = 0; i < payload_bytes; ++i) _payload[i] = static_cast<std::byte>(i * 7 + 1);
   }
@@ -145,16 +146,16 @@ public:
     const rt::wire::endpoint src = rt::wire::rank_endpoint(source_rank);
     const rt::wire::endpoint dst = rt::wire::rank_endpoint(0);
     for (std::uint64_t k = 0; k < _pkts.size(); ++k) {
-      const auto seq = static_cast<std::uint32_t>(k % packets_per_message);
+      const auto seq = static_cast<std::uint32_t>(k % _per_msg);
       rt::wire::header h;
       h.source_rank = source_rank;
       h.match_bits = bench_match_bits;
-      h.message_id = base_id + k / packets_per_message;
+      h.message_id = base_id + k / _per_msg;
       h.seq = seq;
-      h.message_len = std::uint64_t{payload_bytes} * packets_per_message;
+      h.message_len = std::uint64_t{payload_bytes} * _per_msg;
       h.offset = std::uint64_t{seq} * payload_bytes;
       h.flags = static_cast<std::uint16_t>((seq == 0 ? rt::wire::flag_start : 0) |
-                                           (seq + 1 == packets_per_message ? rt::wire::flag_end : 0));
+                                           (seq + 1 == _per_msg ? rt::wire::flag_end : 0));
       const std::size_t n = rt::wire::encode(src, dst, h, _payload, std::span<std::byte>(_pkts[k].frame, frame_stride));
       if (n == 0) return false;
       _pkts[k].frame_len = static_cast<std::uint32_t>(n);
@@ -163,7 +164,8 @@ public:
   }
 
   std::span<const rt::packet> packets() const { return _pkts; }
-  std::uint64_t messages() const { return _pkts.size() / packets_per_message; }
+  std::uint64_t messages() const { return _pkts.size() / _per_msg; }
+  std::uint32_t packets_per_message() const { return _per_msg; }
   std::uint32_t frame_len() const { return _pkts.empty() ? 0 : _pkts[0].frame_len; }
   // Sum of all cookies: what one round adds to release_counter::cookie_sum.
   std::uint64_t cookie_sum() const { return _pkts.size() * (_pkts.size() - 1) / 2; }
@@ -172,6 +174,7 @@ private:
   struct aligned_delete {
     void operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t{rt::detail::cache_line}); }
   };
+  std::uint32_t _per_msg;
   std::unique_ptr<std::byte[], aligned_delete> _bytes;
   std::vector<rt::packet> _pkts;
   std::array<std::byte, payload_bytes> _payload{};
@@ -183,6 +186,7 @@ struct options {
   std::uint64_t packets = 1u << 18;
   std::uint32_t reps = 5;
   std::uint32_t burst = 32;
+  std::uint32_t message_packets = max_message_packets;
   std::string json_path;
   std::string only = "all";               // one variant by name, or all
   std::vector<std::uint32_t> hpus{1, 2};  // HPU counts (and ring consumer counts)
@@ -286,9 +290,9 @@ runtime_result run_runtime(const variant& v, std::uint32_t hpus, frame_pool& poo
   ec.handler_mem_bytes = 64;
   ec.scratchpad_bytes = 64;
   // Sized so that nothing is dropped: in-order feeding keeps far fewer than 1024 messages open,
-  // and every open message can park all its 63 non-header packets.
+  // and every open message can park all its non-header packets.
   ec.limits.max_messages = 1024;
-  ec.limits.max_parked_packets = 1024 * packets_per_message;
+  ec.limits.max_parked_packets = 1024 * pool.packets_per_message();
   auto id = r.install(ec);
   if (!id) {
     std::fprintf(stderr, "install: %s\n", id.err().message.c_str());
@@ -439,9 +443,12 @@ bool ndebug_defined() {
 int main(int argc, char** argv) {
   options o;
   CLI::App app{"Nanoseconds per packet through the spinnic runtime, beside bare SPSC ring hand-off of the same packets."};
-  app.add_option("--packets", o.packets, "packets per timed round (rounded down to whole 64-packet messages)")
+  app.add_option("--packets", o.packets, "packets per timed round (rounded down to whole messages)")
       ->capture_default_str()
-      ->check(CLI::Range(std::uint64_t{packets_per_message}, std::uint64_t{1} << 24));
+      ->check(CLI::Range(std::uint64_t{max_message_packets}, std::uint64_t{1} << 24));
+  app.add_option("--message-packets", o.message_packets, "packets per message (1: every packet opens and retires a message)")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, max_message_packets));
   app.add_option("--reps", o.reps, "measured rounds per variant (after one warm-up round); the median is reported")
       ->capture_default_str()
       ->check(CLI::Range(1u, 1000u));
@@ -458,9 +465,9 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;  // --help is a ParseError with exit code 0
   }
-  o.packets -= o.packets % packets_per_message;
+  o.packets -= o.packets % o.message_packets;
 
-  frame_pool pool(o.packets);
+  frame_pool pool(o.packets, o.message_packets);
   if (!pool.encode(1)) {
     std::fprintf(stderr, "wire::encode failed\n");
     return 2;
@@ -468,7 +475,7 @@ int main(int argc, char** argv) {
 
   std::printf("runtime_dispatch: %lu packets/round (%lu messages x %u packets, %u-byte payload, %u-byte frames), "
               "%u measured rounds + 1 warm-up, burst %u, %u hardware threads\n",
-              static_cast<unsigned long>(o.packets), static_cast<unsigned long>(pool.messages()), packets_per_message,
+              static_cast<unsigned long>(o.packets), static_cast<unsigned long>(pool.messages()), o.message_packets,
               payload_bytes, pool.frame_len(), o.reps, o.burst, std::thread::hardware_concurrency());
   std::printf("build: buildtype=%s optimization=%s NDEBUG=%s sanitize=%s\n", SPIN_BUILD_TYPE, SPIN_BUILD_OPTIMIZATION,
               ndebug_defined() ? "defined" : "undefined", SPIN_BUILD_SANITIZE);
@@ -579,7 +586,7 @@ int main(int argc, char** argv) {
         {"config",
          {{"packets", o.packets},
           {"messages", pool.messages()},
-          {"packets_per_message", packets_per_message},
+          {"packets_per_message", o.message_packets},
           {"payload_bytes", payload_bytes},
           {"frame_bytes", pool.frame_len()},
           {"reps", o.reps},

@@ -186,7 +186,9 @@ struct ec {
   std::byte* host = nullptr;  // start of the window in host memory
   std::uint64_t host_len = 0;
   std::uint64_t budget_ticks = 0;
-  std::uint32_t window_words = 0;
+  std::uint32_t window = 0;        // reorder window in packets (ec_limits::window_packets rounded up to 64)
+  std::uint32_t window_words = 0;  // bitmap words per message: a power of two >= window / 64
+  std::uint32_t bit_mask = 0;      // window_words x 64 - 1: a seq's bit, without a division
   std::unique_ptr<detail::mpmc_queue<host_event>> events;
 
   // Per message: skip_aborted / skip_proceed, set by the scheduler, read by HPUs before a
@@ -199,7 +201,10 @@ struct ec {
 
   // Scheduler-owned from here on, apart from the HPUs' lines above.
   alignas(detail::cache_line) std::vector<std::uint32_t> free_msgs, free_scratch;
-  std::vector<std::uint32_t> index;    // open addressing: msg idx + 1, 0 = empty
+  // Open addressing with linear probing: (low 32 bits of the key's hash << 32) | (msg idx + 1),
+  // 0 = empty. The stored hash lets lookups and deletions skip other messages' entries without
+  // reading them (a miss probes about 2.5 slots at the index's load of one half).
+  std::vector<std::uint64_t> index;
   std::uint32_t index_mask = 0;
   std::vector<std::uint32_t> retired;  // FIFO of retired message indices
   std::uint32_t retired_head = 0, retired_count = 0;
@@ -938,8 +943,8 @@ void runtime_core::publish() noexcept {
 
 bool runtime_core::dispatch(const task& t) noexcept {
   const std::uint32_t n = static_cast<std::uint32_t>(hpus.size());
-  for (std::uint32_t k = 0; k < n; ++k) {
-    const std::uint32_t i = (rr + k) % n;
+  std::uint32_t i = rr < n ? rr : 0;
+  for (std::uint32_t k = 0; k < n; ++k, i = i + 1 < n ? i + 1 : 0) {
     hpu& h = *hpus[i];
     if (h.outstanding >= h.in.capacity()) continue;
     if (!h.in.try_stage(t)) continue;
@@ -967,23 +972,25 @@ std::uint64_t key_hash(std::uint32_t source, std::uint64_t id) {
 } // namespace
 
 std::uint32_t runtime_core::find_msg(ec& e, std::uint32_t source, std::uint64_t id) const noexcept {
-  for (std::uint32_t p = static_cast<std::uint32_t>(key_hash(source, id)) & e.index_mask;; p = (p + 1) & e.index_mask) {
-    const std::uint32_t v = e.index[p];
+  const auto hash = static_cast<std::uint32_t>(key_hash(source, id));
+  for (std::uint32_t p = hash & e.index_mask;; p = (p + 1) & e.index_mask) {
+    const std::uint64_t v = e.index[p];
     if (v == 0) return none;
-    const message& m = e.msgs[v - 1];
-    if (m.source == source && m.id == id) return v - 1;
+    if (static_cast<std::uint32_t>(v >> 32) != hash) continue;
+    const auto idx = static_cast<std::uint32_t>(v) - 1;
+    const message& m = e.msgs[idx];
+    if (m.source == source && m.id == id) return idx;
   }
 }
 
 void runtime_core::index_erase(ec& e, std::uint32_t idx) noexcept {
   const message& m = e.msgs[idx];
   std::uint32_t p = static_cast<std::uint32_t>(key_hash(m.source, m.id)) & e.index_mask;
-  while (e.index[p] != idx + 1) p = (p + 1) & e.index_mask;
+  while (static_cast<std::uint32_t>(e.index[p]) != idx + 1) p = (p + 1) & e.index_mask;
   // Backward-shift deletion keeps linear probing free of tombstones.
   std::uint32_t hole = p;
   for (std::uint32_t q = (p + 1) & e.index_mask; e.index[q] != 0; q = (q + 1) & e.index_mask) {
-    const message& o = e.msgs[e.index[q] - 1];
-    const std::uint32_t home = static_cast<std::uint32_t>(key_hash(o.source, o.id)) & e.index_mask;
+    const std::uint32_t home = static_cast<std::uint32_t>(e.index[q] >> 32) & e.index_mask;
     // Move q into the hole when its home does not lie cyclically in (hole, q].
     const bool stays = hole <= q ? (home > hole && home <= q) : (home > hole || home <= q);
     if (!stays) {
@@ -994,11 +1001,27 @@ void runtime_core::index_erase(ec& e, std::uint32_t idx) noexcept {
   e.index[hole] = 0;
 }
 
+namespace {
+// The oldest retired message (retired_count > 0). The ring wraps by comparison: a division per
+// packet would cost more than the rest of the bookkeeping.
+std::uint32_t pop_retired(ec& e) noexcept {
+  const std::uint32_t old = e.retired[e.retired_head];
+  if (++e.retired_head == e.retired.size()) e.retired_head = 0;
+  --e.retired_count;
+  return old;
+}
+} // namespace
+
 void runtime_core::free_msg(ec& e, std::uint32_t idx) noexcept {
   index_erase(e, idx);
   message& m = e.msgs[idx];
+  // Bits stay set only for packets received ahead of base (seq in (base, highest)): clear them
+  // here, so that a message opens with a clean window without touching it.
+  if (m.highest > m.base)
+    std::fill_n(e.bitmaps.begin() + static_cast<std::ptrdiff_t>(std::uint64_t{idx} * e.window_words), e.window_words, 0);
   if (m.scratch_slot != none) e.free_scratch.push_back(m.scratch_slot);
-  m = message{};
+  m.state = msg_state::free;  // open_msg initialises every field
+  m.scratch_slot = none;
   e.free_msgs.push_back(idx);
 }
 
@@ -1006,10 +1029,7 @@ std::uint32_t runtime_core::open_msg(ec& e, const wire::header& h) noexcept {
   if (e.free_scratch.empty()) return none;
   if (e.free_msgs.empty()) {
     if (e.retired_count == 0) return none;
-    const std::uint32_t old = e.retired[e.retired_head];
-    e.retired_head = (e.retired_head + 1) % static_cast<std::uint32_t>(e.retired.size());
-    --e.retired_count;
-    free_msg(e, old);
+    free_msg(e, pop_retired(e));
   }
   const std::uint32_t idx = e.free_msgs.back();
   e.free_msgs.pop_back();
@@ -1026,10 +1046,10 @@ std::uint32_t runtime_core::open_msg(ec& e, const wire::header& h) noexcept {
   if (e.cfg.scratchpad_bytes > 0)
     std::memset(e.scratch_base + std::uint64_t{m.scratch_slot} * e.scratch_stride, 0,
                 e.cfg.scratchpad_bytes + e.cfg.handlers.guard_bytes);
-  std::fill_n(e.bitmaps.begin() + static_cast<std::ptrdiff_t>(std::uint64_t{idx} * e.window_words), e.window_words, 0);
-  std::uint32_t p = static_cast<std::uint32_t>(key_hash(m.source, m.id)) & e.index_mask;
+  const auto hash = static_cast<std::uint32_t>(key_hash(m.source, m.id));
+  std::uint32_t p = hash & e.index_mask;
   while (e.index[p] != 0) p = (p + 1) & e.index_mask;
-  e.index[p] = idx + 1;
+  e.index[p] = (std::uint64_t{hash} << 32) | (idx + 1);
   e.ctr.messages_started.add(1);
   return idx;
 }
@@ -1060,12 +1080,11 @@ void runtime_core::settle(ec& e, std::uint32_t idx) noexcept {
     return;
   }
   if (e.retired_count == e.retired.size()) {
-    const std::uint32_t old = e.retired[e.retired_head];
-    e.retired_head = (e.retired_head + 1) % static_cast<std::uint32_t>(e.retired.size());
-    --e.retired_count;
-    free_msg(e, old);
+    free_msg(e, pop_retired(e));
   }
-  e.retired[(e.retired_head + e.retired_count) % e.retired.size()] = idx;
+  std::uint32_t tail = e.retired_head + e.retired_count;
+  if (tail >= e.retired.size()) tail -= static_cast<std::uint32_t>(e.retired.size());
+  e.retired[tail] = idx;
   ++e.retired_count;
 }
 
@@ -1188,7 +1207,7 @@ void runtime_core::handle(const packet& p) noexcept {
   std::uint32_t idx = find_msg(e, h.source_rank, h.message_id);
   if (idx != none && e.msgs[idx].state != msg_state::open)
     return drop(e, p, e.msgs[idx].result == outcome::aborted ? drop_reason::message_aborted : drop_reason::duplicate);
-  const std::uint32_t window = e.window_words * 64;
+  const std::uint32_t window = e.window;
   if (idx == none) {
     if (h.seq >= window) return drop(e, p, drop_reason::out_of_window);
     // A packet that would have to wait for its header handler but finds no parking space must
@@ -1204,21 +1223,28 @@ void runtime_core::handle(const packet& p) noexcept {
   if ((h.flags & wire::flag_end) != 0 && m.highest > h.seq + 1) return drop(e, p, drop_reason::bad_sequence);
   if (h.seq < m.base) return drop(e, p, drop_reason::duplicate);
   if (h.seq - m.base >= window) return drop(e, p, drop_reason::out_of_window);
+  // In-order arrival with nothing received ahead (every one-packet message, most streams) needs
+  // no bitmap: all its bits are clear (see free_msg).
+  const bool in_order = h.seq == m.base && m.highest <= m.base;
   std::uint64_t* bits = e.bitmaps.data() + std::uint64_t{idx} * e.window_words;
-  const std::uint32_t bit = h.seq % window;
-  if (bits[bit / 64] & (std::uint64_t{1} << (bit % 64))) return drop(e, p, drop_reason::duplicate);
+  const std::uint32_t bit = h.seq & e.bit_mask;
+  if (!in_order && (bits[bit / 64] & (std::uint64_t{1} << (bit % 64)))) return drop(e, p, drop_reason::duplicate);
 
   const bool needs_header = e.cfg.handlers.header != nullptr && !m.header_done && m.result == outcome::ok;
   const bool park = needs_header && (h.seq != 0 || m.header_started);
   if (park && e.park_free == none) return drop(e, p, drop_reason::parking_full);
 
   // Accept: mark the packet received and slide the window over the received prefix.
-  bits[bit / 64] |= std::uint64_t{1} << (bit % 64);
-  while (true) {
-    const std::uint32_t b = m.base % window;
-    if (!(bits[b / 64] & (std::uint64_t{1} << (b % 64)))) break;
-    bits[b / 64] &= ~(std::uint64_t{1} << (b % 64));
+  if (in_order) {
     ++m.base;
+  } else {
+    bits[bit / 64] |= std::uint64_t{1} << (bit % 64);
+    while (true) {
+      const std::uint32_t b = m.base & e.bit_mask;
+      if (!(bits[b / 64] & (std::uint64_t{1} << (b % 64)))) break;
+      bits[b / 64] &= ~(std::uint64_t{1} << (b % 64));
+      ++m.base;
+    }
   }
   m.highest = std::max(m.highest, h.seq + 1);
   if (h.flags & wire::flag_end) {
@@ -1613,7 +1639,9 @@ result<ec_id> runtime::install(const ec_config& cfg) {
   try {
     e = std::make_unique<ec>();
     e->cfg = cfg;
-    e->window_words = (l.window_packets + 63) / 64;
+    e->window = (l.window_packets + 63) / 64 * 64;
+    e->window_words = std::bit_ceil(e->window / 64);
+    e->bit_mask = e->window_words * 64 - 1;
     e->msgs.resize(entries);
     e->skip = std::make_unique<std::atomic<std::uint8_t>[]>(entries);
     e->bitmaps.assign(std::uint64_t{entries} * e->window_words, 0);

@@ -41,11 +41,20 @@ namespace {
 // extension.
 constexpr std::size_t max_header_bytes = eth_len + 60 + udp_len + spin_base_len + spin_coll_len;
 
-std::uint16_t be16(const std::uint8_t* p) { return static_cast<std::uint16_t>(p[0] << 8 | p[1]); }
-std::uint32_t be32(const std::uint8_t* p) {
-  return std::uint32_t{p[0]} << 24 | std::uint32_t{p[1]} << 16 | std::uint32_t{p[2]} << 8 | p[3];
+// Big-endian loads as one load and a byte swap each (the parser's inner loop).
+template <class T> T load_be(const std::uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  if constexpr (std::endian::native == std::endian::little) {
+    if constexpr (sizeof(T) == 2) v = __builtin_bswap16(v);
+    if constexpr (sizeof(T) == 4) v = __builtin_bswap32(v);
+    if constexpr (sizeof(T) == 8) v = __builtin_bswap64(v);
+  }
+  return v;
 }
-std::uint64_t be64(const std::uint8_t* p) { return std::uint64_t{be32(p)} << 32 | be32(p + 4); }
+std::uint16_t be16(const std::uint8_t* p) { return load_be<std::uint16_t>(p); }
+std::uint32_t be32(const std::uint8_t* p) { return load_be<std::uint32_t>(p); }
+std::uint64_t be64(const std::uint8_t* p) { return load_be<std::uint64_t>(p); }
 void put16(std::uint8_t* p, std::uint16_t v) {
   p[0] = static_cast<std::uint8_t>(v >> 8);
   p[1] = static_cast<std::uint8_t>(v);
@@ -64,6 +73,12 @@ void put64(std::uint8_t* p, std::uint64_t v) {
 std::uint16_t ipv4_checksum(const std::uint8_t* h, std::size_t len) {
   std::uint64_t sum = 0;
   std::size_t i = 0;
+  if (len == ipv4_min_len) {  // no options (every frame spinnic sends): five words, unrolled
+    std::uint32_t w[5];
+    std::memcpy(w, h, sizeof w);
+    sum = std::uint64_t{w[0]} + w[1] + w[2] + w[3] + w[4];
+    i = len;
+  }
   for (; i + 4 <= len; i += 4) {
     std::uint32_t w;
     std::memcpy(&w, h + i, 4);
@@ -74,7 +89,10 @@ std::uint16_t ipv4_checksum(const std::uint8_t* h, std::size_t len) {
     std::memcpy(&w, h + i, 2);
     sum += w;
   }
-  while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
+  sum = (sum & 0xffffffffu) + (sum >> 32);  // fold 64 -> 33 -> 17 -> 16 bits
+  sum = (sum & 0xffffffffu) + (sum >> 32);
+  sum = (sum & 0xffff) + (sum >> 16);
+  sum = (sum & 0xffff) + (sum >> 16);
   auto r = static_cast<std::uint16_t>(~sum);
   if constexpr (std::endian::native == std::endian::little) r = static_cast<std::uint16_t>(r << 8 | r >> 8);
   return r;

@@ -265,6 +265,70 @@ TEST_CASE("the completion handler runs exactly once even when every packet is du
   CHECK(s.packets_in == all.size() / 2);
 }
 
+TEST_CASE("message entries are reused with a clean reorder window, whether their packets came in order or not") {
+  // Few entries, so that each is reused about 30 times; odd messages arrive last packet first
+  // (every packet but one lands in the bitmap), even ones in order (the bitmap is not touched).
+  fixture f(1);
+  rt::ec_config c = order_ec();
+  c.limits.max_messages = 4;
+  c.limits.retired_history = 4;
+  auto ec = f.rt->install(c);
+  REQUIRE(ec.ok());
+  constexpr int messages = 240;
+  std::uint64_t packets = 0;
+  for (int m = 0; m < messages; ++m) {
+    auto p = message_packets(f.pool, 7, 3, m, 8 * 256, 256);
+    if (m % 2) std::reverse(p.begin() + 1, p.end());  // header first, then payloads last to first
+    packets += p.size();
+    REQUIRE(feed(*f.rt, p));
+  }
+  // A repeat of the last message is a duplicate (it is in the retired history), whatever its order.
+  auto again = message_packets(f.pool, 7, 3, messages - 1, 8 * 256, 256);
+  std::reverse(again.begin(), again.end());
+  REQUIRE(feed(*f.rt, again));
+  INFO(rt::to_text(f.rt->stats()));
+  CHECK(f.word(*ec, violations) == 0);
+  CHECK(f.word(*ec, completions) == messages);
+  const auto s = f.ec_stats(*ec);
+  CHECK(s.packets_in == packets);
+  CHECK(s.messages_completed == messages);
+  CHECK(s.drops[static_cast<std::size_t>(rt::drop_reason::duplicate)] == again.size());
+  CHECK(s.total_drops() == again.size());
+}
+
+TEST_CASE("a reorder window that is not a power of two accepts exactly window_packets packets ahead of the oldest missing one") {
+  // window_packets 192: the bitmap holds 256 bits per message, the window stays 192 packets.
+  fixture f(1);
+  rt::ec_config c = order_ec();
+  c.limits.window_packets = 192;
+  auto ec = f.rt->install(c);
+  REQUIRE(ec.ok());
+  constexpr std::uint32_t count = 600;
+  auto p = message_packets(f.pool, 7, 3, 1, std::uint64_t{count} * 64, 64);
+  REQUIRE(p.size() == count);
+  // Before packet 0 arrives, packets 1..191 fit the window and 192 does not.
+  const rt::packet early = message_packet(f.pool, 7, 3, 1, std::uint64_t{count} * 64, 64, 192);
+  REQUIRE(feed(*f.rt, std::span(&early, 1)));
+  CHECK(f.drops(*ec, rt::drop_reason::out_of_window) == 1);
+  // Packet 0, then blocks of 150 packets, each block last to first: every packet lands within
+  // 192 of the oldest missing one, and the window slides across the wrap point of the bitmap.
+  std::vector<rt::packet> order;
+  order.assign(1, p[0]);
+  for (std::uint32_t lo = 1; lo < count; lo += 150) {
+    const std::uint32_t hi = std::min(count, lo + 150);
+    for (std::uint32_t k = hi; k-- > lo;) order.push_back(p[k]);
+  }
+  REQUIRE(order.size() == count);
+  REQUIRE(feed(*f.rt, order));
+  INFO(rt::to_text(f.rt->stats()));
+  CHECK(f.word(*ec, violations) == 0);
+  CHECK(f.word(*ec, completions) == 1);
+  CHECK(f.word(*ec, payload_calls) == count);
+  const auto s = f.ec_stats(*ec);
+  CHECK(s.packets_in == count);
+  CHECK(s.total_drops() == 1);
+}
+
 TEST_CASE("host memory can be unregistered once no EC's window lies in it, and its id is not reused") {
   fixture f(1);
   std::vector<std::byte> mem(4096);
