@@ -437,7 +437,10 @@ std::uint32_t nic::impl::rx(port_state& ps, std::uint32_t index) noexcept {
   if (n == 0) return moved;
   for (std::uint16_t i = 0; i < n; ++i) {
     sync_in(mbuf_buf[i]);
-    rte_prefetch0(rte_pktmbuf_mtod(mbuf_buf[i], const void*));  // the headers: the MAC check and the parser read them
+    // The headers (the MAC check and the parser read them): a spin header ends at byte 88 or
+    // 104, in the frame's second cache line.
+    rte_prefetch0(rte_pktmbuf_mtod(mbuf_buf[i], const void*));
+    rte_prefetch0(rte_pktmbuf_mtod_offset(mbuf_buf[i], const char*, RTE_CACHE_LINE_SIZE));
   }
   std::uint32_t out = 0;
   const std::uint32_t max_frame = cfg.port.max_frame_bytes;
