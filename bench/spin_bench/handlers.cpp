@@ -16,6 +16,9 @@
 // Baselines, per frame size, in the same process on the same kind of port:
 // - io-fwd: testpmd's io forwarding (rx_burst on net_null A, tx_burst on net_null B, unsent
 //   freed) on one lcore; Debian's DPDK has no dpdk-testpmd, so the loop is rebuilt here.
+// - macswap: testpmd's macswap forwarding: io-fwd that swaps each frame's MAC addresses, so
+//   the first cache line of every frame is read and written (a NIC that looks at headers
+//   cannot do with less).
 // - fwd+copy: io-fwd plus a memcpy of each payload into a host buffer (a default deposit's work).
 // - memcpy and fadd: one core's bandwidth over the same bytes: the payloads of the same
 //   pre-filled pool, in pool order, copied into one host buffer (memcpy) or added as float32
@@ -190,6 +193,11 @@ private:
 
 using fill_fn = std::function<void(std::span<std::byte> payload)>;
 
+// The payload of rows whose handler does not read it, and of the baselines.
+void default_fill(std::span<std::byte> p) {
+  for (std::size_t i = 0; i < p.size(); ++i) p[i] = static_cast<std::byte>(i * 13 + 5);
+}
+
 // Writes a valid single-packet message (payload from `fill`) into every mbuf of `pool`, ids
 // first_id, first_id + 1, ... in the order the pool's ring hands them out, and frees them all.
 // `payloads`, when given, receives each mbuf's payload address (pool order).
@@ -248,7 +256,21 @@ clock_type::time_point deadline(clock_type::time_point t0, double seconds) {
 
 // testpmd io forwarding: rx A -> tx B, unsent freed. With `copy_bytes`, each payload is copied
 // into `sink` first.
-loop_result forward_loop(std::uint16_t rx_port, std::uint16_t tx_port, double seconds, std::uint32_t copy_bytes, std::byte* sink) {
+// Swaps destination and source MAC address, as testpmd's macswap mode does.
+void swap_macs(rte_mbuf* m) noexcept {
+  auto* f = rte_pktmbuf_mtod(m, std::uint8_t*);
+  std::uint8_t t[6];
+  std::memcpy(t, f, 6);
+  std::memcpy(f, f + 6, 6);
+  std::memcpy(f + 6, t, 6);
+}
+
+enum class fwd_mode { io, macswap, copy };
+
+// testpmd-style forwarding from rx_port to tx_port on this lcore: io (no frame byte touched),
+// macswap, or copy (each payload, copy_bytes long, copied into sink).
+loop_result forward_loop(std::uint16_t rx_port, std::uint16_t tx_port, double seconds, fwd_mode mode, std::uint32_t copy_bytes,
+                         std::byte* sink) {
   std::array<rte_mbuf*, burst> bufs{};
   loop_result r;
   const double c0 = thread_cpu_seconds();
@@ -259,9 +281,17 @@ loop_result forward_loop(std::uint16_t rx_port, std::uint16_t tx_port, double se
       const std::uint16_t n = rte_eth_rx_burst(rx_port, 0, bufs.data(), burst);
       if (n == 0) continue;
       r.packets += n;
-      if (copy_bytes > 0)
-        for (std::uint16_t i = 0; i < n; ++i)
+      if (mode == fwd_mode::copy)
+        for (std::uint16_t i = 0; i < n; ++i) {
           std::memcpy(sink, rte_pktmbuf_mtod_offset(bufs[i], const std::byte*, header_bytes), copy_bytes);
+          // Every copy must happen: nothing reads the sink in between, so without this the
+          // compiler drops the copies (it did: "fwd+copy" then ran as fast as io-fwd).
+          asm volatile("" : : "r"(sink) : "memory");
+        }
+      if (mode == fwd_mode::macswap) {
+        for (std::uint16_t i = 0; i < n; ++i) rte_prefetch0(rte_pktmbuf_mtod(bufs[i], const void*));
+        for (std::uint16_t i = 0; i < n; ++i) swap_macs(bufs[i]);
+      }
       const std::uint16_t sent = rte_eth_tx_burst(tx_port, 0, bufs.data(), n);
       if (sent < n) rte_pktmbuf_free_bulk(bufs.data() + sent, n - sent);
     }
@@ -284,9 +314,11 @@ loop_result memcpy_loop(const std::vector<const std::byte*>& payloads, std::uint
   const auto t0 = clock_type::now(), end = deadline(t0, seconds);
   auto now = t0;
   do {
-    for (const std::byte* p : payloads) std::memcpy(dst.data(), p, bytes);
+    for (const std::byte* p : payloads) {
+      std::memcpy(dst.data(), p, bytes);
+      asm volatile("" : : "r"(dst.data()) : "memory");  // every copy happens (see forward_loop)
+    }
     r.packets += payloads.size();
-    asm volatile("" : : "r"(dst.data()) : "memory");
     now = clock_type::now();
   } while (now < end);
   r.cpu_seconds = thread_cpu_seconds() - c0;
@@ -338,9 +370,7 @@ struct handler_spec {
   std::string what;
   // Why the handler cannot take this payload ("" when it can).
   std::function<std::string(std::uint32_t payload)> refuses = [](std::uint32_t) { return std::string(); };
-  fill_fn fill = [](std::span<std::byte> p) {
-    for (std::size_t i = 0; i < p.size(); ++i) p[i] = static_cast<std::byte>(i * 13 + 5);
-  };
+  fill_fn fill = default_fill;
   // Writes the handler memory's configuration before traffic.
   std::function<void(std::span<std::byte> mem, std::uint32_t payload)> setup = [](std::span<std::byte>, std::uint32_t) {};
   // Exact checks of the handler's own results after the runs.
@@ -596,6 +626,8 @@ struct row {
   std::string cpus;
   std::vector<double> mpps, poll_ns, hpu_ns;  // per repeat
   double ratio_fwd = 0;       // Mpps / io-fwd Mpps
+  double ratio_macswap = 0;   // Mpps / macswap Mpps
+  double ratio_copy = 0;      // Mpps / fwd+copy Mpps (frames with payload)
   double hpu_gbs = 0;         // one HPU's own rate: payload bytes / HPU time per packet (GB/s)
   double ratio_memcpy = 0;    // hpu_gbs / one core's memcpy GB/s
   double ratio_fadd = 0;      // hpu_gbs / one core's fadd GB/s
@@ -609,7 +641,7 @@ struct row {
 
 struct baseline {
   std::uint32_t size = 0, frame = 0, payload = 0;
-  std::vector<double> fwd_mpps, copy_mpps, memcpy_gbs, fadd_gbs;
+  std::vector<double> fwd_mpps, macswap_mpps, copy_mpps, memcpy_gbs, fadd_gbs;
 };
 
 struct loaded {
@@ -915,14 +947,22 @@ int run_handlers(const handlers_options& o) {
         return 2;
       }
       std::vector<const std::byte*> payloads;
-      if (!prefill_pool((*pa)->pool(), frame, all_handlers()[0].fill, &payloads)) return 2;
-      std::vector<std::byte> sink(std::max<std::uint32_t>(payload, 64));
-      if (o.baselines) (void)forward_loop((*pa)->id(), (*pb)->id(), o.warmup_seconds, 0, nullptr);
+      if (!prefill_pool((*pa)->pool(), frame, default_fill, &payloads)) return 2;
+      std::vector<std::byte> sink(std::max<std::uint32_t>(payload, 64)), pattern(payload);
+      default_fill(pattern);
+      if (o.baselines) (void)forward_loop((*pa)->id(), (*pb)->id(), o.warmup_seconds, fwd_mode::io, 0, nullptr);
       for (std::uint32_t k = 0; k < (o.baselines ? o.repeats : 0); ++k) {
-        const loop_result f = forward_loop((*pa)->id(), (*pb)->id(), o.seconds, 0, nullptr);
+        const loop_result f = forward_loop((*pa)->id(), (*pb)->id(), o.seconds, fwd_mode::io, 0, nullptr);
         b.fwd_mpps.push_back(static_cast<double>(f.packets) / f.seconds / 1e6);
+        const loop_result s = forward_loop((*pa)->id(), (*pb)->id(), o.seconds, fwd_mode::macswap, 0, nullptr);
+        b.macswap_mpps.push_back(static_cast<double>(s.packets) / s.seconds / 1e6);
         if (payload > 0) {
-          const loop_result c = forward_loop((*pa)->id(), (*pb)->id(), o.seconds, payload, sink.data());
+          std::fill(sink.begin(), sink.end(), std::byte{0});
+          const loop_result c = forward_loop((*pa)->id(), (*pb)->id(), o.seconds, fwd_mode::copy, payload, sink.data());
+          if (c.packets == 0 || std::memcmp(sink.data(), pattern.data(), payload) != 0) {
+            std::printf("FAIL: the fwd+copy baseline at frame %u did not leave the payload in its sink\n", frame);
+            all_ok = false;
+          }
           b.copy_mpps.push_back(static_cast<double>(c.packets) / c.seconds / 1e6);
           const loop_result m = memcpy_loop(payloads, payload, o.seconds);
           b.memcpy_gbs.push_back(static_cast<double>(m.packets) * payload / m.seconds / 1e9);
@@ -934,7 +974,7 @@ int run_handlers(const handlers_options& o) {
       pb.value().reset();
     }
     bases.push_back(b);
-    const double fwd = median(b.fwd_mpps), mcp = median(b.memcpy_gbs), fad = median(b.fadd_gbs);
+    const double fwd = median(b.fwd_mpps), swp = median(b.macswap_mpps), cpy = median(b.copy_mpps), mcp = median(b.memcpy_gbs), fad = median(b.fadd_gbs);
 
     for (const auto& h : specs)
       for (const auto& t : h.targets) {
@@ -952,6 +992,8 @@ int run_handlers(const handlers_options& o) {
           if (!run_row(o, h, t, lp, size, hp, r)) return 2;
           const double m = median(r.mpps);
           r.ratio_fwd = fwd > 0 ? m / fwd : 0;
+          r.ratio_macswap = swp > 0 ? m / swp : 0;
+          r.ratio_copy = cpy > 0 ? m / cpy : 0;
           const double hns = median(r.hpu_ns);
           r.hpu_gbs = hns > 0 ? payload / hns : 0;
           r.ratio_memcpy = mcp > 0 ? r.hpu_gbs / mcp : 0;
@@ -975,10 +1017,10 @@ int run_handlers(const handlers_options& o) {
 
   // ---- print ----
   std::printf("\nbaselines (one lcore on CPU %d)\n", o.poll_cpu);
-  std::printf("%5s %5s %7s  %8s %9s %9s %9s\n", "frame", "size", "payload", "io-fwd", "fwd+copy", "memcpy", "fadd");
-  std::printf("%5s %5s %7s  %8s %9s %9s %9s\n", "B", "B", "B", "Mpps", "Mpps", "GB/s", "GB/s");
+  std::printf("%5s %5s %7s  %8s %8s %9s %9s %9s\n", "frame", "size", "payload", "io-fwd", "macswap", "fwd+copy", "memcpy", "fadd");
+  std::printf("%5s %5s %7s  %8s %8s %9s %9s %9s\n", "B", "B", "B", "Mpps", "Mpps", "Mpps", "GB/s", "GB/s");
   for (const auto& b : bases)
-    std::printf("%5u %5u %7u  %8.2f %9s %9s %9s\n", b.frame, b.size, b.payload, median(b.fwd_mpps),
+    std::printf("%5u %5u %7u  %8.2f %8.2f %9s %9s %9s\n", b.frame, b.size, b.payload, median(b.fwd_mpps), median(b.macswap_mpps),
                 b.copy_mpps.empty() ? "-" : fmt("%.2f", median(b.copy_mpps)).c_str(),
                 b.memcpy_gbs.empty() ? "-" : fmt("%.2f", median(b.memcpy_gbs)).c_str(),
                 b.fadd_gbs.empty() ? "-" : fmt("%.2f", median(b.fadd_gbs)).c_str());
@@ -1018,6 +1060,10 @@ int run_handlers(const handlers_options& o) {
     if (r.aim.empty()) continue;
     std::printf("  %-6s %s frame %u, %u HPU%s: %s: %s (%.3f)", r.handler.c_str(), r.target.c_str(), r.frame, r.hpus, r.hpus > 1 ? "s" : "",
                 r.aim.c_str(), r.aim_met ? "met" : "MISSED", r.handler == "empty" ? r.ratio_fwd : r.ratio_memcpy);
+    if (r.handler == "empty") {
+      std::printf("; %.3f x macswap (reads and writes each frame's first line)", r.ratio_macswap);
+      if (r.ratio_copy > 0) std::printf("; %.3f x fwd+copy (copies each payload, as the empty set's deposit does)", r.ratio_copy);
+    }
     if (r.handler == "fsum")
       std::printf("; the NIC delivered %.3f x memcpy per HPU, its HPU%s busy %.0f%% of the time", r.e2e_ratio_memcpy,
                   r.hpus > 1 ? "s" : "", 100 * busy_share(r));
@@ -1080,17 +1126,17 @@ int run_handlers(const handlers_options& o) {
   // ---- files ----
   std::ostringstream csv;
   csv << "handler,target,frame_bytes,size_requested,payload_bytes,hpus,cpus,mpps,gbps,ns_per_packet,hpu_ns_per_packet,"
-         "hpu_cycles_per_packet,poll_cpu_ns_per_packet,ratio_vs_io_fwd,hpu_payload_gbs,ratio_vs_memcpy,ratio_vs_fadd,"
+         "hpu_cycles_per_packet,poll_cpu_ns_per_packet,ratio_vs_io_fwd,ratio_vs_macswap,ratio_vs_fwd_copy,hpu_payload_gbs,ratio_vs_memcpy,ratio_vs_fadd,"
          "nic_payload_gbs_per_hpu,nic_ratio_vs_memcpy,"
-         "io_fwd_mpps,memcpy_gbs,fadd_gbs,aim,aim_met,check,mpps_runs\n";
+         "io_fwd_mpps,macswap_mpps,memcpy_gbs,fadd_gbs,aim,aim_met,check,mpps_runs\n";
   nlohmann::json jrows = nlohmann::json::array();
   for (const auto& r : rows) {
     const baseline& b = *std::find_if(bases.begin(), bases.end(), [&](const baseline& x) { return x.frame == r.frame; });
     const double m = median(r.mpps);
     csv << r.handler << ',' << r.target << ',' << r.frame << ',' << r.size << ',' << r.payload << ',' << r.hpus << ',' << csv_field(r.cpus)
         << ',' << m << ',' << m * r.frame * 8 / 1e3 << ',' << (m > 0 ? 1e3 / m : 0) << ',' << median(r.hpu_ns) << ','
-        << median(r.hpu_ns) * cond.tsc_ghz << ',' << median(r.poll_ns) << ',' << r.ratio_fwd << ',' << r.hpu_gbs << ','
-        << r.ratio_memcpy << ',' << r.ratio_fadd << ',' << r.e2e_gbs_per_hpu << ',' << r.e2e_ratio_memcpy << ',' << median(b.fwd_mpps) << ',' << median(b.memcpy_gbs) << ','
+        << median(r.hpu_ns) * cond.tsc_ghz << ',' << median(r.poll_ns) << ',' << r.ratio_fwd << ',' << r.ratio_macswap << ',' << r.ratio_copy << ',' << r.hpu_gbs << ','
+        << r.ratio_memcpy << ',' << r.ratio_fadd << ',' << r.e2e_gbs_per_hpu << ',' << r.e2e_ratio_memcpy << ',' << median(b.fwd_mpps) << ',' << median(b.macswap_mpps) << ',' << median(b.memcpy_gbs) << ','
         << median(b.fadd_gbs) << ',' << csv_field(r.aim) << ',' << (r.aim.empty() ? "" : r.aim_met ? "yes" : "no") << ','
         << (r.ok ? "ok" : "failed") << ',' << join(r.mpps, ";") << '\n';
     nlohmann::json j = {{"handler", r.handler},
@@ -1108,6 +1154,8 @@ int run_handlers(const handlers_options& o) {
                         {"poll_cpu_ns_per_packet", median(r.poll_ns)},
                         {"hpu_busy_share", busy_share(r)},
                         {"ratio_vs_io_fwd", r.ratio_fwd},
+                        {"ratio_vs_macswap", r.ratio_macswap},
+                        {"ratio_vs_fwd_copy", r.ratio_copy},
                         {"hpu_payload_gbs", r.hpu_gbs},
                         {"nic_payload_gbs_per_hpu", r.e2e_gbs_per_hpu},
                         {"nic_ratio_vs_memcpy", r.e2e_ratio_memcpy},
@@ -1125,6 +1173,7 @@ int run_handlers(const handlers_options& o) {
                   {"size_requested", b.size},
                   {"payload_bytes", b.payload},
                   {"io_fwd_mpps", median(b.fwd_mpps)},
+                  {"macswap_mpps", median(b.macswap_mpps)},
                   {"fwd_copy_mpps", median(b.copy_mpps)},
                   {"memcpy_gbs", median(b.memcpy_gbs)},
                   {"fadd_gbs", median(b.fadd_gbs)},

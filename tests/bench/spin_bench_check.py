@@ -50,7 +50,10 @@ def main():
             check(r["mpps"] > 0 and r["check_passed"], "row %s/%s ran and passed its checks" % (r["handler"], r["target"]))
             check(r["ratio_vs_io_fwd"] > 0, "row %s/%s has a ratio to io-fwd" % (r["handler"], r["target"]))
         b = doc["baselines"]
-        check(len(b) == 1 and b[0]["io_fwd_mpps"] > 0 and b[0]["memcpy_gbs"] > 0 and b[0]["fadd_gbs"] > 0, "baselines measured")
+        check(len(b) == 1 and b[0]["io_fwd_mpps"] > 0 and b[0]["macswap_mpps"] > 0 and b[0]["memcpy_gbs"] > 0
+              and b[0]["fadd_gbs"] > 0, "baselines measured")
+        empty = [r for r in doc["results"] if r["handler"] == "empty"]
+        check(len(empty) == 1 and empty[0]["ratio_vs_macswap"] > 0, "the empty row has a ratio to macswap")
         rows = list(csv.DictReader(open(os.path.join(hd, "handlers.csv"))))
         check(len(rows) == len(doc["results"]), "handlers.csv has one line per row")
         check(any(r["handler"] == "empty" and r["aim"] for r in rows), "the empty handler set's row carries its aim")
