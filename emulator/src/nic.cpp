@@ -372,26 +372,23 @@ errc nic::impl::hpu_send(std::uint32_t hpu, std::uint32_t dest, const rt::wire::
   hpu_scratch& s = scratch[hpu];
   const rt::wire::endpoint dst = rt::wire::rank_endpoint(dest, cfg.runtime.udp_port);
   rte_mbuf* m = nullptr;
-  if (static_cast<std::uint32_t>(pi) != ports.size()) {
-    // One copy: a frame that fits one mbuf of the transmit pool is encoded straight into it
-    // (spin-bench handlers: pingpong 1 KiB, HPU cycles per packet down by the second copy).
+  // One copy: a frame that fits one mbuf of the transmit pool is encoded straight into it
+  // (spin-bench handlers: pingpong 1 KiB, HPU cycles per packet down by the second copy). A
+  // larger one is encoded whole into scratch, then cut into a chain.
+  const std::uint32_t mbuf_room = rte_pktmbuf_data_room_size(tx_pool) - RTE_PKTMBUF_HEADROOM;
+  if (static_cast<std::uint32_t>(pi) != ports.size() && rt::wire::encoded_len(h, payload.size()) <= mbuf_room) {
     m = mbuf_alloc(tx_pool);
     if (m == nullptr) {
       s.no_mbuf.add(1);
       return errc::no_space;
     }
-    const std::uint32_t room = rte_pktmbuf_tailroom(m);
-    if (rt::wire::encoded_len(h, payload.size()) <= room) {
-      const std::size_t len = rt::wire::encode(self, dst, h, payload, std::span<std::byte>(rte_pktmbuf_mtod(m, std::byte*), room));
-      if (len == 0) {
-        mbuf_free(m);
-        return errc::invalid_argument;
-      }
-      (void)rte_pktmbuf_append(m, static_cast<std::uint16_t>(len));
-    } else {
-      mbuf_free(m);  // larger than one mbuf: encoded whole, then cut into a chain
-      m = nullptr;
+    const std::size_t len =
+        rt::wire::encode(self, dst, h, payload, std::span<std::byte>(rte_pktmbuf_mtod(m, std::byte*), rte_pktmbuf_tailroom(m)));
+    if (len == 0) {
+      mbuf_free(m);
+      return errc::invalid_argument;
     }
+    (void)rte_pktmbuf_append(m, static_cast<std::uint16_t>(len));
   }
   if (m == nullptr) {
     const std::size_t len = rt::wire::encode(self, dst, h, payload, s.buf);
