@@ -12,6 +12,8 @@
 // they disagree; 2 on bad arguments or a package that does not load.
 #include <spin/rt/loader.hpp>
 
+#include "common.hpp"
+
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -24,12 +26,6 @@
 #include <tuple>
 #include <vector>
 
-#ifndef SPIN_BUILD_TYPE
-#define SPIN_BUILD_TYPE "unknown"
-#endif
-#ifndef SPIN_BUILD_SANITIZE
-#define SPIN_BUILD_SANITIZE "none"
-#endif
 
 namespace {
 
@@ -85,8 +81,9 @@ int main(int argc, char** argv) {
   app.add_option("--json", json_path, "also write the results as JSON to this file");
   CLI11_PARSE(app, argc, argv);
 
-  std::printf("# handler_call: build %s, sanitize %s; %llu calls x %d rounds, median\n", SPIN_BUILD_TYPE, SPIN_BUILD_SANITIZE,
-              static_cast<unsigned long long>(calls), rounds);
+  const spin::bench::run_conditions cond = spin::bench::measure_conditions();
+  cond.print("handler_call");
+  std::printf("%llu calls x %d rounds, median\n", static_cast<unsigned long long>(calls), rounds);
   std::printf("%-12s %8s %11s %11s %14s %10s %12s\n", "handler", "payload", "native ns", "ebpf-jit ns", "ebpf-interp ns",
               "jit/native", "interp/jit");
   nlohmann::json out = nlohmann::json::array();
@@ -130,7 +127,8 @@ int main(int argc, char** argv) {
       out.push_back({{"handler", hname}, {"payload_bytes", size}, {"native_ns", ns[0]}, {"ebpf_jit_ns", ns[1]}, {"ebpf_interp_ns", ns[2]}});
     }
   }
-  if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";
+  if (!json_path.empty() && !spin::bench::write_text(json_path, nlohmann::json{{"conditions", cond.to_json()}, {"results", out}}.dump(2) + "\n"))
+    return 2;
   if (!agree) {
     std::fprintf(stderr, "handler_call: native, JIT and interpreter left different handler memory\n");
     return 1;

@@ -17,6 +17,8 @@
 #include <spin/rt/runtime.hpp>
 #include <spin/rt/wire.hpp>
 
+#include "common.hpp"
+
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -36,15 +38,6 @@
 #include <immintrin.h>
 #endif
 
-#ifndef SPIN_BUILD_TYPE
-#define SPIN_BUILD_TYPE "unknown"
-#endif
-#ifndef SPIN_BUILD_OPTIMIZATION
-#define SPIN_BUILD_OPTIMIZATION "unknown"
-#endif
-#ifndef SPIN_BUILD_SANITIZE
-#define SPIN_BUILD_SANITIZE "none"
-#endif
 
 // Empty handlers: the cost measured is the runtime's, not the handler's. Called through
 // function pointers by the runtime, so they are never inlined away.
@@ -192,12 +185,7 @@ struct options {
   std::vector<std::uint32_t> hpus{1, 2};  // HPU counts (and ring consumer counts)
 };
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
-}
+using spin::bench::median;
 
 double ns_per_packet(clock_type::duration d, std::uint64_t packets) {
   return static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count()) / static_cast<double>(packets);
@@ -410,34 +398,6 @@ ring_result run_ring(std::uint32_t consumers, const frame_pool& pool, const opti
   return res;
 }
 
-bool sanitized_build() {
-  if (std::strcmp(SPIN_BUILD_SANITIZE, "none") != 0 && std::strcmp(SPIN_BUILD_SANITIZE, "") != 0) return true;
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
-  return true;
-#endif
-#endif
-  return false;
-}
-
-// 1-minute load average, or a negative value when unknown (not Linux).
-double load_average() {
-  double l = -1;
-  if (std::FILE* f = std::fopen("/proc/loadavg", "r")) {
-    if (std::fscanf(f, "%lf", &l) != 1) l = -1;
-    std::fclose(f);
-  }
-  return l;
-}
-
-bool ndebug_defined() {
-#if defined(NDEBUG)
-  return true;
-#else
-  return false;
-#endif
-}
-
 } // namespace
 
 int main(int argc, char** argv) {
@@ -477,15 +437,10 @@ int main(int argc, char** argv) {
               "%u measured rounds + 1 warm-up, burst %u, %u hardware threads\n",
               static_cast<unsigned long>(o.packets), static_cast<unsigned long>(pool.messages()), o.message_packets,
               payload_bytes, pool.frame_len(), o.reps, o.burst, std::thread::hardware_concurrency());
-  std::printf("build: buildtype=%s optimization=%s NDEBUG=%s sanitize=%s\n", SPIN_BUILD_TYPE, SPIN_BUILD_OPTIMIZATION,
-              ndebug_defined() ? "defined" : "undefined", SPIN_BUILD_SANITIZE);
-  if (sanitized_build()) std::printf("warning: sanitizer build: numbers are not representative\n");
-  // Other work on the machine competes with the scheduler and HPU threads, which spin.
-  const double load = load_average();
-  if (load >= 0.5) std::printf("warning: load average %.2f before the run: other processes compete for the cores, numbers are noisy\n", load);
-  if (std::strcmp(SPIN_BUILD_OPTIMIZATION, "0") == 0 || std::strcmp(SPIN_BUILD_OPTIMIZATION, "g") == 0)
-    std::printf("warning: unoptimized build: numbers are not representative\n");
-  std::fflush(stdout);
+  // Other work on the machine competes with the scheduler and HPU threads, which spin: the
+  // conditions (build, CPU, load) print first, with a warning for each that spoils the figures.
+  spin::bench::run_conditions cond = spin::bench::measure_conditions();
+  cond.print("runtime_dispatch");
 
   release_counter rc;
   const std::array<variant, 3> variants{{
@@ -577,12 +532,7 @@ int main(int argc, char** argv) {
       jrings.push_back({{"consumers", r.consumers}, {"ns_per_packet", median(r.ns)}, {"ns_per_packet_rounds", r.ns}, {"ok", r.ok}});
     const nlohmann::json doc = {
         {"benchmark", "runtime_dispatch"},
-        {"build",
-         {{"buildtype", SPIN_BUILD_TYPE},
-          {"optimization", SPIN_BUILD_OPTIMIZATION},
-          {"ndebug", ndebug_defined()},
-          {"sanitize", SPIN_BUILD_SANITIZE}}},
-        {"load_average_before", load},
+        {"conditions", cond.to_json()},
         {"config",
          {{"packets", o.packets},
           {"messages", pool.messages()},

@@ -20,7 +20,7 @@
 
 #include "coll_data.hpp"
 #include "coll_table.hpp"
-#include "common.hpp"
+#include "../common.hpp"
 
 #include <spin/coll/coll.hpp>
 #include <spin/emu/cluster.hpp>

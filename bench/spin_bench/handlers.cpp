@@ -36,7 +36,7 @@
 // (sums, bin counts, echoes, DMA bytes).
 #include "handlers.hpp"
 
-#include "common.hpp"
+#include "../common.hpp"
 
 #include <spin/cc/object.hpp>
 #include <spin/emu/eal.hpp>

@@ -1,5 +1,6 @@
-// Helpers shared by spin-bench's subcommands: run conditions (build, load, CPU), statistics,
-// output files (CSV, JSON, gnuplot). Nothing here measures anything by itself.
+// Helpers shared by the benchmarks (spin-bench, runtime_dispatch, handler_call): run conditions
+// (build, load, CPU), statistics, output files (CSV, JSON, gnuplot). Nothing here measures
+// anything by itself.
 #pragma once
 
 #include <array>
