@@ -88,7 +88,8 @@ struct ec_limits {
   /// Completed message keys remembered so that late duplicates are recognised (FIFO).
   std::uint32_t retired_history = 1024;
   /// Reorder window per message in packets (rounded up to a multiple of 64): a packet more
-  /// than this far ahead of the lowest missing packet is dropped as out_of_window.
+  /// than this far ahead of the lowest missing packet is dropped as out_of_window. Each message
+  /// entry holds a bitmap of the next power of two of bits (window_packets 192: 256 bits).
   std::uint32_t window_packets = 1024;
   /// Payload packets of the whole EC that may wait for their message's header handler.
   std::uint32_t max_parked_packets = 4096;
