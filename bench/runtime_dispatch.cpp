@@ -5,9 +5,10 @@
 //
 // Every timed packet is a real wire-format frame (Ethernet/IPv4/UDP/spin, 64-byte payload);
 // messages have 64 packets (--message-packets) with start/end flags and distinct ids, so they
-// open, complete and retire; one-packet messages show the per-message costs alone. The runtime does not copy frames, so each round re-encodes the frame pool with fresh
-// message ids before the clock starts. A round is timed from the first rx_burst to drain()
-// returning; round 0 is a warm-up; the median of the remaining rounds is reported.
+// open, complete and retire; one-packet messages show the per-message costs alone. The runtime
+// does not copy frames, so each round re-encodes the frame pool with fresh message ids before the
+// clock starts. A round is timed from the first rx_burst to drain() returning; round 0 is a
+// warm-up; the median of the remaining rounds is reported.
 //
 // Exit status: 0 when every packet of every round was accepted, handled and released exactly
 // as expected; 1 when any packet was lost, dropped or rejected, or drain timed out; 2 on bad
@@ -37,7 +38,6 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
-
 
 // Empty handlers: the cost measured is the runtime's, not the handler's. Called through
 // function pointers by the runtime, so they are never inlined away.

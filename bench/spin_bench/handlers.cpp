@@ -254,8 +254,6 @@ clock_type::time_point deadline(clock_type::time_point t0, double seconds) {
   return t0 + std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(seconds));
 }
 
-// testpmd io forwarding: rx A -> tx B, unsent freed. With `copy_bytes`, each payload is copied
-// into `sink` first.
 // Swaps destination and source MAC address, as testpmd's macswap mode does.
 void swap_macs(rte_mbuf* m) noexcept {
   auto* f = rte_pktmbuf_mtod(m, std::uint8_t*);
@@ -267,8 +265,8 @@ void swap_macs(rte_mbuf* m) noexcept {
 
 enum class fwd_mode { io, macswap, copy };
 
-// testpmd-style forwarding from rx_port to tx_port on this lcore: io (no frame byte touched),
-// macswap, or copy (each payload, copy_bytes long, copied into sink).
+// testpmd-style forwarding on this lcore: rx_port -> tx_port, unsent freed; io (no frame byte
+// touched), macswap, or copy (each payload, copy_bytes long, copied into sink first).
 loop_result forward_loop(std::uint16_t rx_port, std::uint16_t tx_port, double seconds, fwd_mode mode, std::uint32_t copy_bytes,
                          std::byte* sink) {
   std::array<rte_mbuf*, burst> bufs{};
