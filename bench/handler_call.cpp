@@ -79,9 +79,13 @@ int main(int argc, char** argv) {
   app.add_option("--rounds", rounds, "timed rounds (median reported)")->check(CLI::Range(1, 100));
   app.add_option("--payload", sizes, "payload sizes in bytes")->check(CLI::Range(64u, 65536u));
   app.add_option("--json", json_path, "also write the results as JSON to this file");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // --help is a ParseError with exit code 0
+  }
 
-  const spin::bench::run_conditions cond = spin::bench::measure_conditions();
+  spin::bench::run_conditions cond = spin::bench::measure_conditions();
   cond.print("handler_call");
   std::printf("%llu calls x %d rounds, median\n", static_cast<unsigned long long>(calls), rounds);
   std::printf("%-12s %8s %11s %11s %14s %10s %12s\n", "handler", "payload", "native ns", "ebpf-jit ns", "ebpf-interp ns",
@@ -127,6 +131,8 @@ int main(int argc, char** argv) {
       out.push_back({{"handler", hname}, {"payload_bytes", size}, {"native_ns", ns[0]}, {"ebpf_jit_ns", ns[1]}, {"ebpf_interp_ns", ns[2]}});
     }
   }
+  cond.load_after = spin::bench::load_average();
+  std::printf("load average after: %.2f %.2f %.2f\n", cond.load_after[0], cond.load_after[1], cond.load_after[2]);
   if (!json_path.empty() && !spin::bench::write_text(json_path, nlohmann::json{{"conditions", cond.to_json()}, {"results", out}}.dump(2) + "\n"))
     return 2;
   if (!agree) {

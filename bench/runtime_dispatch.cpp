@@ -426,6 +426,11 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;  // --help is a ParseError with exit code 0
   }
   o.packets -= o.packets % o.message_packets;
+  // A JSON file that cannot be written is found before the run, not after it.
+  if (!o.json_path.empty() && !std::ofstream(o.json_path, std::ios::app)) {
+    std::fprintf(stderr, "runtime_dispatch: cannot write %s\n", o.json_path.c_str());
+    return 2;
+  }
 
   frame_pool pool(o.packets, o.message_packets);
   if (!pool.encode(1)) {
@@ -526,6 +531,8 @@ int main(int argc, char** argv) {
               "(runtime/include/spin/rt/stats.hpp)\n");
   std::printf("packets: %s\n", ok ? "every packet of every round accounted for" : "LOST OR DROPPED PACKETS (exit status 1)");
 
+  cond.load_after = spin::bench::load_average();
+  std::printf("load average after: %.2f %.2f %.2f\n", cond.load_after[0], cond.load_after[1], cond.load_after[2]);
   if (!o.json_path.empty()) {
     nlohmann::json jrings = nlohmann::json::array();
     for (const auto& r : rings)

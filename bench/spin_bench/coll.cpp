@@ -124,10 +124,10 @@ coll::algorithm algorithm_of(const std::string& a) {
   return coll::algorithm::host_ring;
 }
 
-// Runs every spin::coll algorithm of `algos` over `sizes`; appends rows. false: set-up failed
-// (message printed).
+// Runs every spin::coll algorithm of `algos` over `sizes`; appends rows, and to `not_run` the
+// algorithms a failure kept from running. false: set-up failed (message printed).
 bool run_spin(const coll_options& o, const std::vector<std::string>& algos, const std::vector<std::uint64_t>& sizes,
-              std::vector<coll_row>& rows) {
+              std::vector<coll_row>& rows, std::vector<std::pair<std::string, std::string>>& not_run) {
   if (auto r = emu::eal_init(emu::default_eal_args("spin-bench-coll-" + std::to_string(::getpid()))); !r) {
     std::fprintf(stderr, "spin-bench coll: %s\n", r.err().message.c_str());
     return false;
@@ -191,7 +191,8 @@ bool run_spin(const coll_options& o, const std::vector<std::string>& algos, cons
     for (std::uint32_t r = 0; r < o.ranks; ++r) s += cluster.value()->node(r).stats().ports[0].tx_bytes;
     return s;
   };
-  for (const auto& a : algos) {
+  for (std::size_t ai = 0; ai < algos.size(); ++ai) {
+    const std::string& a = algos[ai];
     const coll::algorithm algo = algorithm_of(a);
     for (std::uint64_t bytes : sizes) {
       coll_row row;
@@ -219,9 +220,12 @@ bool run_spin(const coll_options& o, const std::vector<std::string>& algos, cons
       if (row.oop.error.empty()) measure_mode(ops, true, warmup_for(o, bytes), row.iters, bytes, row.ip, {}, {});
       rows.push_back(row);
       if (!row.oop.error.empty() || !row.ip.error.empty()) {
-        // A failed collective leaves its communicator broken: the remaining sizes cannot run.
+        // A failed collective leaves its communicators broken: the remaining sizes and the
+        // algorithms after it cannot run on them.
         std::fprintf(stderr, "spin-bench coll: %s failed at %llu bytes: %s\n", a.c_str(), static_cast<unsigned long long>(bytes),
                      (row.oop.error.empty() ? row.ip.error : row.oop.error).c_str());
+        for (std::size_t k = ai + 1; k < algos.size(); ++k)
+          not_run.emplace_back(algos[k], "the communicators broke when " + a + " failed at " + std::to_string(bytes) + " bytes");
         return true;
       }
     }
@@ -298,22 +302,33 @@ std::string run_gloo(const coll_options& o, const std::vector<std::uint64_t>& si
 
 // ---- Open MPI (a child process) -------------------------------------------------------------
 
+// A word for /bin/sh: single-quoted, with any single quote inside closed, escaped and reopened.
+std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
 std::string run_mpi(const coll_options& o, std::vector<coll_row>& rows) {
-  if (o.mpi_peer.empty() || access(o.mpi_peer.c_str(), X_OK) != 0)
+  if (o.mpi_peer.empty())
     return "spin-bench-mpi was not built (Open MPI's development files were missing at configure time: Debian libopenmpi-dev)";
+  if (access(o.mpi_peer.c_str(), X_OK) != 0) return o.mpi_peer + " (--mpi-peer) is not an executable file";
   if (std::system(("command -v " + o.mpirun + " >/dev/null 2>&1").c_str()) != 0)
     return o.mpirun + " not found (Debian: openmpi-bin)";
   const std::string json_path = o.out_dir + "/coll-mpi.json";
   std::filesystem::remove(json_path);
   std::ostringstream cmd;
   // Root may run mpirun only when told; more ranks than cores need --oversubscribe.
-  cmd << o.mpirun << " --allow-run-as-root --oversubscribe -np " << o.ranks << " '" << o.mpi_peer << "' --min-bytes " << o.min_bytes
+  // --mpirun is a command line (it may carry options); the paths are quoted.
+  cmd << o.mpirun << " --allow-run-as-root --oversubscribe -np " << o.ranks << ' ' << shell_quote(o.mpi_peer) << " --min-bytes " << o.min_bytes
       << " --max-bytes " << o.max_bytes << " --factor " << o.factor << " --iters " << o.max_iters << " --warmup " << o.warmup_iters
-      << " --budget-bytes " << o.budget_bytes << " --json '" << json_path << "' > '" << o.out_dir << "/coll-mpi.log' 2>&1";
+      << " --budget-bytes " << o.budget_bytes << " --json " << shell_quote(json_path) << " > " << shell_quote(o.out_dir + "/coll-mpi.log")
+      << " 2>&1";
   std::fprintf(stderr, "  mpi: %s\n", cmd.str().c_str());
   const int rc = std::system(cmd.str().c_str());
   std::ifstream f(json_path);
-  if (rc != 0 || !f) return "mpirun failed (status " + std::to_string(rc) + "); its output is in " + o.out_dir + "/coll-mpi.log";
+  if (rc != 0) return "mpirun failed (status " + std::to_string(rc) + "); its output is in " + o.out_dir + "/coll-mpi.log";
+  if (!f) return "mpirun ran, but the peer wrote no results to " + json_path + "; its output is in " + o.out_dir + "/coll-mpi.log";
   try {
     const nlohmann::json j = nlohmann::json::parse(f);
     for (const auto& r : j.at("rows")) rows.push_back(row_from_json(r));
@@ -371,6 +386,12 @@ int run_coll(const coll_options& o) {
               o.ranks, static_cast<unsigned long long>(o.min_bytes), static_cast<unsigned long long>(o.max_bytes),
               static_cast<unsigned long long>(o.factor), o.max_iters, o.warmup_iters,
               static_cast<unsigned long long>(o.budget_bytes >> 20));
+  // Sizes are whole float32 elements: say what runs when that is not what was asked for.
+  if (o.min_bytes % 4 != 0 || o.max_bytes % 4 != 0 || sizes.front() != o.min_bytes) {
+    std::printf("sizes run (bytes, rounded down to whole float32 elements):");
+    for (std::uint64_t b : sizes) std::printf(" %llu", static_cast<unsigned long long>(b));
+    std::printf("\n");
+  }
   std::fflush(stdout);
 
   std::vector<coll_row> rows;
@@ -390,7 +411,12 @@ int run_coll(const coll_options& o) {
     }
   }
   // spin::coll last: EAL stays initialised for the rest of the process.
-  if (!spin_algos.empty() && !run_spin(o, spin_algos, sizes, rows)) return 2;
+  if (!spin_algos.empty() && !run_spin(o, spin_algos, sizes, rows, not_run)) return 2;
+  if (rows.empty()) {
+    for (const auto& [what, why] : not_run) std::fprintf(stderr, "not run: %s: %s\n", what.c_str(), why.c_str());
+    std::fprintf(stderr, "spin-bench coll: nothing ran\n");
+    return 2;
+  }
   cond.load_after = load_average();
 
   bool all_ok = true;

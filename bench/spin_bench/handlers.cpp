@@ -427,6 +427,7 @@ std::vector<handler_spec> all_handlers() {
     h.package = "noop";
     h.targets = {"native", "ebpf"};
     h.what = "a payload handler that returns at once (bench/handlers/noop.cpp): the cost of calling a handler";
+    h.refuses = [](std::uint32_t p) -> std::string { return p == 0 ? no_payload_handler : ""; };
     v.push_back(h);
   }
   {
@@ -868,6 +869,18 @@ int run_handlers(const handlers_options& o) {
   std::vector<std::uint32_t> hpu_counts = o.hpus;
   if (hpu_counts.empty())
     for (std::uint32_t h = 1; h <= ncpu; ++h) hpu_counts.push_back(h);
+  std::sort(hpu_counts.begin(), hpu_counts.end());
+  hpu_counts.erase(std::unique(hpu_counts.begin(), hpu_counts.end()), hpu_counts.end());
+  if (hpu_counts.front() < 1 || hpu_counts.back() > ncpu) {
+    // More HPU threads than CPUs starve each other inside the cacheless mempool's ring.
+    std::fprintf(stderr, "spin-bench handlers: HPU counts must lie in 1 .. %u (the hardware threads)\n", ncpu);
+    return 2;
+  }
+  // One row set per frame size: 64 and 88 both run as an 88-byte frame.
+  std::vector<std::uint32_t> sizes;
+  for (std::uint32_t size : o.sizes)
+    if (std::none_of(sizes.begin(), sizes.end(), [&](std::uint32_t x) { return std::max(x, header_bytes) == std::max(size, header_bytes); }))
+      sizes.push_back(size);
   if (o.poll_cpu < 0 || static_cast<unsigned>(o.poll_cpu) >= ncpu) {
     std::fprintf(stderr, "spin-bench handlers: --poll-cpu %d is not one of the %u CPUs\n", o.poll_cpu, ncpu);
     return 2;
@@ -927,7 +940,7 @@ int run_handlers(const handlers_options& o) {
   std::vector<row> rows;
   std::vector<std::pair<std::string, std::string>> skipped;  // what, why
   bool all_ok = true;
-  for (std::uint32_t size : o.sizes) {
+  for (std::uint32_t size : sizes) {
     const std::uint32_t frame = std::max(size, header_bytes), payload = frame - header_bytes;
     std::fprintf(stderr, "size %u: frame %u bytes, payload %u bytes\n", size, frame, payload);
     // Baselines.
@@ -998,11 +1011,11 @@ int run_handlers(const handlers_options& o) {
           r.ratio_fadd = fad > 0 ? r.hpu_gbs / fad : 0;
           r.e2e_gbs_per_hpu = m * 1e6 * payload / hp / 1e9;
           r.e2e_ratio_memcpy = mcp > 0 ? r.e2e_gbs_per_hpu / mcp : 0;
-          if (h.name == "empty" && hp == 1) {
+          if (o.baselines && h.name == "empty" && hp == 1) {
             r.aim = "Mpps >= " + fmt("%.1f", aim_empty_vs_fwd) + " x io-fwd";
             r.aim_met = r.ratio_fwd >= aim_empty_vs_fwd;
           }
-          if (h.name == "fsum" && payload == aim_fsum_payload) {
+          if (o.baselines && h.name == "fsum" && payload == aim_fsum_payload) {
             r.aim = "one HPU's payload GB/s >= " + fmt("%.1f", aim_fsum_vs_memcpy) + " x memcpy";
             r.aim_met = r.ratio_memcpy >= aim_fsum_vs_memcpy;
           }
@@ -1030,10 +1043,10 @@ int run_handlers(const handlers_options& o) {
     const double m = median(r.mpps);
     std::string check = r.ok ? "ok" : "FAILED";
     if (!r.aim.empty()) check += r.aim_met ? ", aim met" : ", aim MISSED";
-    std::printf("%-15s %-6s %5u %7u %4u %7.3f %7.2f %8.1f %8.1f %8.0f %6.0f%% %8.3f %7.2f %7s  %s\n", r.handler.c_str(), r.target.c_str(),
+    std::printf("%-15s %-6s %5u %7u %4u %7.3f %7.2f %8.1f %8.1f %8.0f %6.0f%% %8s %7.2f %7s  %s\n", r.handler.c_str(), r.target.c_str(),
                 r.frame, r.payload, r.hpus, m, m * r.frame * 8 / 1e3, m > 0 ? 1e3 / m : 0, median(r.hpu_ns),
-                median(r.hpu_ns) * cond.tsc_ghz, 100 * busy_share(r), r.ratio_fwd, r.hpu_gbs,
-                r.payload > 0 && r.hpu_gbs > 0 ? fmt("%.3f", r.ratio_memcpy).c_str() : "-", check.c_str());
+                median(r.hpu_ns) * cond.tsc_ghz, 100 * busy_share(r), r.ratio_fwd > 0 ? fmt("%.3f", r.ratio_fwd).c_str() : "-", r.hpu_gbs,
+                r.payload > 0 && r.ratio_memcpy > 0 ? fmt("%.3f", r.ratio_memcpy).c_str() : "-", check.c_str());
     for (const auto& f : r.failures) std::printf("    FAIL: %s\n", f.c_str());
   }
   if (!skipped.empty()) {
@@ -1052,8 +1065,13 @@ int run_handlers(const handlers_options& o) {
                     native_only.c_str());
     }
 
+  if (rows.empty()) {
+    std::fprintf(stderr, "spin-bench handlers: no row ran: the handler, target and size combinations asked for were all skipped\n");
+    return 2;
+  }
+
   // ---- aims ----
-  std::printf("\naims:\n");
+  std::printf("\naims:%s\n", o.baselines ? "" : " not judged (--no-baselines)");
   for (const auto& r : rows) {
     if (r.aim.empty()) continue;
     std::printf("  %-6s %s frame %u, %u HPU%s: %s: %s (%.3f)", r.handler.c_str(), r.target.c_str(), r.frame, r.hpus, r.hpus > 1 ? "s" : "",
@@ -1104,7 +1122,7 @@ int run_handlers(const handlers_options& o) {
       if (r.handler != "pingpong" || r.hpus != 1 || r.payload != 1024) continue;
       any = true;
       const double ns = median(r.hpu_ns), cyc = ns * cond.tsc_ghz;
-      const double pred = o.model_hpus * o.model_ghz * 1e3 / cyc;  // Mpps
+      const double pred = 32 * 1.0 * 1e3 / cyc;  // Mpps at PsPIN's 32 HPUs of 1 GHz, whatever --model-* say
       const std::uint32_t insns = r.target == "ebpf" && packages.count("pingpong.ebpf") ? packages.at("pingpong.ebpf").bpf_insns : 0;
       std::printf("  %-6s: %.1f ns = %.0f cycles per packet on one HPU%s; 32 HPUs at 1 GHz with these cycles: %.1f Gbit/s of 1 KiB "
                   "payload\n",
@@ -1113,7 +1131,7 @@ int run_handlers(const handlers_options& o) {
       pingpong_vs.push_back({{"target", r.target}, {"hpu_ns_per_packet", ns}, {"cycles_per_packet", cyc}, {"ebpf_instructions", insns},
                              {"predicted_gbps_32hpus_1ghz", pred * 1024 * 8 / 1e3}});
     }
-    if (!any) std::printf("  (not measured: run with a 1112-byte frame, 1 KiB payload, and 1 HPU)\n");
+    if (!any) std::printf("  (not measured: it needs the pingpong handler at a 1112-byte frame, 1 KiB payload, with 1 HPU)\n");
     else
       std::printf("  The difference: a PsPIN HPU runs the handler on a packet already in its L1 and sends it with a DMA\n"
                   "  command; here an HPU's packet time also holds the runtime's task, the send (an mbuf, a copy of the frame,\n"
@@ -1124,17 +1142,17 @@ int run_handlers(const handlers_options& o) {
   // ---- files ----
   std::ostringstream csv;
   csv << "handler,target,frame_bytes,size_requested,payload_bytes,hpus,cpus,mpps,gbps,ns_per_packet,hpu_ns_per_packet,"
-         "hpu_cycles_per_packet,poll_cpu_ns_per_packet,ratio_vs_io_fwd,ratio_vs_macswap,ratio_vs_fwd_copy,hpu_payload_gbs,ratio_vs_memcpy,ratio_vs_fadd,"
+         "hpu_cycles_per_packet,hpu_busy_share,poll_cpu_ns_per_packet,ratio_vs_io_fwd,ratio_vs_macswap,ratio_vs_fwd_copy,hpu_payload_gbs,ratio_vs_memcpy,ratio_vs_fadd,"
          "nic_payload_gbs_per_hpu,nic_ratio_vs_memcpy,"
-         "io_fwd_mpps,macswap_mpps,memcpy_gbs,fadd_gbs,aim,aim_met,check,mpps_runs\n";
+         "io_fwd_mpps,macswap_mpps,fwd_copy_mpps,memcpy_gbs,fadd_gbs,aim,aim_met,check,mpps_runs\n";
   nlohmann::json jrows = nlohmann::json::array();
   for (const auto& r : rows) {
     const baseline& b = *std::find_if(bases.begin(), bases.end(), [&](const baseline& x) { return x.frame == r.frame; });
     const double m = median(r.mpps);
     csv << r.handler << ',' << r.target << ',' << r.frame << ',' << r.size << ',' << r.payload << ',' << r.hpus << ',' << csv_field(r.cpus)
         << ',' << m << ',' << m * r.frame * 8 / 1e3 << ',' << (m > 0 ? 1e3 / m : 0) << ',' << median(r.hpu_ns) << ','
-        << median(r.hpu_ns) * cond.tsc_ghz << ',' << median(r.poll_ns) << ',' << r.ratio_fwd << ',' << r.ratio_macswap << ',' << r.ratio_copy << ',' << r.hpu_gbs << ','
-        << r.ratio_memcpy << ',' << r.ratio_fadd << ',' << r.e2e_gbs_per_hpu << ',' << r.e2e_ratio_memcpy << ',' << median(b.fwd_mpps) << ',' << median(b.macswap_mpps) << ',' << median(b.memcpy_gbs) << ','
+        << median(r.hpu_ns) * cond.tsc_ghz << ',' << busy_share(r) << ',' << median(r.poll_ns) << ',' << r.ratio_fwd << ',' << r.ratio_macswap << ',' << r.ratio_copy << ',' << r.hpu_gbs << ','
+        << r.ratio_memcpy << ',' << r.ratio_fadd << ',' << r.e2e_gbs_per_hpu << ',' << r.e2e_ratio_memcpy << ',' << median(b.fwd_mpps) << ',' << median(b.macswap_mpps) << ',' << median(b.copy_mpps) << ',' << median(b.memcpy_gbs) << ','
         << median(b.fadd_gbs) << ',' << csv_field(r.aim) << ',' << (r.aim.empty() ? "" : r.aim_met ? "yes" : "no") << ','
         << (r.ok ? "ok" : "failed") << ',' << join(r.mpps, ";") << '\n';
     nlohmann::json j = {{"handler", r.handler},
@@ -1189,7 +1207,7 @@ int run_handlers(const handlers_options& o) {
       {"dpdk", rte_version()},
       {"config",
        {{"seconds", o.seconds}, {"repeats", o.repeats}, {"warmup_seconds", o.warmup_seconds}, {"burst", burst}, {"pool_mbufs", o.pool_mbufs},
-        {"poll_cpu", o.poll_cpu}, {"sizes", o.sizes}, {"hpus", hpu_counts}}},
+        {"poll_cpu", o.poll_cpu}, {"sizes", sizes}, {"hpus", hpu_counts}}},
       {"baselines", jb},
       {"results", jrows},
       {"skipped", js},

@@ -10,13 +10,18 @@
 // error.
 #if SPIN_BENCH_HAVE_COLL
 #include "coll.hpp"
+
+#include <spin/coll/coll.hpp>
 #endif
 #include "handlers.hpp"
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <string>
+#include <thread>
 
 #ifndef SPIN_BENCH_PACKAGE_DIR
 #define SPIN_BENCH_PACKAGE_DIR "."
@@ -24,6 +29,22 @@
 #ifndef SPIN_BENCH_MPI_PEER
 #define SPIN_BENCH_MPI_PEER ""
 #endif
+
+namespace {
+// CLI::Range lets NaN through (every comparison with it is false).
+const CLI::Validator finite_number(
+    [](std::string& s) -> std::string {
+      std::size_t used = 0;
+      double v = 0;
+      try {
+        v = std::stod(s, &used);
+      } catch (...) {
+        return "not a number: " + s;
+      }
+      return used == s.size() && std::isfinite(v) ? std::string() : "not a finite number: " + s;
+    },
+    "FINITE");
+} // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"spin-bench: handler throughput and collective benchmarks of spinnic, each beside baselines measured in the same run"};
@@ -42,10 +63,14 @@ int main(int argc, char** argv) {
   hc->add_option("--handler", h.handlers,
                  "handlers to run (default: all): empty, noop, isum, fsum, pingpong, strided_unpack, histogram, filter, bcast_forward");
   hc->add_option("--target", h.targets, "targets of packaged handlers: native, ebpf")->capture_default_str()->check(CLI::IsMember({"native", "ebpf"}));
-  hc->add_option("--hpus", h.hpus, "HPU counts to run (default: 1 .. hardware threads)")->check(CLI::Range(1u, 64u));
-  hc->add_option("--seconds", h.seconds, "duration of one measurement")->capture_default_str()->check(CLI::Range(0.01, 600.0));
+  // More HPU threads than CPUs starve each other inside the cacheless mempool's ring (a thread
+  // preempted mid-operation holds the others up): the rows then crawl and fail their checks.
+  const unsigned cpus = std::max(1u, std::thread::hardware_concurrency());
+  hc->add_option("--hpus", h.hpus, "HPU counts to run, 1 .. hardware threads (" + std::to_string(cpus) + "; default: all of them)")
+      ->check(CLI::Range(1u, cpus));
+  hc->add_option("--seconds", h.seconds, "duration of one measurement")->capture_default_str()->check(finite_number)->check(CLI::Range(0.01, 600.0));
   hc->add_option("--repeats", h.repeats, "measurements per row (the median is reported)")->capture_default_str()->check(CLI::Range(1u, 1000u));
-  hc->add_option("--warmup", h.warmup_seconds, "warm-up run per row (seconds)")->capture_default_str()->check(CLI::Range(0.0, 60.0));
+  hc->add_option("--warmup", h.warmup_seconds, "warm-up run per row (seconds)")->capture_default_str()->check(finite_number)->check(CLI::Range(0.0, 60.0));
   hc->add_option("--poll-cpu", h.poll_cpu, "CPU of the poll thread and the baselines; HPU i runs on (poll-cpu + 1 + i) mod CPUs")->capture_default_str();
   hc->add_option("--pool-mbufs", h.pool_mbufs, "mbufs per port pool (message ids repeat after this many frames)")
       ->capture_default_str()
@@ -55,8 +80,8 @@ int main(int argc, char** argv) {
   hc->add_flag("!--no-plot", h.plots, "do not run gnuplot");
   hc->add_flag("!--no-baselines", h.baselines, "skip the baselines (for profiling a handler; no ratios are printed)");
   hc->add_option("--model-hpus", h.model_hpus, "NIC model: HPUs (PsPIN: 32)")->capture_default_str()->check(CLI::Range(1u, 4096u));
-  hc->add_option("--model-ghz", h.model_ghz, "NIC model: HPU clock in GHz (PsPIN: 1)")->capture_default_str()->check(CLI::Range(0.01, 10.0));
-  hc->add_option("--line-gbps", h.model_line_gbps, "NIC model: line rate in Gbit/s (PsPIN: 400)")->capture_default_str()->check(CLI::Range(0.1, 10000.0));
+  hc->add_option("--model-ghz", h.model_ghz, "NIC model: HPU clock in GHz (PsPIN: 1)")->capture_default_str()->check(finite_number)->check(CLI::Range(0.01, 10.0));
+  hc->add_option("--line-gbps", h.model_line_gbps, "NIC model: line rate in Gbit/s (PsPIN: 400)")->capture_default_str()->check(finite_number)->check(CLI::Range(0.1, 10000.0));
 
 #if SPIN_BENCH_HAVE_COLL
   spin::bench::coll_options c;
@@ -66,7 +91,12 @@ int main(int argc, char** argv) {
       "nccl-tests-style allreduce tables (size, count, type, redop, root, time, algbw, busbw, #wrong; out-of-place and in-place) for "
       "spin::coll's switch, edge_ring and host_ring on an emulated cluster, Gloo's ring allreduce over TCP on loopback and Open MPI's "
       "MPI_Allreduce, all on the same data, with the bytes each rank's NIC sent. Writes coll.csv, coll.json and coll.png to --out.");
-  cc->add_option("-n,--ranks", c.ranks, "ranks (hosts)")->capture_default_str()->check(CLI::Range(2u, 64u));
+  // Each rank of the emulated star takes two DPDK ports (its NIC's and the switch's).
+  constexpr unsigned max_ranks = RTE_MAX_ETHPORTS / 2;
+  cc->add_option("-n,--ranks", c.ranks, "ranks (hosts), 2 .. " + std::to_string(max_ranks) + " (each takes two of DPDK's " +
+                                            std::to_string(RTE_MAX_ETHPORTS) + " ports)")
+      ->capture_default_str()
+      ->check(CLI::Range(2u, max_ranks));
   cc->add_option("-b,--min-bytes", c.min_bytes, "smallest message (bytes)")->capture_default_str()->check(CLI::Range(std::uint64_t{4}, std::uint64_t{1} << 33));
   cc->add_option("-e,--max-bytes", c.max_bytes, "largest message (bytes)")->capture_default_str()->check(CLI::Range(std::uint64_t{4}, std::uint64_t{1} << 33));
   cc->add_option("-f,--factor", c.factor, "size step factor")->capture_default_str()->check(CLI::Range(std::uint64_t{2}, std::uint64_t{1024}));
@@ -78,7 +108,11 @@ int main(int argc, char** argv) {
   cc->add_option("--budget-bytes", c.budget_bytes, "data per measurement that sets the number of timed calls")
       ->capture_default_str()
       ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 40));
-  cc->add_option("--packet-bytes", c.packet_bytes, "spin::coll payload per packet")->capture_default_str()->check(CLI::Range(64u, 4096u));
+  cc->add_option("--packet-bytes", c.packet_bytes,
+                 "spin::coll payload per packet, 64 .. 4096 (switch: at most the switch's slot, " +
+                     std::to_string(spin::coll::fabric_options{}.slot_bytes) + ")")
+      ->capture_default_str()
+      ->check(CLI::Range(64u, 4096u));
   cc->add_option("--mpi-peer", c.mpi_peer, "the spin-bench-mpi binary")->capture_default_str();
   cc->add_option("--mpirun", c.mpirun, "mpirun command")->capture_default_str();
   cc->add_option("--out", c.out_dir, "directory for coll.csv, .json, .dat, .gp and .png")->capture_default_str();
@@ -92,7 +126,15 @@ int main(int argc, char** argv) {
   }
   if (hc->parsed()) return spin::bench::run_handlers(h);
 #if SPIN_BENCH_HAVE_COLL
-  if (cc->parsed()) return spin::bench::run_coll(c);
+  if (cc->parsed()) {
+    const bool with_switch = std::find(c.algorithms.begin(), c.algorithms.end(), "switch") != c.algorithms.end();
+    if (with_switch && c.packet_bytes > spin::coll::fabric_options{}.slot_bytes) {
+      std::fprintf(stderr, "spin-bench coll: --packet-bytes %u does not fit the switch's slots of %u bytes (lower it, or leave out switch)\n",
+                   c.packet_bytes, spin::coll::fabric_options{}.slot_bytes);
+      return 2;
+    }
+    return spin::bench::run_coll(c);
+  }
 #endif
   return 2;
 }

@@ -9,6 +9,8 @@
 
 #include <mpi.h>
 
+#include <cstring>
+
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -100,7 +102,7 @@ int main(int argc, char** argv) {
   int rc = 0;
   if (rank == 0) {
     std::ofstream f(json_path);
-    f << nlohmann::json{{"library", std::string(library, static_cast<std::size_t>(library_len))}, {"rows", rows}}.dump(2) << '\n';
+    f << nlohmann::json{{"library", std::string(library, strnlen(library, static_cast<std::size_t>(library_len)))}, {"rows", rows}}.dump(2) << '\n';
     if (!f) {
       std::fprintf(stderr, "spin-bench-mpi: cannot write %s\n", json_path.c_str());
       rc = 2;

@@ -64,6 +64,20 @@ def main():
         check(rc == 2 and "unknown handler 'nosuch'" in err, "unknown handler: status %d, stderr %r" % (rc, err[-300:]))
         rc, out, err = run([exe, "handlers", "--sizes", "20"], 60)
         check(rc == 2, "a frame size below 64 is refused (status %d)" % rc)
+        for bad in (["--seconds", "nan"], ["--warmup", "nan"], ["--model-ghz", "nan"], ["--line-gbps", "nan"],
+                    ["--hpus", str((os.cpu_count() or 1) + 1)]):
+            rc, out, err = run([exe, "handlers", "--out", hd] + bad, 60)
+            check(rc == 2, "handlers %s is refused (status %d, stderr %r)" % (" ".join(bad), rc, err[-300:]))
+        # Nothing to run (fsum has no eBPF build): an error, not an empty report that passed.
+        rc, out, err = run([exe, "handlers", "--handler", "fsum", "--target", "ebpf", "--sizes", "344", "--hpus", "1",
+                            "--out", hd, "--no-plot"], 120)
+        check(rc == 2 and "no row ran" in err, "handlers with nothing to run: status %d, stderr %r" % (rc, err[-300:]))
+        # Duplicate sizes (64 runs as 88) and HPU counts give one row each.
+        rc, out, err = run([exe, "handlers", "--handler", "empty", "--sizes", "64", "88", "--hpus", "1", "1", "--seconds", "0.02",
+                            "--repeats", "1", "--warmup", "0", "--no-plot", "--no-baselines", "--out", hd], 120)
+        doc = json.load(open(os.path.join(hd, "handlers.json"))) if rc == 0 else {"results": []}
+        check(rc == 0 and len(doc["results"]) == 1, "duplicate sizes and HPU counts run once (status %d, %d rows)"
+              % (rc, len(doc["results"])))
 
         # ---- coll ----
         cd = os.path.join(d, "c")
@@ -99,6 +113,13 @@ def main():
         check("#wrong" in out and "busbw" in out and "in-place" in out, "nccl-tests columns in the table")
         rc, out, err = run([exe, "coll", "--ranks", "1"], 60)
         check(rc == 2, "one rank is refused (status %d)" % rc)
+        rc, out, err = run([exe, "coll", "--packet-bytes", "4096", "--algorithm", "switch", "--out", cd], 60)
+        check(rc == 2 and "does not fit the switch's slots" in err,
+              "packets larger than the switch's slots are refused up front (status %d, stderr %r)" % (rc, err[-300:]))
+        rc, out, err = run([exe, "coll", "-b", "8", "-e", "8", "--algorithm", "mpi", "--mpi-peer", "/nonexistent",
+                            "--no-plot", "--out", cd], 60)
+        check(rc == 2 and "/nonexistent (--mpi-peer) is not an executable file" in err and "nothing ran" in err,
+              "coll with nothing that can run: status %d, stderr %r" % (rc, err[-300:]))
 
     print("%d failure(s)" % len(failures))
     return 1 if failures else 0
