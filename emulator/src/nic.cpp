@@ -185,6 +185,7 @@ struct nic::impl {
   std::unique_ptr<hpu_scratch[]> scratch;
   rte_mempool* lin_pool = nullptr;  // whole-frame mbufs for linearising chained RX frames
   rte_mempool* tx_pool = nullptr;   // the first port's pool
+  std::uint32_t tx_room = 0;        // bytes of frame one tx_pool mbuf holds (data room - headroom)
   std::uint32_t max_payload = 0;
   std::uint32_t host_payload = 0;
   tx tx_port{*this};
@@ -238,7 +239,7 @@ struct nic::impl {
   // when needed) for the loopback, since the runtime takes contiguous frames.
   rte_mbuf* build(std::uint32_t pi, const std::byte* frame, std::uint32_t len) noexcept {
     if (pi == ports.size()) {
-      rte_mempool* pool = lin_pool != nullptr && len > rte_pktmbuf_data_room_size(tx_pool) - RTE_PKTMBUF_HEADROOM ? lin_pool : tx_pool;
+      rte_mempool* pool = lin_pool != nullptr && len > tx_room ? lin_pool : tx_pool;
       return frame_to_mbufs(pool, frame, len, false);
     }
     return frame_to_mbufs(tx_pool, frame, len, ports[pi].p->tx_multi_seg());
@@ -299,6 +300,7 @@ result<void> nic::impl::init() {
     ports.back().rx_pending.resize(cfg.burst);
   }
   tx_pool = ports[0].p->pool();
+  tx_room = rte_pktmbuf_data_room_size(tx_pool) - RTE_PKTMBUF_HEADROOM;
   if (cfg.port.max_frame_bytes > cfg.port.mbuf_data_bytes) {
     static std::atomic<unsigned> seq{0};
     const std::string nm = "spin_lin" + std::to_string(seq.fetch_add(1));
@@ -375,8 +377,7 @@ errc nic::impl::hpu_send(std::uint32_t hpu, std::uint32_t dest, const rt::wire::
   // One copy: a frame that fits one mbuf of the transmit pool is encoded straight into it
   // (spin-bench handlers: pingpong 1 KiB, HPU cycles per packet down by the second copy). A
   // larger one is encoded whole into scratch, then cut into a chain.
-  const std::uint32_t mbuf_room = rte_pktmbuf_data_room_size(tx_pool) - RTE_PKTMBUF_HEADROOM;
-  if (static_cast<std::uint32_t>(pi) != ports.size() && rt::wire::encoded_len(h, payload.size()) <= mbuf_room) {
+  if (static_cast<std::uint32_t>(pi) != ports.size() && rt::wire::encoded_len(h, payload.size()) <= tx_room) {
     m = mbuf_alloc(tx_pool);
     if (m == nullptr) {
       s.no_mbuf.add(1);
@@ -774,7 +775,7 @@ result<void> nic::send(const message_send& m, std::chrono::milliseconds timeout)
     const std::uint32_t pi = static_cast<std::uint32_t>(_p->route(m.dest_rank));
     rt::wire::header probe;
     const std::size_t frame = rt::wire::encoded_len(probe, std::min<std::uint64_t>(m.len_bytes, _p->host_payload));
-    const std::size_t room = rte_pktmbuf_data_room_size(_p->tx_pool) - RTE_PKTMBUF_HEADROOM;
+    const std::size_t room = _p->tx_room;
     if (pi < _p->ports.size() && frame > room && !_p->ports[pi].p->tx_multi_seg())
       return fail(errc::invalid_argument, "send: frames of " + std::to_string(frame) + " bytes do not fit one " + std::to_string(room) +
                                               "-byte mbuf and port " + _p->ports[pi].p->name() +
