@@ -72,6 +72,21 @@ def main():
         rc, out, err = run([exe, "handlers", "--handler", "fsum", "--target", "ebpf", "--sizes", "344", "--hpus", "1",
                             "--out", hd, "--no-plot"], 120)
         check(rc == 2 and "no row ran" in err, "handlers with nothing to run: status %d, stderr %r" % (rc, err[-300:]))
+        # Ping-pong beside PsPIN stays at PsPIN's 32 HPUs x 1 GHz whatever the model options say;
+        # --no-baselines judges no aim and gives no ratio; noop without payload is skipped.
+        rc, out, err = run([exe, "handlers", "--handler", "noop", "pingpong", "--target", "native", "--sizes", "88", "1112",
+                            "--hpus", "1", "--seconds", "0.02", "--repeats", "1", "--warmup", "0", "--no-plot", "--no-baselines",
+                            "--model-hpus", "64", "--model-ghz", "2", "--out", hd], 120)
+        check(rc == 0, "pingpong with --model-* and --no-baselines: status %d (stderr %s)" % (rc, err[-500:]))
+        if rc == 0:
+            doc = json.load(open(os.path.join(hd, "handlers.json")))
+            pp = doc["pingpong_vs_pspin"]["measured"]
+            check(len(pp) == 1 and abs(pp[0]["predicted_gbps_32hpus_1ghz"] - 32e3 / pp[0]["cycles_per_packet"] * 1024 * 8 / 1e3) < 1e-6,
+                  "the PsPIN comparison uses 32 HPUs at 1 GHz: %s" % pp)
+            check(all(r["ratio_vs_io_fwd"] == 0 and "aim" not in r for r in doc["results"]), "--no-baselines: no ratio, no aim")
+            check("aims: not judged (--no-baselines)" in out, "--no-baselines says the aims are not judged")
+            check([(r["handler"], r["frame_bytes"]) for r in doc["results"]] == [("noop", 1112), ("pingpong", 1112)],
+                  "noop and pingpong run only with payload: %s" % [(r["handler"], r["frame_bytes"]) for r in doc["results"]])
         # Duplicate sizes (64 runs as 88) and HPU counts give one row each.
         rc, out, err = run([exe, "handlers", "--handler", "empty", "--sizes", "64", "88", "--hpus", "1", "1", "--seconds", "0.02",
                             "--repeats", "1", "--warmup", "0", "--no-plot", "--no-baselines", "--out", hd], 120)
@@ -80,7 +95,7 @@ def main():
               % (rc, len(doc["results"])))
 
         # ---- coll ----
-        cd = os.path.join(d, "c")
+        cd = os.path.join(d, "c'q")  # a quote in the path: the mpirun command line must quote it
         algos = ["switch", "edge_ring", "host_ring"]
         if sanitize in ("", "none"):
             algos += ["gloo", "mpi"]  # uninstrumented libraries: only in plain builds
@@ -111,6 +126,9 @@ def main():
             x = r["sent_bytes_per_rank"] / 65536
             check(lo <= x <= hi, "%s sent %.3f x S per rank, expected %.2f .. %.2f" % (a, x, lo, hi))
         check("#wrong" in out and "busbw" in out and "in-place" in out, "nccl-tests columns in the table")
+        if "mpi" in algos:
+            lib = json.load(open(os.path.join(cd, "coll-mpi.json")))["library"]
+            check(lib and "\0" not in lib, "the MPI library string has no NUL: %r" % lib[-20:])
         rc, out, err = run([exe, "coll", "--ranks", "1"], 60)
         check(rc == 2, "one rank is refused (status %d)" % rc)
         rc, out, err = run([exe, "coll", "--packet-bytes", "4096", "--algorithm", "switch", "--out", cd], 60)
