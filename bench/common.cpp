@@ -1,9 +1,8 @@
 #include "common.hpp"
 
-#include <x86intrin.h>
+#include <spin/rt/runtime.hpp>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -45,7 +44,6 @@ std::string cpu_model_name() {
 
 double thread_cpu_seconds() { return clock_seconds(CLOCK_THREAD_CPUTIME_ID); }
 double process_cpu_seconds() { return clock_seconds(CLOCK_PROCESS_CPUTIME_ID); }
-std::uint64_t cycles_now() { return __rdtsc(); }
 
 std::array<double, 3> load_average() {
   std::array<double, 3> l{-1, -1, -1};
@@ -56,7 +54,7 @@ std::array<double, 3> load_average() {
   return l;
 }
 
-run_conditions measure_conditions(unsigned calibrate_ms) {
+run_conditions measure_conditions() {
   run_conditions c;
   c.buildtype = SPIN_BUILD_TYPE;
   c.optimization = SPIN_BUILD_OPTIMIZATION;
@@ -67,12 +65,8 @@ run_conditions measure_conditions(unsigned calibrate_ms) {
   c.cpu_model = cpu_model_name();
   c.hardware_threads = std::thread::hardware_concurrency();
   c.load_before = load_average();
-  const auto t0 = std::chrono::steady_clock::now();
-  const std::uint64_t c0 = cycles_now();
-  std::this_thread::sleep_for(std::chrono::milliseconds(calibrate_ms));
-  const std::uint64_t c1 = cycles_now();
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  c.tsc_ghz = s > 0 ? static_cast<double>(c1 - c0) / s / 1e9 : 0;
+  // The runtime's own calibration: the cycle figures turn its busy_ns back into its ticks.
+  c.tsc_ghz = rt::cycle_counter_ghz();
   bool sanitized = c.sanitize != "none" && !c.sanitize.empty();
 #if defined(__has_feature)
 #if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)

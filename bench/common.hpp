@@ -19,7 +19,7 @@ struct run_conditions {
   bool ndebug = false;
   std::string cpu_model;
   unsigned hardware_threads = 0;
-  double tsc_ghz = 0;                       ///< rate of the cycle counter the cycle figures use
+  double tsc_ghz = 0;                       ///< rate of the cycle counter the cycle figures use (rt::cycle_counter_ghz)
   std::array<double, 3> load_before{-1, -1, -1};
   std::array<double, 3> load_after{-1, -1, -1};
   std::vector<std::string> warnings;        ///< why the numbers may not be representative
@@ -28,9 +28,9 @@ struct run_conditions {
   void print(const char* benchmark) const;
 };
 
-/// Reads the build settings, CPU, load and cycle-counter rate (measured against the steady
-/// clock for `calibrate_ms` milliseconds).
-run_conditions measure_conditions(unsigned calibrate_ms = 100);
+/// Reads the build settings, CPU, load and the cycle-counter rate. The rate is the runtime's own
+/// (rt::cycle_counter_ghz), so that cycle figures derived from its busy times are its ticks.
+run_conditions measure_conditions();
 
 /// /proc/loadavg's three figures, or -1 each when unreadable.
 std::array<double, 3> load_average();
@@ -38,9 +38,6 @@ std::array<double, 3> load_average();
 /// CPU time of the calling thread and of the whole process (seconds).
 double thread_cpu_seconds();
 double process_cpu_seconds();
-
-/// Reads the cycle counter (rdtsc).
-std::uint64_t cycles_now();
 
 double median(std::vector<double> v);
 /// "1.234;2.345" with `sep` between values printed with `precision` decimals.

@@ -1857,6 +1857,8 @@ runtime_stats runtime::stats() const {
   return s;
 }
 
+double cycle_counter_ghz() { return ticks_per_ns(); }
+
 std::uint32_t runtime::hpus() const { return static_cast<std::uint32_t>(_impl->hpus.size()); }
 
 } // namespace spin::rt

@@ -387,3 +387,12 @@ TEST_CASE("the HPU thread hooks run once on every HPU thread, at its start and b
 }
 
 } // TEST_SUITE
+
+TEST_CASE("the cycle counter's rate is measured once per process and is a plausible clock rate") {
+  // The benchmarks turn busy_ns back into cycles with this rate: it must be the runtime's one
+  // value, not a new measurement per call.
+  const double ghz = spin::rt::cycle_counter_ghz();
+  CHECK(ghz > 0.05);
+  CHECK(ghz < 20.0);
+  CHECK(spin::rt::cycle_counter_ghz() == ghz);
+}
