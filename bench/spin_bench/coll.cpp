@@ -38,6 +38,7 @@
 #include <algorithm>
 #include <atomic>
 #include <barrier>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -48,8 +49,12 @@
 #include <mutex>
 #include <sstream>
 #include <thread>
-#include <unistd.h>
 #include <vector>
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 namespace spin::bench {
 
@@ -303,32 +308,57 @@ std::string run_gloo(const coll_options& o, const std::vector<std::uint64_t>& si
 // ---- Open MPI (a child process) -------------------------------------------------------------
 
 // A word for /bin/sh: single-quoted, with any single quote inside closed, escaped and reopened.
-std::string shell_quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
+// Runs argv[0] (looked up in PATH) with `argv`, standard output and error going to `log_path`,
+// and waits for it. No shell: paths and options reach mpirun as they are. Returns "" when it
+// exited with status 0, else why not.
+std::string spawn_and_wait(const std::vector<std::string>& argv, const std::string& log_path) {
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
+  pid_t pid = 0;
+  const int err = posix_spawnp(&pid, args[0], &fa, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (err == ENOENT) return argv[0] + " not found (Debian: openmpi-bin)";
+  if (err != 0) return "cannot start " + argv[0] + ": " + std::strerror(err);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0)
+    if (errno != EINTR) return "waitpid on " + argv[0] + ": " + std::strerror(errno);
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return "";
+  const std::string how = WIFEXITED(status) ? "exit status " + std::to_string(WEXITSTATUS(status))
+                                            : "signal " + std::to_string(WTERMSIG(status));
+  return argv[0] + " failed (" + how + "); its output is in " + log_path;
 }
 
 std::string run_mpi(const coll_options& o, std::vector<coll_row>& rows) {
   if (o.mpi_peer.empty())
     return "spin-bench-mpi was not built (Open MPI's development files were missing at configure time: Debian libopenmpi-dev)";
   if (access(o.mpi_peer.c_str(), X_OK) != 0) return o.mpi_peer + " (--mpi-peer) is not an executable file";
-  if (std::system(("command -v " + o.mpirun + " >/dev/null 2>&1").c_str()) != 0)
-    return o.mpirun + " not found (Debian: openmpi-bin)";
-  const std::string json_path = o.out_dir + "/coll-mpi.json";
+  // --mpirun is the launcher and its own options, separated by spaces (no shell quoting).
+  std::vector<std::string> argv;
+  {
+    std::istringstream words(o.mpirun);
+    for (std::string w; words >> w;) argv.push_back(w);
+  }
+  if (argv.empty()) return "--mpirun is empty";
+  const std::string json_path = o.out_dir + "/coll-mpi.json", log_path = o.out_dir + "/coll-mpi.log";
   std::filesystem::remove(json_path);
-  std::ostringstream cmd;
   // Root may run mpirun only when told; more ranks than cores need --oversubscribe.
-  // --mpirun is a command line (it may carry options); the paths are quoted.
-  cmd << o.mpirun << " --allow-run-as-root --oversubscribe -np " << o.ranks << ' ' << shell_quote(o.mpi_peer) << " --min-bytes " << o.min_bytes
-      << " --max-bytes " << o.max_bytes << " --factor " << o.factor << " --iters " << o.max_iters << " --warmup " << o.warmup_iters
-      << " --budget-bytes " << o.budget_bytes << " --json " << shell_quote(json_path) << " > " << shell_quote(o.out_dir + "/coll-mpi.log")
-      << " 2>&1";
-  std::fprintf(stderr, "  mpi: %s\n", cmd.str().c_str());
-  const int rc = std::system(cmd.str().c_str());
+  for (std::string a : {std::string("--allow-run-as-root"), std::string("--oversubscribe"), std::string("-np"), std::to_string(o.ranks), o.mpi_peer,
+                        std::string("--min-bytes"), std::to_string(o.min_bytes), std::string("--max-bytes"), std::to_string(o.max_bytes),
+                        std::string("--factor"), std::to_string(o.factor), std::string("--iters"), std::to_string(o.max_iters),
+                        std::string("--warmup"), std::to_string(o.warmup_iters), std::string("--budget-bytes"), std::to_string(o.budget_bytes),
+                        std::string("--json"), json_path})
+    argv.push_back(std::move(a));
+  std::string line;
+  for (const auto& a : argv) line += (line.empty() ? "" : " ") + a;
+  std::fprintf(stderr, "  mpi: %s > %s\n", line.c_str(), log_path.c_str());
+  if (std::string why = spawn_and_wait(argv, log_path); !why.empty()) return why;
   std::ifstream f(json_path);
-  if (rc != 0) return "mpirun failed (status " + std::to_string(rc) + "); its output is in " + o.out_dir + "/coll-mpi.log";
-  if (!f) return "mpirun ran, but the peer wrote no results to " + json_path + "; its output is in " + o.out_dir + "/coll-mpi.log";
+  if (!f) return "mpirun ran, but the peer wrote no results to " + json_path + "; its output is in " + log_path;
   try {
     const nlohmann::json j = nlohmann::json::parse(f);
     for (const auto& r : j.at("rows")) rows.push_back(row_from_json(r));

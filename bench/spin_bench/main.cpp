@@ -114,7 +114,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(64u, 4096u));
   cc->add_option("--mpi-peer", c.mpi_peer, "the spin-bench-mpi binary")->capture_default_str();
-  cc->add_option("--mpirun", c.mpirun, "mpirun command")->capture_default_str();
+  cc->add_option("--mpirun", c.mpirun, "MPI launcher and its options, separated by spaces (run without a shell)")->capture_default_str();
   cc->add_option("--out", c.out_dir, "directory for coll.csv, .json, .dat, .gp and .png")->capture_default_str();
   cc->add_flag("!--no-plot", c.plots, "do not run gnuplot");
 #endif

@@ -95,7 +95,7 @@ def main():
               % (rc, len(doc["results"])))
 
         # ---- coll ----
-        cd = os.path.join(d, "c'q")  # a quote in the path: the mpirun command line must quote it
+        cd = os.path.join(d, "c'q x")  # a quote and a space in the path: mpirun must get it as one argument
         algos = ["switch", "edge_ring", "host_ring"]
         if sanitize in ("", "none"):
             algos += ["gloo", "mpi"]  # uninstrumented libraries: only in plain builds
@@ -138,6 +138,12 @@ def main():
                             "--no-plot", "--out", cd], 60)
         check(rc == 2 and "/nonexistent (--mpi-peer) is not an executable file" in err and "nothing ran" in err,
               "coll with nothing that can run: status %d, stderr %r" % (rc, err[-300:]))
+        if "mpi" in algos:
+            for launcher, why in (("/nonexistent/mpirun", "/nonexistent/mpirun not found (Debian: openmpi-bin)"),
+                                  ("mpirun --no-such-option-xyz", "mpirun failed (exit status")):
+                rc, out, err = run([exe, "coll", "-b", "8", "-e", "8", "--algorithm", "mpi", "--mpirun", launcher,
+                                    "--no-plot", "--out", cd], 120)
+                check(rc == 2 and why in err, "--mpirun %r: status %d, stderr %r" % (launcher, rc, err[-300:]))
 
     print("%d failure(s)" % len(failures))
     return 1 if failures else 0
