@@ -175,6 +175,7 @@ enum class outcome : std::uint8_t { ok, dropped, aborted };
 
 struct message {
   std::uint32_t source = 0;
+  std::uint32_t hash = 0;  // key_hash(source, id): its index slot without recomputing
   std::uint64_t id = 0;
   std::uint64_t match_bits = 0;
   std::uint64_t len_bytes = 0;
@@ -229,7 +230,7 @@ struct ec {
   // reading them (a miss probes about 2.5 slots at the index's load of one half).
   std::vector<std::uint64_t> index;
   std::uint32_t index_mask = 0;
-  std::vector<std::uint32_t> retired;  // FIFO of retired message indices
+  std::vector<std::uint64_t> retired;  // FIFO of retired messages: hash << 32 | index
   std::uint32_t retired_head = 0, retired_count = 0;
   std::vector<parked> parking;
   std::uint32_t park_free = none;
@@ -409,8 +410,8 @@ public:
     e.ctr.drops[static_cast<std::size_t>(r)].add(1);
     release(p);
   }
-  std::uint32_t find_msg(ec& e, std::uint32_t source, std::uint64_t id) const noexcept;
-  std::uint32_t open_msg(ec& e, const wire::header& h) noexcept;
+  std::uint32_t find_msg(const ec& e, std::uint32_t hash, std::uint32_t source, std::uint64_t id) const noexcept;
+  std::uint32_t open_msg(ec& e, const wire::header& h, std::uint32_t hash) noexcept;
   void index_erase(ec& e, std::uint32_t idx) noexcept;
   void free_msg(ec& e, std::uint32_t idx) noexcept;
   void retire(ec& e, std::uint32_t idx) noexcept;
@@ -985,17 +986,18 @@ bool runtime_core::dispatch(const task& t) noexcept {
 }
 
 namespace {
-std::uint64_t key_hash(std::uint32_t source, std::uint64_t id) {
+// A message key's hash (its index slot is hash & index_mask). Computed once per packet, stored
+// in the message and in the retired FIFO, so that erasing an old key reads nothing else.
+std::uint32_t key_hash(std::uint32_t source, std::uint64_t id) {
   std::uint64_t x = id ^ (std::uint64_t{source} * 0x9e3779b97f4a7c15ull);
   x ^= x >> 31;
   x *= 0xbf58476d1ce4e5b9ull;
   x ^= x >> 29;
-  return x;
+  return static_cast<std::uint32_t>(x);
 }
 } // namespace
 
-std::uint32_t runtime_core::find_msg(ec& e, std::uint32_t source, std::uint64_t id) const noexcept {
-  const auto hash = static_cast<std::uint32_t>(key_hash(source, id));
+std::uint32_t runtime_core::find_msg(const ec& e, std::uint32_t hash, std::uint32_t source, std::uint64_t id) const noexcept {
   for (std::uint32_t p = hash & e.index_mask;; p = (p + 1) & e.index_mask) {
     const std::uint64_t v = e.index[p];
     if (v == 0) return none;
@@ -1007,8 +1009,7 @@ std::uint32_t runtime_core::find_msg(ec& e, std::uint32_t source, std::uint64_t 
 }
 
 void runtime_core::index_erase(ec& e, std::uint32_t idx) noexcept {
-  const message& m = e.msgs[idx];
-  std::uint32_t p = static_cast<std::uint32_t>(key_hash(m.source, m.id)) & e.index_mask;
+  std::uint32_t p = e.msgs[idx].hash & e.index_mask;
   while (static_cast<std::uint32_t>(e.index[p]) != idx + 1) p = (p + 1) & e.index_mask;
   // Backward-shift deletion keeps linear probing free of tombstones.
   std::uint32_t hole = p;
@@ -1028,10 +1029,19 @@ namespace {
 // The oldest retired message (retired_count > 0). The ring wraps by comparison: a division per
 // packet would cost more than the rest of the bookkeeping.
 std::uint32_t pop_retired(ec& e) noexcept {
-  const std::uint32_t old = e.retired[e.retired_head];
+  const std::uint64_t old = e.retired[e.retired_head];
   if (++e.retired_head == e.retired.size()) e.retired_head = 0;
   --e.retired_count;
-  return old;
+  return static_cast<std::uint32_t>(old);
+}
+
+// Starts loading what evicting the oldest retired message will touch (its entry and its index
+// slot): in steady state every new message evicts one, long after it was last touched.
+void prefetch_victim(const ec& e) noexcept {
+  if (e.retired_count == 0) return;
+  const std::uint64_t v = e.retired[e.retired_head];
+  __builtin_prefetch(&e.msgs[static_cast<std::uint32_t>(v)], 1);
+  __builtin_prefetch(&e.index[static_cast<std::uint32_t>(v >> 32) & e.index_mask], 1);
 }
 } // namespace
 
@@ -1048,7 +1058,7 @@ void runtime_core::free_msg(ec& e, std::uint32_t idx) noexcept {
   e.free_msgs.push_back(idx);
 }
 
-std::uint32_t runtime_core::open_msg(ec& e, const wire::header& h) noexcept {
+std::uint32_t runtime_core::open_msg(ec& e, const wire::header& h, std::uint32_t hash) noexcept {
   if (e.free_scratch.empty()) return none;
   if (e.free_msgs.empty()) {
     if (e.retired_count == 0) return none;
@@ -1059,6 +1069,7 @@ std::uint32_t runtime_core::open_msg(ec& e, const wire::header& h) noexcept {
   message& m = e.msgs[idx];
   m = message{};
   m.source = h.source_rank;
+  m.hash = hash;
   m.id = h.message_id;
   m.match_bits = h.match_bits;
   m.len_bytes = h.message_len;
@@ -1069,7 +1080,6 @@ std::uint32_t runtime_core::open_msg(ec& e, const wire::header& h) noexcept {
   if (e.cfg.scratchpad_bytes > 0)
     std::memset(e.scratch_base + std::uint64_t{m.scratch_slot} * e.scratch_stride, 0,
                 e.cfg.scratchpad_bytes + e.cfg.handlers.guard_bytes);
-  const auto hash = static_cast<std::uint32_t>(key_hash(m.source, m.id));
   std::uint32_t p = hash & e.index_mask;
   while (e.index[p] != 0) p = (p + 1) & e.index_mask;
   e.index[p] = (std::uint64_t{hash} << 32) | (idx + 1);
@@ -1107,8 +1117,9 @@ void runtime_core::settle(ec& e, std::uint32_t idx) noexcept {
   }
   std::uint32_t tail = e.retired_head + e.retired_count;
   if (tail >= e.retired.size()) tail -= static_cast<std::uint32_t>(e.retired.size());
-  e.retired[tail] = idx;
+  e.retired[tail] = std::uint64_t{m.hash} << 32 | idx;
   ++e.retired_count;
+  prefetch_victim(e);
 }
 
 void runtime_core::want_retry(ec& e, std::uint32_t idx) noexcept {
@@ -1227,7 +1238,8 @@ void runtime_core::handle(const packet& p) noexcept {
   if (e.draining) return drop(e, p, drop_reason::ec_removed);
   if (h.type != wire::packet_type::data && h.type != wire::packet_type::result) return drop(e, p, drop_reason::not_data);
 
-  std::uint32_t idx = find_msg(e, h.source_rank, h.message_id);
+  const std::uint32_t hash = key_hash(h.source_rank, h.message_id);
+  std::uint32_t idx = find_msg(e, hash, h.source_rank, h.message_id);
   if (idx != none && e.msgs[idx].state != msg_state::open)
     return drop(e, p, e.msgs[idx].result == outcome::aborted ? drop_reason::message_aborted : drop_reason::duplicate);
   const std::uint32_t window = e.window;
@@ -1237,7 +1249,7 @@ void runtime_core::handle(const packet& p) noexcept {
     // not open a message it can never complete.
     if (e.cfg.handlers.header != nullptr && h.seq != 0 && e.park_free == none)
       return drop(e, p, drop_reason::parking_full);
-    idx = open_msg(e, h);
+    idx = open_msg(e, h, hash);
     if (idx == none) return drop(e, p, drop_reason::no_message_slot);
   }
   message& m = e.msgs[idx];
@@ -1755,7 +1767,7 @@ result<void> runtime::release_message(ec_id id, std::uint32_t source_rank, std::
   const std::uint32_t slot = slot_of(c, id);
   if (slot == none) return fail(errc::not_found, "release_message: EC " + std::to_string(id) + " is not installed");
   ec& e = *c.ecs[slot];
-  const std::uint32_t idx = c.find_msg(e, source_rank, message_id);
+  const std::uint32_t idx = c.find_msg(e, key_hash(source_rank, message_id), source_rank, message_id);
   if (idx == none || e.msgs[idx].state != msg_state::held)
     return fail(errc::not_found, "release_message: no held message " + std::to_string(message_id) + " from rank " +
                                      std::to_string(source_rank) + " in EC " + std::to_string(id));
