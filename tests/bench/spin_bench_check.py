@@ -6,7 +6,11 @@ every collective row ran, that spin-bench's own checks passed (no lost, dropped 
 handled packet; #wrong 0), that the files it promises exist and agree with what it printed, and
 that bad options give exit status 2 with a message.
 
-usage: spin_bench_check.py SPIN_BENCH SANITIZE
+It also runs the two smaller benchmarks once, briefly (meson registers them as benchmarks, which
+`meson test` does not run): their bad options give exit status 2, and their JSON records the
+load average after the run.
+
+usage: spin_bench_check.py SPIN_BENCH SANITIZE RUNTIME_DISPATCH HANDLER_CALL PACKAGE_DIR
 """
 import csv
 import json
@@ -30,7 +34,7 @@ def run(args, timeout):
 
 
 def main():
-    exe, sanitize = sys.argv[1], sys.argv[2]
+    exe, sanitize, dispatch, call, pkg_dir = sys.argv[1:6]
     with tempfile.TemporaryDirectory(prefix="spin-bench-check-") as d:
         # ---- handlers ----
         hd = os.path.join(d, "h")
@@ -144,6 +148,26 @@ def main():
                 rc, out, err = run([exe, "coll", "-b", "8", "-e", "8", "--algorithm", "mpi", "--mpirun", launcher,
                                     "--no-plot", "--out", cd], 120)
                 check(rc == 2 and why in err, "--mpirun %r: status %d, stderr %r" % (launcher, rc, err[-300:]))
+
+        # ---- runtime_dispatch and handler_call ----
+        def load_after(path):
+            try:
+                la = json.load(open(path))["conditions"]["load_average_after"]
+            except (OSError, ValueError, KeyError) as e:
+                return "unreadable: %s" % e
+            return la if len(la) == 3 and all(x >= 0 for x in la) else "bad: %s" % la
+        rj = os.path.join(d, "rd.json")
+        rc, out, err = run([dispatch, "--packets", "256", "--reps", "1", "--variant", "none", "--hpus", "1", "--json", rj], 120)
+        check(rc == 0 and isinstance(load_after(rj), list), "runtime_dispatch: status %d, load after %s" % (rc, load_after(rj)))
+        rc, out, err = run([dispatch, "--packets", "256", "--json", os.path.join(d, "no", "such", "dir", "rd.json")], 60)
+        check(rc == 2, "runtime_dispatch with an unwritable --json: status %d (stderr %r)" % (rc, err[-300:]))
+        hj = os.path.join(d, "hc.json")
+        rc, out, err = run([call, "--dir", pkg_dir, "--handler", "noop", "--calls", "1000", "--rounds", "1", "--payload", "64",
+                            "--json", hj], 120)
+        check(rc == 0 and isinstance(load_after(hj), list), "handler_call: status %d, load after %s" % (rc, load_after(hj)))
+        for bad in (["--dir", pkg_dir, "--no-such-option"], ["--dir", os.path.join(d, "no-packages"), "--handler", "noop"]):
+            rc, out, err = run([call] + bad, 60)
+            check(rc == 2, "handler_call %s: status %d (stderr %r)" % (bad, rc, err[-300:]))
 
     print("%d failure(s)" % len(failures))
     return 1 if failures else 0
