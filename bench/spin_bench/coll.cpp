@@ -307,7 +307,6 @@ std::string run_gloo(const coll_options& o, const std::vector<std::uint64_t>& si
 
 // ---- Open MPI (a child process) -------------------------------------------------------------
 
-// A word for /bin/sh: single-quoted, with any single quote inside closed, escaped and reopened.
 // Runs argv[0] (looked up in PATH) with `argv`, standard output and error going to `log_path`,
 // and waits for it. No shell: paths and options reach mpirun as they are. Returns "" when it
 // exited with status 0, else why not.
@@ -315,13 +314,18 @@ std::string spawn_and_wait(const std::vector<std::string>& argv, const std::stri
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  // Opened here, not in the child, so that a log that cannot be written is not mistaken for a
+  // missing launcher (both would be the child's ENOENT).
+  const int log = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (log < 0) return "cannot write " + log_path + ": " + std::strerror(errno);
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
+  posix_spawn_file_actions_adddup2(&fa, log, STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&fa, log, STDERR_FILENO);
   pid_t pid = 0;
   const int err = posix_spawnp(&pid, args[0], &fa, nullptr, args.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
+  close(log);
   if (err == ENOENT) return argv[0] + " not found (Debian: openmpi-bin)";
   if (err != 0) return "cannot start " + argv[0] + ": " + std::strerror(err);
   int status = 0;
