@@ -386,8 +386,6 @@ TEST_CASE("the HPU thread hooks run once on every HPU thread, at its start and b
   CHECK(s.stop_mask.load() == 0b111);
 }
 
-} // TEST_SUITE
-
 TEST_CASE("the cycle counter's rate is measured once per process and is a plausible clock rate") {
   // The benchmarks turn busy_ns back into cycles with this rate: it must be the runtime's one
   // value, not a new measurement per call.
@@ -396,3 +394,5 @@ TEST_CASE("the cycle counter's rate is measured once per process and is a plausi
   CHECK(ghz < 20.0);
   CHECK(spin::rt::cycle_counter_ghz() == ghz);
 }
+
+} // TEST_SUITE
