@@ -1036,9 +1036,10 @@ std::uint32_t pop_retired(ec& e) noexcept {
 }
 
 // Starts loading what evicting the oldest retired message will touch (its entry and its index
-// slot): in steady state every new message evicts one, long after it was last touched.
+// slot), when the next open or settle will evict it: no free entry left, or the FIFO full. In
+// steady state every new message evicts one, long after it was last touched.
 void prefetch_victim(const ec& e) noexcept {
-  if (e.retired_count == 0) return;
+  if (e.retired_count == 0 || (!e.free_msgs.empty() && e.retired_count < e.retired.size())) return;
   const std::uint64_t v = e.retired[e.retired_head];
   __builtin_prefetch(&e.msgs[static_cast<std::uint32_t>(v)], 1);
   __builtin_prefetch(&e.index[static_cast<std::uint32_t>(v >> 32) & e.index_mask], 1);
