@@ -40,6 +40,7 @@
 
 #include <spin/cc/object.hpp>
 #include <spin/emu/eal.hpp>
+#include <spin/emu/lcore.hpp>
 #include <spin/emu/nic.hpp>
 #include <spin/emu/port.hpp>
 #include <spin/rt/loader.hpp>
@@ -70,6 +71,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <atomic>
 #include <thread>
 #include <unistd.h>
 #include <utility>
@@ -663,10 +665,12 @@ bool run_row(const handlers_options& o, const handler_spec& h, const std::string
   r.target = target;
   r.hpus = hpus;
   const unsigned ncpu = std::max(1u, std::thread::hardware_concurrency());
+  // Run to completion: HPU i is an lcore on CPU (poll-cpu + i) mod CPUs; HPU 0, this thread,
+  // also owns the ports.
   std::vector<int> hpu_cpus;
-  r.cpus = "poll=" + std::to_string(o.poll_cpu) + " hpu=";
+  r.cpus = "hpu=";
   for (std::uint32_t i = 0; i < hpus; ++i) {
-    hpu_cpus.push_back(static_cast<int>((static_cast<unsigned>(o.poll_cpu) + 1 + i) % ncpu));
+    hpu_cpus.push_back(static_cast<int>((static_cast<unsigned>(o.poll_cpu) + i) % ncpu));
     r.cpus += (i ? "," : "") + std::to_string(hpu_cpus.back());
   }
 
@@ -693,7 +697,6 @@ bool run_row(const handlers_options& o, const handler_spec& h, const std::string
     c.tx_ring_packets = tx_ring_packets;
     c.payload_bytes = 0;
     c.runtime.hpus = hpus;
-    c.runtime.hpu_cpus = hpu_cpus;
     c.runtime.nic_memory_bytes = 16 << 20;
     auto n = emu::nic::create(c);
     if (!n) {
@@ -744,13 +747,31 @@ bool run_row(const handlers_options& o, const handler_spec& h, const std::string
   std::vector<std::byte> pattern(payload);
   h.fill(pattern);
 
+  // HPUs 1.. poll on lcores of their own for the whole row; this thread is HPU 0.
+  std::atomic<bool> lanes_stop{false};
+  std::vector<std::thread> lanes;
+  for (std::uint32_t k = 1; k < hpus; ++k) {
+    auto t = emu::start_lcore([&nic, &lanes_stop, k] { nic->run_lane(k, lanes_stop); }, hpu_cpus[k]);
+    if (!t) {
+      std::fprintf(stderr, "%s\n", t.err().message.c_str());
+      lanes_stop = true;
+      for (auto& l : lanes) l.join();
+      return false;
+    }
+    lanes.push_back(std::move(t.value()));
+  }
+  auto stop_lanes = [&] {
+    lanes_stop = true;
+    for (auto& l : lanes) l.join();
+    lanes.clear();
+  };
   auto measure = [&](double seconds) {
     const emu::nic_stats s0 = nic->stats();
     const double c0 = thread_cpu_seconds();
     const auto t0 = clock_type::now(), end = deadline(t0, seconds);
     auto now = t0;
     do {
-      for (int k = 0; k < 64; ++k) nic->poll();
+      for (int k = 0; k < 64; ++k) nic->poll_lane(0);
       now = clock_type::now();
     } while (now < end);
     const double cpu = thread_cpu_seconds() - c0;
@@ -778,7 +799,8 @@ bool run_row(const handlers_options& o, const handler_spec& h, const std::string
     r.failures.push_back(what);
   };
   if (r.mpps.empty()) bad("no packet was received");
-  if (!nic->runtime().drain(std::chrono::milliseconds(5000))) bad("runtime drain timed out");
+  stop_lanes();
+  nic->runtime().drain();
   const emu::nic_stats st = nic->stats();
   const rt::ec_stats& es = st.runtime.ecs.at(0);
   const std::uint64_t handed = st.runtime.frames_accepted;
@@ -792,7 +814,7 @@ bool run_row(const handlers_options& o, const handler_spec& h, const std::string
   if (h.sends) {
     expect_eq(bad, "sends", es.sends, handed);
     expect_eq(bad, "send_failed", es.send_failed, 0);
-    // Sends the poll thread has not yet moved from the HPUs' TX rings to the port are not sent
+    // Sends HPU 0 has not yet moved from the other HPUs' TX rings to the port are not sent
     // yet; nic_drop counters (checked below) would show any the port refused.
     const std::uint64_t sent = st.ports.at(0).tx_packets, ring_room = std::uint64_t{hpus} * tx_ring_packets + burst;
     if (sent > handed || handed - sent > ring_room)

@@ -96,7 +96,6 @@ result<std::unique_ptr<cluster>> cluster::create(const topology& t, const cluste
     nc.runtime.hpus = n.kind == node_kind::host ? n.hpus : 1;
     nc.payload_bytes = o.payload_bytes;
     nc.burst = o.burst;
-    nc.register_hpu_lcores = o.register_hpu_lcores;
     if (!o.capture_dir.empty()) nc.capture_path = o.capture_dir + "/" + n.name + ".pcap";
     // Port p of the node is the ring port of link n.ports[p], in the node's direction.
     for (std::uint32_t p = 0; p < n.ports.size(); ++p) {

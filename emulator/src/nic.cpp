@@ -1,3 +1,4 @@
+#include <spin/emu/lcore.hpp>
 #include <spin/emu/nic.hpp>
 #include <spin/emu/pcap.hpp>
 
@@ -90,9 +91,6 @@ rte_mbuf* frame_to_mbufs(rte_mempool* pool, const std::byte* src, std::uint32_t 
   return head;
 }
 
-// True when chain `m` has more than `n` segments (too many to capture).
-bool s_more(const rte_mbuf* m, std::uint32_t n) noexcept { return m->nb_segs > n; }
-
 // A destination MAC of the emulated network (02:53:50:00:hi:lo) names a rank.
 bool mac_rank(const std::byte* frame, std::uint32_t& rank) noexcept {
   const auto* b = reinterpret_cast<const std::uint8_t*>(frame);
@@ -152,7 +150,7 @@ struct send_job {
 struct nic::impl {
   struct port_state {
     std::unique_ptr<port> p;
-    mbuf_stage stage;  // frames waiting for rte_eth_tx_burst (scheduler thread)
+    mbuf_stage stage;  // frames waiting for rte_eth_tx_burst (lane 0, which owns the port's queues)
     std::vector<rt::packet> rx_pending;  // accepted from the port, not yet taken by the runtime
     std::uint32_t rx_head = 0;
     counter rx_packets, rx_bytes, tx_packets, tx_bytes, forwarded;
@@ -171,18 +169,27 @@ struct nic::impl {
     impl& _n;
   };
 
+  // One HPU of the NIC, run to completion by the thread that polls it (an lcore). Lane 0 owns
+  // the ports' queues: it receives (the runtime steers frames of other HPUs' messages to their
+  // inboxes), sends, and advances host messages. Another lane hands the frames its handlers
+  // send to lane 0 through one SPSC ring per port.
+  struct lane_state {
+    std::uint32_t index = 0;
+    std::mutex mu;                     // held by the polling thread for one round; control calls take every lane's
+    mbuf_stage loop;                   // frames to this NIC's own rank, waiting for this lane's runtime HPU
+    // [port]: frames this lane's handlers send (lanes other than 0). Our SPSC ring (C++ atomics)
+    // rather than rte_ring, whose generic x86 build ThreadSanitizer cannot follow.
+    std::vector<std::unique_ptr<rt::detail::spsc_ring<rte_mbuf*>>> to_port;
+    std::vector<std::byte> buf;        // encode buffer for frames that do not fit one mbuf
+    std::vector<rt::packet> rx_buf;
+    counter tx_full, no_mbuf, loopback;
+    doorbell bell;                     // rung when work arrives for a sleeping poller
+  };
+
   nic_config cfg;
   rt::wire::endpoint self;
   std::deque<port_state> ports;  // deque: port_state holds atomics and never moves
-  // [hpu * (ports + 1) + port]; port == ports.size(): loopback. Our SPSC ring (C++ atomics)
-  // rather than rte_ring, whose generic x86 build ThreadSanitizer cannot follow.
-  std::vector<std::unique_ptr<rt::detail::spsc_ring<rte_mbuf*>>> hpu_rings;
-  mbuf_stage loop;                   // frames to this NIC's own rank, waiting for the runtime
-  struct hpu_scratch {
-    std::vector<std::byte> buf;
-    counter tx_full, no_mbuf;
-  };
-  std::unique_ptr<hpu_scratch[]> scratch;
+  std::deque<lane_state> lanes;
   rte_mempool* lin_pool = nullptr;  // whole-frame mbufs for linearising chained RX frames
   rte_mempool* tx_pool = nullptr;   // the first port's pool
   std::uint32_t tx_room = 0;        // bytes of frame one tx_pool mbuf holds (data room - headroom)
@@ -190,19 +197,19 @@ struct nic::impl {
   std::uint32_t host_payload = 0;
   tx tx_port{*this};
   std::unique_ptr<rt::runtime> rt;
-  std::vector<rt::packet> rx_buf;
   std::vector<rte_mbuf*> mbuf_buf;
-  std::vector<std::byte> host_frame;  // encode buffer for host messages (scheduler thread)
+  std::vector<std::byte> host_frame;  // encode buffer for host messages (lane 0)
 
   std::optional<pcap_writer> capture;
-  std::uint64_t capture_ts = 0;  // one wall-clock reading per poll round
+  std::uint64_t capture_ts = 0;  // one wall-clock reading per poll round of lane 0
   counter capture_frames, capture_errors;
+  // Lane 0 only (the capture file has one writer).
   void capture_mbuf(const rte_mbuf* m) noexcept {
     rt::wire::segment segs[16];
     std::uint32_t n = 0;
     for (const rte_mbuf* s = m; s != nullptr && n < 16; s = s->next)
       segs[n++] = {rte_pktmbuf_mtod(s, const std::byte*), s->data_len};
-    if (s_more(m, n) || capture->write(std::span<const rt::wire::segment>(segs, n), capture_ts) != errc::ok)
+    if (m->nb_segs > n || capture->write(std::span<const rt::wire::segment>(segs, n), capture_ts) != errc::ok)
       capture_errors.add(1);
     else
       capture_frames.add(1);
@@ -212,9 +219,8 @@ struct nic::impl {
   counter host_messages, host_packets, host_bytes;
 
   // Control path.
-  std::mutex sched_mu;
   std::atomic<int> ctl_waiting{0};
-  std::deque<std::shared_ptr<send_job>> jobs;
+  std::deque<std::shared_ptr<send_job>> jobs;  // lane 0
   struct region_entry {
     std::span<std::byte> mem;
     std::uint32_t active_sends = 0;
@@ -231,10 +237,11 @@ struct nic::impl {
     if (cfg.routes.empty()) return 0;
     return dest < cfg.routes.size() ? cfg.routes[dest] : -1;
   }
-  std::uint32_t poll_locked() noexcept;
+  std::uint32_t poll_lane_locked(lane_state& l) noexcept;
   std::uint32_t rx(port_state& ps, std::uint32_t index) noexcept;
+  std::uint32_t tx_flush(port_state& ps) noexcept;
   std::uint32_t tx_drain(port_state& ps, std::uint32_t index) noexcept;
-  std::uint32_t loop_drain() noexcept;
+  std::uint32_t loop_drain(lane_state& l) noexcept;
   // A frame in mbufs for egress `pi`: chained when the port sends chains; one mbuf (a large one
   // when needed) for the loopback, since the runtime takes contiguous frames.
   rte_mbuf* build(std::uint32_t pi, const std::byte* frame, std::uint32_t len) noexcept {
@@ -244,7 +251,6 @@ struct nic::impl {
     }
     return frame_to_mbufs(tx_pool, frame, len, ports[pi].p->tx_multi_seg());
   }
-  counter loopback;
   std::uint32_t advance_jobs() noexcept;
   void finish_job(send_job& j, error e) noexcept;
   bool stage_push(std::uint32_t port_index, rte_mbuf* m) noexcept;
@@ -256,17 +262,6 @@ struct nic::impl {
 
 namespace {
 void release_mbuf(void*, std::uint64_t cookie) noexcept { mbuf_free(reinterpret_cast<rte_mbuf*>(cookie)); }
-void hpu_start(void* user, std::uint32_t hpu) noexcept {
-  if (*static_cast<const bool*>(user) && rte_thread_register() != 0) {
-    static std::atomic<bool> said{false};
-    if (!said.exchange(true))
-      std::fprintf(stderr, "spin-emu: HPU %u could not register as a DPDK lcore (%s; DPDK has %d lcore ids): it runs without mbuf caches\n",
-                   hpu, rte_strerror(rte_errno), RTE_MAX_LCORE);
-  }
-}
-void hpu_stop(void* user, std::uint32_t) noexcept {
-  if (*static_cast<const bool*>(user) && rte_lcore_id() != LCORE_ID_ANY) rte_thread_unregister();
-}
 }  // namespace
 
 result<void> nic::impl::init() {
@@ -296,7 +291,7 @@ result<void> nic::impl::init() {
     if (!p) return p.err();
     ports.emplace_back();
     ports.back().p = std::move(p.value());
-    ports.back().stage.init(4 * cfg.burst);
+    ports.back().stage.init(cfg.tx_ring_packets);
     ports.back().rx_pending.resize(cfg.burst);
   }
   tx_pool = ports[0].p->pool();
@@ -311,13 +306,16 @@ result<void> nic::impl::init() {
       return fail(errc::no_memory, "nic " + cfg.name + ": cannot create the pool for chained frames: " + rte_strerror(rte_errno));
   }
   const std::uint32_t hpus = cfg.runtime.hpus;
-  scratch = std::make_unique<hpu_scratch[]>(hpus);
-  for (std::uint32_t h = 0; h < hpus; ++h) scratch[h].buf.resize(cfg.port.max_frame_bytes);
-  for (std::uint32_t h = 0; h < hpus; ++h)
-    for (std::uint32_t p = 0; p <= nports; ++p) hpu_rings.push_back(std::make_unique<rt::detail::spsc_ring<rte_mbuf*>>(cfg.tx_ring_packets));
-  rx_buf.resize(std::max<std::uint32_t>(cfg.burst, 4 * cfg.burst));
+  for (std::uint32_t h = 0; h < hpus; ++h) {
+    lane_state& l = lanes.emplace_back();
+    l.index = h;
+    l.loop.init(cfg.tx_ring_packets);
+    l.buf.resize(cfg.port.max_frame_bytes);
+    l.rx_buf.resize(4 * cfg.burst);
+    if (h > 0)
+      for (std::uint32_t p = 0; p < nports; ++p) l.to_port.push_back(std::make_unique<rt::detail::spsc_ring<rte_mbuf*>>(cfg.tx_ring_packets));
+  }
   mbuf_buf.resize(cfg.burst);
-  loop.init(4 * cfg.burst);
   host_frame.resize(cfg.port.max_frame_bytes);
 
   rt::runtime_config rc = cfg.runtime;
@@ -325,9 +323,8 @@ result<void> nic::impl::init() {
   rc.tx = &tx_port;
   rc.release = release_mbuf;
   rc.release_user = nullptr;
-  rc.hpu_thread_start = hpu_start;
-  rc.hpu_thread_stop = hpu_stop;
-  rc.hpu_thread_user = &cfg.register_hpu_lcores;
+  rc.wake = [](void* user, std::uint32_t hpu) noexcept { static_cast<impl*>(user)->lanes[hpu].bell.ring(); };
+  rc.wake_user = this;
   auto r = rt::runtime::create(rc);
   if (!r) return r.err();
   rt = std::move(r.value());
@@ -341,7 +338,7 @@ nic::impl::~impl() {
 }
 
 void nic::impl::stop() noexcept {
-  rt.reset();  // drains and returns every packet it holds
+  rt.reset();  // runs what waits in the HPUs' inboxes and returns every packet it holds
   if (capture) {
     if (auto r = capture->close(); !r) capture_errors.add(1);
   }
@@ -355,13 +352,15 @@ void nic::impl::stop() noexcept {
     for (std::uint32_t i = 0; i < ps.stage.size(); ++i) mbuf_free(ps.stage[i]);
     ps.stage.clear();
   }
-  for (std::uint32_t i = 0; i < loop.size(); ++i) mbuf_free(loop[i]);
-  loop.clear();
-  for (auto& r : hpu_rings) {
-    rte_mbuf* m = nullptr;
-    while (r->try_pop(m)) mbuf_free(m);
+  for (auto& l : lanes) {
+    for (std::uint32_t i = 0; i < l.loop.size(); ++i) mbuf_free(l.loop[i]);
+    l.loop.clear();
+    for (auto& r : l.to_port) {
+      rte_mbuf* m = nullptr;
+      while (r->try_pop(m)) mbuf_free(m);
+    }
+    l.to_port.clear();
   }
-  hpu_rings.clear();
 }
 
 errc nic::impl::hpu_send(std::uint32_t hpu, std::uint32_t dest, const rt::wire::header& h,
@@ -371,16 +370,17 @@ errc nic::impl::hpu_send(std::uint32_t hpu, std::uint32_t dest, const rt::wire::
     count_drop(nic_drop::unroutable);
     return errc::not_found;
   }
-  hpu_scratch& s = scratch[hpu];
+  lane_state& l = lanes[hpu];
+  const bool loop = static_cast<std::uint32_t>(pi) == ports.size();
   const rt::wire::endpoint dst = rt::wire::rank_endpoint(dest, cfg.runtime.udp_port);
   rte_mbuf* m = nullptr;
   // One copy: a frame that fits one mbuf of the transmit pool is encoded straight into it
   // (spin-bench handlers: pingpong 1 KiB, HPU cycles per packet down by the second copy). A
-  // larger one is encoded whole into scratch, then cut into a chain.
-  if (static_cast<std::uint32_t>(pi) != ports.size() && rt::wire::encoded_len(h, payload.size()) <= tx_room) {
+  // larger one is encoded whole into the lane's buffer, then cut into a chain.
+  if (!loop && rt::wire::encoded_len(h, payload.size()) <= tx_room) {
     m = mbuf_alloc(tx_pool);
     if (m == nullptr) {
-      s.no_mbuf.add(1);
+      l.no_mbuf.add(1);
       return errc::no_space;
     }
     const std::size_t len =
@@ -392,20 +392,42 @@ errc nic::impl::hpu_send(std::uint32_t hpu, std::uint32_t dest, const rt::wire::
     (void)rte_pktmbuf_append(m, static_cast<std::uint16_t>(len));
   }
   if (m == nullptr) {
-    const std::size_t len = rt::wire::encode(self, dst, h, payload, s.buf);
+    const std::size_t len = rt::wire::encode(self, dst, h, payload, l.buf);
     if (len == 0) return errc::invalid_argument;
-    m = build(static_cast<std::uint32_t>(pi), s.buf.data(), static_cast<std::uint32_t>(len));
+    m = build(static_cast<std::uint32_t>(pi), l.buf.data(), static_cast<std::uint32_t>(len));
     if (m == nullptr) {
-      s.no_mbuf.add(1);
+      l.no_mbuf.add(1);
       return errc::no_space;
     }
   }
-  auto& r = *hpu_rings[std::size_t{hpu} * (ports.size() + 1) + static_cast<std::uint32_t>(pi)];
-  if (!r.try_push(m)) {
+  if (loop) {
+    if (l.loop.full()) {
+      mbuf_free(m);
+      l.tx_full.add(1);
+      return errc::no_space;
+    }
+    l.loop.push_back(m);
+    return errc::ok;
+  }
+  if (hpu != 0) {
+    if (!l.to_port[static_cast<std::uint32_t>(pi)]->try_push(m)) {
+      mbuf_free(m);
+      l.tx_full.add(1);
+      return errc::no_space;
+    }
+    lanes[0].bell.ring();  // one load unless lane 0 sleeps
+    return errc::ok;
+  }
+  // Lane 0 owns the port's queue: the frame goes into its stage, which is sent a burst at a
+  // time (l2fwd's TX buffer) and at the end of every round.
+  port_state& ps = ports[static_cast<std::uint32_t>(pi)];
+  if (ps.stage.full()) tx_flush(ps);
+  if (!stage_push(static_cast<std::uint32_t>(pi), m)) {
     mbuf_free(m);
-    s.tx_full.add(1);
+    l.tx_full.add(1);
     return errc::no_space;
   }
+  if (ps.stage.size() >= cfg.burst) tx_flush(ps);
   return errc::ok;
 }
 
@@ -419,12 +441,12 @@ bool nic::impl::stage_push(std::uint32_t port_index, rte_mbuf* m) noexcept {
 
 std::uint32_t nic::impl::rx(port_state& ps, std::uint32_t index) noexcept {
   std::uint32_t moved = 0;
-  // Frames the runtime could not take last time (all HPU queues full) go first; no new burst
+  // Frames the runtime could not take last time (another HPU's inbox full) go first; no new burst
   // is taken until they are in: the port's RX queue then fills and DPDK counts imissed.
   std::uint32_t pending = 0;
   while (ps.rx_head + pending < ps.rx_pending.size() && ps.rx_pending[ps.rx_head + pending].frame != nullptr) ++pending;
   if (pending > 0) {
-    const std::uint32_t k = rt->rx_burst(&ps.rx_pending[ps.rx_head], pending);
+    const std::uint32_t k = rt->rx_burst(0, &ps.rx_pending[ps.rx_head], pending);
     for (std::uint32_t i = 0; i < k; ++i) ps.rx_pending[ps.rx_head + i] = {};
     ps.rx_head += k;
     if (k < pending) return k;
@@ -485,30 +507,21 @@ std::uint32_t nic::impl::rx(port_state& ps, std::uint32_t index) noexcept {
       }
       continue;
     }
-    rx_buf[out++] = rt::packet{frame, m->pkt_len, reinterpret_cast<std::uint64_t>(m)};
+    lanes[0].rx_buf[out++] = rt::packet{frame, m->pkt_len, reinterpret_cast<std::uint64_t>(m)};
   }
-  const std::uint32_t k = out == 0 ? 0 : rt->rx_burst(rx_buf.data(), out);
+  const std::uint32_t k = out == 0 ? 0 : rt->rx_burst(0, lanes[0].rx_buf.data(), out);
   if (k < out) {
-    for (std::uint32_t i = k; i < out; ++i) ps.rx_pending[i - k] = rx_buf[i];
+    for (std::uint32_t i = k; i < out; ++i) ps.rx_pending[i - k] = lanes[0].rx_buf[i];
     ps.rx_head = 0;
   }
   return moved + n;
 }
 
-std::uint32_t nic::impl::tx_drain(port_state& ps, std::uint32_t index) noexcept {
+std::uint32_t nic::impl::tx_flush(port_state& ps) noexcept {
   auto& st = ps.stage;
-  const std::size_t hpus = cfg.runtime.hpus;
-  for (std::size_t h = 0; h < hpus && st.room() >= cfg.burst; ++h) {
-    auto& r = *hpu_rings[h * (ports.size() + 1) + index];
-    const std::uint32_t old = st.size();
-    if (st.dequeue_from(r, cfg.burst) == 0) continue;
-    for (std::uint32_t i = old; i < st.size(); ++i) sync_in(st[i]);
-    if (capture)
-      for (std::uint32_t i = old; i < st.size(); ++i) capture_mbuf(st[i]);
-  }
   if (st.empty()) return 0;
   for (std::uint32_t i = 0; i < st.size(); ++i) sync_out(st[i]);
-  const std::uint16_t sent = rte_eth_tx_burst(ps.p->id(), 0, st.data(), static_cast<std::uint16_t>(st.size()));
+  const std::uint16_t sent = rte_eth_tx_burst(ps.p->id(), 0, st.data(), static_cast<std::uint16_t>(std::min<std::uint32_t>(st.size(), UINT16_MAX)));
   std::uint64_t bytes = 0;
   for (std::uint16_t i = 0; i < sent; ++i) bytes += st[i]->pkt_len;
   ps.tx_bytes.add(bytes);
@@ -516,6 +529,19 @@ std::uint32_t nic::impl::tx_drain(port_state& ps, std::uint32_t index) noexcept 
   // The unsent rest waits for the next round (the port's queue is full); nothing is dropped here.
   st.drop_front(sent);
   return sent;
+}
+
+std::uint32_t nic::impl::tx_drain(port_state& ps, std::uint32_t index) noexcept {
+  auto& st = ps.stage;
+  for (std::size_t h = 1; h < lanes.size() && st.room() >= cfg.burst; ++h) {
+    auto& r = *lanes[h].to_port[index];
+    const std::uint32_t old = st.size();
+    if (st.dequeue_from(r, cfg.burst) == 0) continue;
+    for (std::uint32_t i = old; i < st.size(); ++i) sync_in(st[i]);
+    if (capture)
+      for (std::uint32_t i = old; i < st.size(); ++i) capture_mbuf(st[i]);
+  }
+  return tx_flush(ps);
 }
 
 void nic::impl::finish_job(send_job& j, error e) noexcept {
@@ -532,7 +558,7 @@ std::uint32_t nic::impl::advance_jobs() noexcept {
     bool finished = j.cancelled;
     while (!finished) {
       const std::int32_t pi = route(j.m.dest_rank);
-      auto& st = static_cast<std::size_t>(pi) == ports.size() ? loop : ports[static_cast<std::uint32_t>(pi)].stage;
+      auto& st = static_cast<std::size_t>(pi) == ports.size() ? lanes[0].loop : ports[static_cast<std::uint32_t>(pi)].stage;
       if (st.full()) return built;  // port busy: continue next round
       const std::uint64_t left = j.m.len_bytes - j.next_offset;
       const std::uint32_t n = static_cast<std::uint32_t>(std::min<std::uint64_t>(left, host_payload));
@@ -550,7 +576,7 @@ std::uint32_t nic::impl::advance_jobs() noexcept {
       rte_mbuf* m = len == 0 ? nullptr : build(static_cast<std::uint32_t>(pi), host_frame.data(), static_cast<std::uint32_t>(len));
       if (m == nullptr) return built;  // no mbuf now: the message waits (nothing is dropped)
       st.push_back(m);
-      if (capture && &st != &loop) capture_mbuf(m);
+      if (capture && &st != &lanes[0].loop) capture_mbuf(m);
       ++built;
       host_packets.add(1);
       host_bytes.add(n);
@@ -569,63 +595,76 @@ std::uint32_t nic::impl::advance_jobs() noexcept {
   return built;
 }
 
-std::uint32_t nic::impl::loop_drain() noexcept {
-  const std::size_t nports = ports.size();
-  for (std::size_t h = 0; h < cfg.runtime.hpus && loop.room() >= cfg.burst; ++h) {
-    const std::uint32_t old = loop.size();
-    loop.dequeue_from(*hpu_rings[h * (nports + 1) + nports], cfg.burst);
-    for (std::uint32_t i = old; i < loop.size(); ++i) sync_in(loop[i]);
-  }
-  if (loop.empty()) return 0;
-  const std::uint32_t n = std::min<std::uint32_t>(loop.size(), static_cast<std::uint32_t>(rx_buf.size()));
-  for (std::uint32_t i = 0; i < n; ++i) rx_buf[i] = rt::packet{rte_pktmbuf_mtod(loop[i], std::byte*), loop[i]->pkt_len, reinterpret_cast<std::uint64_t>(loop[i])};
-  const std::uint32_t k = rt->rx_burst(rx_buf.data(), n);
-  loopback.add(k);
-  loop.drop_front(k);
+std::uint32_t nic::impl::loop_drain(lane_state& l) noexcept {
+  if (l.loop.empty()) return 0;
+  const std::uint32_t n = std::min<std::uint32_t>(l.loop.size(), static_cast<std::uint32_t>(l.rx_buf.size()));
+  for (std::uint32_t i = 0; i < n; ++i)
+    l.rx_buf[i] = rt::packet{rte_pktmbuf_mtod(l.loop[i], std::byte*), l.loop[i]->pkt_len, reinterpret_cast<std::uint64_t>(l.loop[i])};
+  const std::uint32_t k = rt->rx_burst(l.index, l.rx_buf.data(), n);
+  l.loopback.add(k);
+  l.loop.drop_front(k);
   return k;
 }
 
-std::uint32_t nic::impl::poll_locked() noexcept {
+std::uint32_t nic::impl::poll_lane_locked(lane_state& l) noexcept {
   std::uint32_t work = 0;
+  if (l.index != 0) {
+    work += rt->poll(l.index);
+    work += loop_drain(l);
+    return work;
+  }
   if (capture) {
     timespec ts{};
     clock_gettime(CLOCK_REALTIME, &ts);
     capture_ts = std::uint64_t(ts.tv_sec) * 1000000000ull + std::uint64_t(ts.tv_nsec);
   }
   for (std::uint32_t i = 0; i < ports.size(); ++i) work += rx(ports[i], i);
-  if (work == 0) work += rt->poll();
+  if (work == 0) work += rt->poll(0);
   if (!jobs.empty()) work += advance_jobs();
   for (std::uint32_t i = 0; i < ports.size(); ++i) work += tx_drain(ports[i], i);
-  work += loop_drain();
+  work += loop_drain(l);
   return work;
 }
 
 bool nic::impl::idle() const noexcept {
-  if (!jobs.empty() || !loop.empty()) return false;
+  if (!jobs.empty()) return false;
   for (const auto& ps : ports) {
     if (!ps.stage.empty()) return false;
     if (ps.rx_head < ps.rx_pending.size() && ps.rx_pending[ps.rx_head].frame != nullptr) return false;
   }
-  for (const auto& r : hpu_rings)
-    if (!r->empty()) return false;
+  for (const auto& l : lanes) {
+    if (!l.loop.empty() || rt->has_work(l.index)) return false;
+    for (const auto& r : l.to_port)
+      if (!r->empty()) return false;
+  }
   return true;
 }
 
 template <class F> auto nic::impl::on_scheduler(const char* what, F&& f) -> decltype(f()) {
-  // The poller yields while ctl_waiting is non-zero, so try_lock soon succeeds. (A plain mutex
-  // and try_lock, not timed_mutex::try_lock_for: ThreadSanitizer does not see the latter.)
+  // Every lane's poller steps aside while ctl_waiting is non-zero, so the try_locks soon
+  // succeed. (Plain mutexes and try_lock, not timed_mutex::try_lock_for: ThreadSanitizer does
+  // not see the latter.)
   ctl_waiting.fetch_add(1, std::memory_order_relaxed);
-  std::unique_lock lk(sched_mu, std::defer_lock);
+  std::vector<std::unique_lock<std::mutex>> held;
+  held.reserve(lanes.size());
   const auto deadline = std::chrono::steady_clock::now() + cfg.control_timeout;
-  bool got = lk.try_lock();
-  while (!got && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::microseconds(20));
-    got = lk.try_lock();
+  bool got = true;
+  for (auto& l : lanes) {
+    std::unique_lock lk(l.mu, std::try_to_lock);
+    while (!lk.owns_lock() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      lk.try_lock();
+    }
+    if (!lk.owns_lock()) {
+      got = false;
+      break;
+    }
+    held.push_back(std::move(lk));
   }
   ctl_waiting.fetch_sub(1, std::memory_order_relaxed);
   if (got && !rt) return fail(errc::bad_state, std::string(what) + " on " + cfg.name + ": the NIC is stopped");
   if (!got)
-    return fail(errc::timeout, std::string(what) + " on " + cfg.name + ": the NIC's scheduler thread did not take the request within " +
+    return fail(errc::timeout, std::string(what) + " on " + cfg.name + ": the NIC's lcores did not take the request within " +
                                    std::to_string(cfg.control_timeout.count()) + " ms");
   return f();
 }
@@ -654,13 +693,22 @@ result<std::unique_ptr<nic>> nic::create(const nic_config& cfg) {
   return std::unique_ptr<nic>(new nic(std::move(p)));
 }
 
+namespace {
+// Every lane's lock, for the calls that may only run while no lcore polls.
+std::vector<std::unique_lock<std::mutex>> lock_lanes(std::deque<nic::impl::lane_state>& lanes) {
+  std::vector<std::unique_lock<std::mutex>> held;
+  for (auto& l : lanes) held.emplace_back(l.mu);
+  return held;
+}
+}  // namespace
+
 void nic::stop() noexcept {
-  std::unique_lock lk(_p->sched_mu);
+  auto held = lock_lanes(_p->lanes);
   _p->stop();
 }
 
 void nic::cancel_sends() noexcept {
-  std::unique_lock lk(_p->sched_mu);
+  std::unique_lock lk(_p->lanes[0].mu);
   for (auto& j : _p->jobs) {
     if (j->m.region < _p->regions.size()) _p->regions[j->m.region].active_sends--;
     _p->finish_job(*j, fail(errc::aborted, "send: the NIC is shutting down; " + std::to_string(j->next_offset) + " of " +
@@ -670,23 +718,43 @@ void nic::cancel_sends() noexcept {
 }
 
 bool nic::idle() noexcept {
-  std::unique_lock lk(_p->sched_mu);
+  auto held = lock_lanes(_p->lanes);
   if (!_p->rt) return true;
-  return _p->idle() && _p->rt->drain(std::chrono::milliseconds(0)) && _p->idle();
+  return _p->idle();
 }
 
-std::uint32_t nic::poll() noexcept {
+std::uint32_t nic::lanes() const noexcept { return static_cast<std::uint32_t>(_p->lanes.size()); }
+
+std::uint32_t nic::poll_lane(std::uint32_t lane) noexcept {
+  if (lane >= _p->lanes.size()) return 0;
   if (_p->ctl_waiting.load(std::memory_order_relaxed) != 0) {
     std::this_thread::yield();
     return 0;
   }
-  std::unique_lock lk(_p->sched_mu, std::try_to_lock);
+  impl::lane_state& l = _p->lanes[lane];
+  std::unique_lock lk(l.mu, std::try_to_lock);
   if (!lk || !_p->rt) return 0;
-  return _p->poll_locked();
+  return _p->poll_lane_locked(l);
+}
+
+std::uint32_t nic::poll() noexcept {
+  std::uint32_t work = 0;
+  for (std::uint32_t k = 0; k < _p->lanes.size(); ++k) work += poll_lane(k);
+  return work;
 }
 
 void nic::run(const std::atomic<bool>& stop) noexcept {
-  while (!stop.load(std::memory_order_relaxed)) poll();
+  // Every lane is polled in each round, so lane 0's bell (rung by control calls, host sends and
+  // other lanes' transmissions) is the one to sleep on.
+  poll_loop(stop, _p->lanes[0].bell, _p->cfg.idle_sleep_max, [this] { return poll(); });
+}
+
+void nic::run_lane(std::uint32_t lane, const std::atomic<bool>& stop) noexcept {
+  if (lane >= _p->lanes.size()) return;
+  // Lane 0 must look at its ports, which cannot ring; other lanes are rung by whoever gives
+  // them work (steered frames).
+  const auto max_sleep = lane == 0 ? _p->cfg.idle_sleep_max : std::chrono::microseconds(100'000);
+  poll_loop(stop, _p->lanes[lane].bell, max_sleep, [this, lane] { return poll_lane(lane); });
 }
 
 errc nic::inject(std::span<const std::byte> frame) noexcept {
@@ -695,7 +763,7 @@ errc nic::inject(std::span<const std::byte> frame) noexcept {
   rte_mbuf* m = frame_to_mbufs(pool, frame.data(), static_cast<std::uint32_t>(frame.size()), false);
   if (m == nullptr) return errc::no_memory;
   rt::packet pk{rte_pktmbuf_mtod(m, std::byte*), m->pkt_len, reinterpret_cast<std::uint64_t>(m)};
-  std::unique_lock lk(_p->sched_mu);
+  auto held = lock_lanes(_p->lanes);
   if (!_p->rt) {
     mbuf_free(m);
     return errc::bad_state;
@@ -704,17 +772,19 @@ errc nic::inject(std::span<const std::byte> frame) noexcept {
   if (_p->capture) _p->capture_mbuf(m);
   ps.rx_packets.add(1);
   ps.rx_bytes.add(pk.frame_len);
-  while (_p->rt->rx_burst(&pk, 1) == 0) _p->poll_locked();
+  // The frame belongs to lane 0's burst; while another HPU's inbox is full, every lane runs.
+  while (_p->rt->rx_burst(0, &pk, 1) == 0)
+    for (auto& l : _p->lanes) _p->poll_lane_locked(l);
   return errc::ok;
 }
 
 bool nic::quiesce(std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  std::unique_lock lk(_p->sched_mu);
+  auto held = lock_lanes(_p->lanes);
   if (!_p->rt) return true;
   while (std::chrono::steady_clock::now() < deadline) {
-    _p->poll_locked();
-    if (_p->idle() && _p->rt->drain(std::chrono::milliseconds(0)) && _p->idle()) return true;
+    for (auto& l : _p->lanes) _p->poll_lane_locked(l);
+    if (_p->idle()) return true;
     std::this_thread::yield();
   }
   return false;
@@ -752,8 +822,7 @@ result<rt::ec_id> nic::install(const rt::ec_config& cfg) {
 }
 
 result<void> nic::uninstall(rt::ec_id ec) {
-  // uninstall waits for running handlers, which needs poll(): run it here, we own the scheduler.
-  return _p->on_scheduler("uninstall", [&]() { return _p->rt->uninstall(ec, _p->cfg.control_timeout); });
+  return _p->on_scheduler("uninstall", [&]() { return _p->rt->uninstall(ec); });
 }
 
 std::size_t nic::poll_events(rt::ec_id ec, std::span<rt::host_event> out) noexcept {
@@ -783,6 +852,7 @@ result<void> nic::send(const message_send& m, std::chrono::milliseconds timeout)
     job->data = reg.mem.subspan(m.offset_bytes, m.len_bytes);
     reg.active_sends++;
     _p->jobs.push_back(job);
+    _p->lanes[0].bell.ring();
     return {};
   });
   if (!queued) return queued;
@@ -790,7 +860,7 @@ result<void> nic::send(const message_send& m, std::chrono::milliseconds timeout)
   if (job->cv.wait_for(lk, timeout, [&] { return job->done; })) return job->err.code == errc::ok ? result<void>() : result<void>(job->err);
   lk.unlock();
   // Timed out: take the rest of the message back (packets already staged are sent).
-  std::unique_lock sl(_p->sched_mu);
+  std::unique_lock sl(_p->lanes[0].mu);
   std::unique_lock jl(job->mu);
   if (job->done) return job->err.code == errc::ok ? result<void>() : result<void>(job->err);
   job->cancelled = true;
@@ -818,9 +888,10 @@ nic_stats nic::stats() const {
     s.ports.push_back(std::move(o));
   }
   for (std::size_t d = 0; d < nic_drop_count; ++d) s.drops[d] += p.drops[d].get();
-  for (std::uint32_t h = 0; h < p.cfg.runtime.hpus; ++h) {
-    s.drops[static_cast<std::size_t>(nic_drop::tx_queue_full)] += p.scratch[h].tx_full.get();
-    s.drops[static_cast<std::size_t>(nic_drop::no_mbuf)] += p.scratch[h].no_mbuf.get();
+  for (const auto& l : p.lanes) {
+    s.drops[static_cast<std::size_t>(nic_drop::tx_queue_full)] += l.tx_full.get();
+    s.drops[static_cast<std::size_t>(nic_drop::no_mbuf)] += l.no_mbuf.get();
+    s.loopback_packets += l.loopback.get();
   }
   if (p.rt) s.runtime = p.rt->stats();
   std::uint64_t rejected = 0;
@@ -830,7 +901,6 @@ nic_stats nic::stats() const {
   s.host_messages_sent = p.host_messages.get();
   s.host_packets_sent = p.host_packets.get();
   s.host_bytes_sent = p.host_bytes.get();
-  s.loopback_packets = p.loopback.get();
   s.mbufs_in_use = p.mbufs_in_use();
   s.capture_frames = p.capture_frames.get();
   s.capture_errors = p.capture_errors.get();

@@ -11,6 +11,7 @@
 #include <spin/emu/cluster.hpp>
 #include <spin/emu/control.hpp>
 #include <spin/emu/eal.hpp>
+#include <spin/emu/lcore.hpp>
 #include <spin/emu/nic.hpp>
 #include <spin/emu/pcap.hpp>
 #include <spin/emu/port.hpp>
@@ -30,6 +31,8 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <pthread.h>
+#include <sched.h>
 #include <unistd.h>
 #include <vector>
 
@@ -98,10 +101,13 @@ int main(int argc, char** argv) {
                  "switch mode default 65535")
       ->check(CLI::Range(0, 65535));
   app.add_option("--name", name, "nic mode: name in statistics and on the control socket");
-  app.add_option("--hpus", hpus, "nic mode: HPU threads (cluster mode: from the topology)")->check(CLI::Range(1, 256));
-  app.add_option("--hpu-cpus", hpu_cpus, "pin HPU i to CPU list[i % n]");
-  app.add_flag("--plain-hpu-threads", plain_hpus,
-               "run HPUs as plain worker threads instead of registering them as DPDK lcores (then they have no mbuf cache)");
+  app.add_option("--hpus", hpus,
+                 "nic mode: HPUs, each an lcore (thread) that polls and runs its messages' handlers to completion; "
+                 "HPU 0 also owns the ports (cluster mode: from the topology)")
+      ->check(CLI::Range(1, 256));
+  app.add_option("--hpu-cpus", hpu_cpus, "nic mode: pin the lcore of HPU i to CPU list[i % n]");
+  // Removed with the run-to-completion data path: say so instead of "unknown option".
+  app.add_flag("--plain-hpu-threads", plain_hpus)->group("");
   app.add_option("--nic-memory-mib", nic_mem_mib, "NIC memory per node (MiB): handler memory and scratchpads")->check(CLI::Range(1, 65536));
   app.add_option("--payload-bytes", payload, "payload bytes per packet of host messages")->check(CLI::Range(1, 65000));
   app.add_option("--max-frame", max_frame, "largest frame (bytes); longer ones are dropped as oversize")->check(CLI::Range(128, 65535));
@@ -125,7 +131,12 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;  // --help is a ParseError too
   }
+  if (plain_hpus)
+    return usage("--plain-hpu-threads is gone: HPUs are now the lcores that poll (run to completion), registered with EAL");
   if (mode.empty()) mode = topology_file.empty() ? "nic" : "cluster";
+  for (int cpu : hpu_cpus)
+    if (const long online = sysconf(_SC_NPROCESSORS_ONLN); cpu < 0 || cpu >= CPU_SETSIZE || (online > 0 && cpu >= online))
+      return usage("--hpu-cpus: CPU " + std::to_string(cpu) + " is not online (this machine has " + std::to_string(online) + ")");
   const bool switch_mode = mode == "switch";
   if (switch_mode) {
     mode = "nic";  // a switch is a NIC with several ports and a route table
@@ -163,7 +174,7 @@ int main(int argc, char** argv) {
   // Options of the other mode are refused, not ignored.
   for (const char* opt : {"--topology", "--capture-dir"})
     if (mode == "nic" && app.count(opt) != 0) return usage(std::string(opt) + " is for cluster mode");
-  for (const char* opt : {"--port", "--rank", "--name", "--hpus"})
+  for (const char* opt : {"--port", "--rank", "--name", "--hpus", "--hpu-cpus"})
     if (mode == "cluster" && app.count(opt) != 0)
       return usage(std::string(opt) + " is for nic mode (in cluster mode the topology file names nodes, ranks and HPUs)");
   if (mode == "cluster" && app.count("--capture") != 0) return usage("--capture is for nic mode; in cluster mode use --capture-dir DIR");
@@ -176,7 +187,6 @@ int main(int argc, char** argv) {
 
   spin::rt::runtime_config rc;
   rc.hpus = hpus;
-  rc.hpu_cpus = hpu_cpus;
   rc.nic_memory_bytes = std::uint64_t{nic_mem_mib} << 20;
   rc.udp_port = udp_port;
   spin::emu::port_options po;
@@ -196,7 +206,6 @@ int main(int argc, char** argv) {
     nc.payload_bytes = payload;
     nc.burst = burst;
     nc.capture_path = capture;
-    nc.register_hpu_lcores = !plain_hpus;
     nc.routes = routes;
     for (const auto& pn : port_names) {
       auto id = spin::emu::find_port(pn);
@@ -218,7 +227,6 @@ int main(int argc, char** argv) {
     co.payload_bytes = payload;
     co.burst = burst;
     co.capture_dir = capture_dir;
-    co.register_hpu_lcores = !plain_hpus;
     auto c = spin::emu::cluster::create(*t, co);
     if (!c) return die(c.err().message);
     cluster = std::move(c.value());
@@ -288,8 +296,33 @@ int main(int argc, char** argv) {
       }
     }
   });
-  if (nic) nic->run(stop_flag);
-  else cluster->run(stop_flag);
+  if (nic && nic->lanes() == 1 && hpu_cpus.empty()) {
+    nic->run(stop_flag);
+  } else if (nic) {
+    // One lcore per HPU: lane 0 (the ports) on this thread, the others on EAL-registered threads.
+    std::vector<std::thread> lcores;
+    for (std::uint32_t k = 1; k < nic->lanes(); ++k) {
+      const int cpu = hpu_cpus.empty() ? -1 : hpu_cpus[k % hpu_cpus.size()];
+      auto t = spin::emu::start_lcore([&nic, k] { nic->run_lane(k, stop_flag); }, cpu);
+      if (!t) {
+        stop_flag.store(true);
+        std::fprintf(stderr, "spin-emu: %s\n", t.err().message.c_str());
+        break;
+      }
+      lcores.push_back(std::move(t.value()));
+    }
+    if (!hpu_cpus.empty()) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      CPU_SET(hpu_cpus[0], &set);
+      if (pthread_setaffinity_np(pthread_self(), sizeof set, &set) != 0)
+        std::fprintf(stderr, "spin-emu: cannot pin HPU 0's lcore to CPU %d; it runs unpinned\n", hpu_cpus[0]);
+    }
+    nic->run_lane(0, stop_flag);
+    for (auto& t : lcores) t.join();
+  } else {
+    cluster->run(stop_flag);
+  }
   watcher.join();
   // Host messages still waiting for the (now stopped) poll loop end at once, so that the control
   // server's workers return before it stops.

@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
   CLI::App app{"stream_reduce: sum R int32 vectors in sPIN handlers on an emulated NIC"};
   app.add_option("--ranks", o.ranks, "contributing ranks")->check(CLI::Range(1u, 4096u));
   app.add_option("--elements", o.elements, "int32 elements per rank")->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 24));
-  app.add_option("--hpus", o.hpus, "HPU threads")->check(CLI::Range(1u, 256u));
+  app.add_option("--hpus", o.hpus, "HPUs (each run by a thread of its own; this thread is HPU 0)")->check(CLI::Range(1u, 256u));
   app.add_option("--packet-bytes", o.packet_bytes, "payload bytes per packet (multiple of 4)")
       ->check(CLI::Range(4u, 8192u));
   app.add_option("--seed", o.seed, "seed of the data and of the arrival order");
@@ -138,21 +138,33 @@ int main(int argc, char** argv) {
   for (std::size_t i = 0; i < frames.size(); ++i)
     pkts[i] = rt::packet{const_cast<std::byte*>(frames[i].data()), static_cast<std::uint32_t>(frames[i].size()), i};
 
+  // Run to completion: this thread is HPU 0's lcore and receives every burst; the runtime runs
+  // the packets of HPU 0's messages at once and steers the others to their HPU, whose lcore (a
+  // thread of its own here) runs them.
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> lcores;
+  for (std::uint32_t k = 1; k < o.hpus; ++k)
+    lcores.emplace_back([&r, &stop, k] {
+      while (!stop.load(std::memory_order_relaxed))
+        if (r.poll(k) == 0) std::this_thread::yield();
+    });
   const auto t0 = std::chrono::steady_clock::now();
   std::size_t fed = 0;
   while (fed < pkts.size()) {
     const auto n = static_cast<std::uint32_t>(std::min<std::size_t>(32, pkts.size() - fed));
-    fed += r.rx_burst(pkts.data() + fed, n);
+    fed += r.rx_burst(0, pkts.data() + fed, n);
   }
   // Wait for the completion handler's event (bounded).
   rt::host_event ev[4];
   std::size_t got = 0;
   const auto deadline = t0 + std::chrono::seconds(60);
   while (got == 0 && std::chrono::steady_clock::now() < deadline) {
-    r.poll();
+    r.poll(0);
     got = r.poll_events(*id, std::span(ev, 1));
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  stop.store(true);
+  for (auto& t : lcores) t.join();
   r.drain();
   if (got == 0) {
     std::fprintf(stderr, "stream_reduce: no result event within 60 s\n%s", rt::to_text(r.stats()).c_str());

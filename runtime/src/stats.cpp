@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <bit>
 #include <cstdio>
 
@@ -59,19 +60,33 @@ void latency_histogram::record(std::uint64_t ns) noexcept {
 }
 
 latency_summary latency_histogram::summary() const {
+  const latency_histogram* self = this;
+  return merged(&self, 1);
+}
+
+latency_summary latency_histogram::merged(const latency_histogram* const* hs, std::size_t n) {
   latency_summary s;
-  s.count = _count.get();
-  s.max_ns = _max.get();
+  std::uint64_t sum = 0;
+  for (std::size_t k = 0; k < n; ++k) {
+    s.count += hs[k]->_count.get();
+    sum += hs[k]->_sum.get();
+    s.max_ns = std::max(s.max_ns, hs[k]->_max.get());
+  }
   if (s.count == 0) return s;
-  s.mean_ns = static_cast<double>(_sum.get()) / static_cast<double>(s.count);
+  s.mean_ns = static_cast<double>(sum) / static_cast<double>(s.count);
+  auto bucket = [&](unsigned i) {
+    std::uint64_t v = 0;
+    for (std::size_t k = 0; k < n; ++k) v += hs[k]->_b[i].get();
+    return v;
+  };
   // Ranks are taken over the bucket total, which a concurrent writer may have moved past count.
   std::uint64_t total = 0;
-  for (const auto& b : _b) total += b.get();
+  for (unsigned i = 0; i < buckets; ++i) total += bucket(i);
   const std::uint64_t r50 = (total * 50 + 99) / 100, r99 = (total * 99 + 99) / 100;
   std::uint64_t seen = 0;
   bool have50 = false;
   for (unsigned i = 0; i < buckets; ++i) {
-    seen += _b[i].get();
+    seen += bucket(i);
     if (!have50 && seen >= r50) {
       s.p50_ns = std::min(bucket_upper(i), s.max_ns);
       have50 = true;
@@ -84,20 +99,27 @@ latency_summary latency_histogram::summary() const {
   return s;
 }
 
-void ec_counters::snapshot(ec_stats& o) const {
-  o.packets_in = packets_in.get();
-  o.bytes_in = bytes_in.get();
-  o.messages_started = messages_started.get();
-  o.messages_completed = messages_completed.get();
-  o.messages_dropped = messages_dropped.get();
-  o.messages_aborted = messages_aborted.get();
-  for (std::size_t i = 0; i < drop_reason_count; ++i) o.drops[i] = drops[i].get();
-  for (std::size_t k = 0; k < 3; ++k) {
-    o.kinds[k].invocations = kinds[k].invocations.get();
-    o.kinds[k].bytes = kinds[k].bytes.get();
-    o.kinds[k].over_budget = kinds[k].over_budget.get();
-    o.kinds[k].faults = kinds[k].faults.get();
-    o.kinds[k].time = kinds[k].time.summary();
+void ec_counters::snapshot(const ec_counters* const* cs, std::size_t n, ec_stats& o) {
+  for (std::size_t k = 0; k < n; ++k) {
+    const ec_counters& c = *cs[k];
+    o.packets_in += c.packets_in.get();
+    o.bytes_in += c.bytes_in.get();
+    o.messages_started += c.messages_started.get();
+    o.messages_completed += c.messages_completed.get();
+    o.messages_dropped += c.messages_dropped.get();
+    o.messages_aborted += c.messages_aborted.get();
+    for (std::size_t i = 0; i < drop_reason_count; ++i) o.drops[i] += c.drops[i].get();
+    for (std::size_t kind = 0; kind < 3; ++kind) {
+      o.kinds[kind].invocations += c.kinds[kind].invocations.get();
+      o.kinds[kind].bytes += c.kinds[kind].bytes.get();
+      o.kinds[kind].over_budget += c.kinds[kind].over_budget.get();
+      o.kinds[kind].faults += c.kinds[kind].faults.get();
+    }
+  }
+  std::vector<const latency_histogram*> hs(n);
+  for (std::size_t kind = 0; kind < 3; ++kind) {
+    for (std::size_t k = 0; k < n; ++k) hs[k] = &cs[k]->kinds[kind].time;
+    o.kinds[kind].time = latency_histogram::merged(hs.data(), n);
   }
 }
 
@@ -127,7 +149,8 @@ std::string to_json(const runtime_stats& s) {
                      {"peak_bytes", s.nic_mem_peak_bytes}};
   j["hpus"] = nlohmann::json::array();
   for (const auto& h : s.hpus)
-    j["hpus"].push_back({{"hpu", h.hpu}, {"tasks", h.tasks}, {"busy_ns", h.busy_ns}, {"preempted", h.preempted}});
+    j["hpus"].push_back({{"hpu", h.hpu}, {"tasks", h.tasks}, {"busy_ns", h.busy_ns}, {"preempted", h.preempted},
+                         {"frames", h.frames}, {"steered", h.steered}});
   j["ecs"] = nlohmann::json::array();
   for (const auto& e : s.ecs) {
     nlohmann::json je = {{"ec_id", e.ec_id}, {"name", e.name}, {"packets_in", e.packets_in}, {"bytes_in", e.bytes_in}, {"packets_skipped", e.packets_skipped},
@@ -168,8 +191,10 @@ std::string to_text(const runtime_stats& s) {
   add("NIC memory: %llu of %llu bytes used (peak %llu)\n", static_cast<unsigned long long>(s.nic_mem_used_bytes),
       static_cast<unsigned long long>(s.nic_mem_capacity_bytes), static_cast<unsigned long long>(s.nic_mem_peak_bytes));
   for (const auto& h : s.hpus)
-    add("HPU %u: %llu tasks, busy %.3f ms, preempted %llu\n", h.hpu, static_cast<unsigned long long>(h.tasks),
-        static_cast<double>(h.busy_ns) / 1e6, static_cast<unsigned long long>(h.preempted));
+    add("HPU %u: %llu frames (%llu steered to another HPU), %llu tasks, busy %.3f ms, preempted %llu\n", h.hpu,
+        static_cast<unsigned long long>(h.frames), static_cast<unsigned long long>(h.steered),
+        static_cast<unsigned long long>(h.tasks), static_cast<double>(h.busy_ns) / 1e6,
+        static_cast<unsigned long long>(h.preempted));
   for (const auto& e : s.ecs) {
     add("EC %u \"%s\": %llu packets, %llu bytes in; messages %llu started, %llu completed, %llu dropped, %llu aborted\n",
         e.ec_id, e.name.c_str(), static_cast<unsigned long long>(e.packets_in), static_cast<unsigned long long>(e.bytes_in),

@@ -134,7 +134,7 @@ public:
   }
   result<void> uninstall(rt::ec_id ec) override {
     std::lock_guard lk(_rt_mu);
-    auto r = _rt->uninstall(ec, 2000ms);
+    auto r = _rt->uninstall(ec);
     if (r) {
       ++mutations;
       _ec_regions.erase(ec);
@@ -189,9 +189,9 @@ private:
         std::vector<rt::packet> pkts;
         for (auto* f : pending)
           pkts.push_back(rt::packet{f->data(), static_cast<std::uint32_t>(f->size()), reinterpret_cast<std::uint64_t>(f)});
-        const std::uint32_t n = pkts.empty() ? 0 : _rt->rx_burst(pkts.data(), static_cast<std::uint32_t>(pkts.size()));
+        const std::uint32_t n = pkts.empty() ? 0 : _rt->rx_burst(0, pkts.data(), static_cast<std::uint32_t>(pkts.size()));
         pending.erase(pending.begin(), pending.begin() + n);
-        _rt->poll();
+        _rt->drain();  // this thread drives every HPU of the test NIC
       }
       std::this_thread::sleep_for(50us);
     }

@@ -146,13 +146,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // A fresh EC per input: its parked packets and open messages do not leak into the next one.
   auto ec = w.engine->install(w.ec);
   require(ec.ok());
-  for (std::size_t i = 0; i < pkts.size();) {
+  // Bursts go to either HPU, as queues spread frames; the runtime steers each to its own HPU.
+  const std::uint32_t first_hpu = (data[0] >> 4) & 1;
+  for (std::size_t i = 0, k = 0; i < pkts.size(); ++k) {
     const auto n = static_cast<std::uint32_t>(std::min<std::size_t>(burst, pkts.size() - i));
-    const std::uint32_t got = w.engine->rx_burst(pkts.data() + i, n);
-    if (got == 0) w.engine->poll();
+    const auto hpu = static_cast<std::uint32_t>((first_hpu + k) % 2);
+    const std::uint32_t got = w.engine->rx_burst(hpu, pkts.data() + i, n);
+    if (got < n) w.engine->poll(1 - hpu);  // the other HPU's inbox is full
     i += got;
   }
-  require(w.engine->drain(std::chrono::seconds(30)));
+  w.engine->drain();
   std::array<rt::host_event, 16> events;
   while (w.engine->poll_events(*ec, events) > 0) {
   }

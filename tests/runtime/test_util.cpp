@@ -2,9 +2,11 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 namespace spin::test {
 
@@ -81,18 +83,37 @@ std::vector<rt::packet> message_packets(packet_pool& pool, std::uint64_t match_b
 }
 
 bool feed(rt::runtime& r, std::span<const rt::packet> pkts, std::uint32_t burst) {
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> drivers;
+  for (std::uint32_t h = 1; h < r.hpus(); ++h)
+    drivers.emplace_back([&r, &stop, h] {
+      while (true) {
+        const bool last = stop.load(std::memory_order_acquire);
+        if (r.poll(h) == 0) {
+          if (last) break;
+          std::this_thread::yield();
+        }
+      }
+    });
   std::size_t i = 0;
+  bool ok = true;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (i < pkts.size()) {
     const auto n = static_cast<std::uint32_t>(std::min<std::size_t>(burst, pkts.size() - i));
-    const std::uint32_t got = r.rx_burst(pkts.data() + i, n);
+    const std::uint32_t got = r.rx_burst(0, pkts.data() + i, n);
     i += got;
     if (got < n) {
-      if (std::chrono::steady_clock::now() > deadline) return false;
+      if (std::chrono::steady_clock::now() > deadline) {
+        ok = false;
+        break;
+      }
       std::this_thread::yield();
     }
   }
-  return r.drain(std::chrono::seconds(60));
+  stop.store(true, std::memory_order_release);
+  for (auto& t : drivers) t.join();
+  r.drain();
+  return ok;
 }
 
 void raise_flag(rt::runtime& r, rt::ec_id ec, std::uint64_t off) {

@@ -57,8 +57,10 @@ std::vector<rt::packet> message_packets(packet_pool& pool, std::uint64_t match_b
 rt::packet message_packet(packet_pool& pool, std::uint64_t match_bits, std::uint32_t source, std::uint64_t msg,
                           std::uint64_t len, std::uint32_t pkt_bytes, std::uint32_t seq);
 
-/// Feeds packets to the runtime, retrying on back-pressure, then drains. Returns false when
-/// the runtime did not go idle within the timeout.
+/// Feeds packets to HPU 0 of the runtime in bursts (the runtime steers each to the HPU that owns
+/// its message), while one thread per other HPU drives that HPU, as lcores do; retries on
+/// back-pressure, then stops the threads and drains. Returns false when the packets could not
+/// be fed within 60 s.
 bool feed(rt::runtime& r, std::span<const rt::packet> pkts, std::uint32_t burst = 32);
 
 /// Atomically sets the u64 at byte `off` of EC `ec`'s handler memory to 1 while handlers may

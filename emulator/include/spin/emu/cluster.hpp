@@ -40,7 +40,6 @@ struct cluster_options {
   std::uint32_t burst = 32;
   std::uint32_t cable_ring_packets = 1024;  ///< each of the two rings per link direction
   std::uint32_t dup_pool_mbufs = 2047;      ///< mbufs for duplicated packets (all links)
-  bool register_hpu_lcores = true;  ///< nic_config::register_hpu_lcores for every node
   /// When non-empty, every node captures its ports to `<capture_dir>/<node name>.pcap`.
   std::string capture_dir;
 };

@@ -1,12 +1,15 @@
-// An emulated sPIN NIC on DPDK ports: receive bursts go to the runtime's HPUs, packets that
-// handlers send and messages the host sends leave through transmit bursts (docs/emulator.md,
-// "Data path").
+// An emulated sPIN NIC on DPDK ports, run to completion: each HPU of the NIC is a lane that one
+// thread (an lcore) polls; the lane runs the handlers of the packets it takes before it takes
+// more (docs/emulator.md, "Data path").
 //
-// Threads. One thread at a time drives a NIC through poll() or run() (its scheduler thread, an
-// EAL lcore in spin-emu). The runtime's HPU threads register with EAL as lcores (they get mbuf
-// caches) and hand the packets they send to the scheduler through one single-producer ring per
-// HPU and port: no lock on the per-packet path. The nic_control operations may come from any
-// thread; they run serialised with poll() (docs/emulator.md, "Control path").
+// Threads. Lane 0 owns the ports' queues: it receives bursts, hands them to the runtime (which
+// runs the frames of its own messages at once and steers the others to their HPU's inbox),
+// advances host messages and sends transmit bursts. Lane k > 0 runs what is steered to it and
+// hands the frames its handlers send to lane 0 through one SPSC ring per port. One thread may
+// poll every lane in turn (poll(), run()), or one thread per lane (poll_lane()); each lane is
+// polled by one thread at a time. No lock is taken per packet: a lane's mutex is taken once
+// per round. The nic_control operations may come from any thread; they run while every lane
+// stands aside between two rounds (docs/emulator.md, "Control path").
 #pragma once
 
 #include <spin/emu/nic_control.hpp>
@@ -81,12 +84,14 @@ struct nic_config {
   /// The runtime's configuration; rank, tx, release and the HPU thread hooks are set by the NIC.
   rt::runtime_config runtime;
   std::uint32_t burst = 32;               ///< RX/TX burst size (packets), 1..512
-  std::uint32_t tx_ring_packets = 1024;   ///< per HPU and port; a power of two
+  std::uint32_t tx_ring_packets = 1024;   ///< frames waiting to be sent, per port and lane (and per lane's loopback); a power of two
   /// Payload bytes per packet of host messages; 0: the largest that fits a frame of
   /// port.max_frame_bytes with the collective extension.
   std::uint32_t payload_bytes = 1024;
-  bool register_hpu_lcores = true;        ///< HPU threads call rte_thread_register
-  std::chrono::milliseconds control_timeout{5000};  ///< wait for the scheduler thread
+  std::chrono::milliseconds control_timeout{5000};  ///< wait for the lanes to stand aside
+  /// Longest sleep of an idle lane 0 in run() and run_lane(0) before it looks at its ports
+  /// again (ports cannot wake it; everything else that gives a lane work rings its doorbell).
+  std::chrono::microseconds idle_sleep_max{100};
   /// Capture every frame received, injected, or queued for sending on the NIC's ports to this
   /// pcap file (nanosecond timestamps, one wall-clock reading per poll round). Empty: off.
   std::string capture_path;
@@ -95,7 +100,7 @@ struct nic_config {
 /// An emulated NIC.
 class nic final : public nic_control {
 public:
-  /// Opens the ports and starts the runtime. Errors: those of port::open and runtime::create,
+  /// Opens the ports and creates the runtime. Errors: those of port::open and runtime::create,
   /// invalid_argument (no port, burst or ring size out of range, payload size that does not fit
   /// a frame), no_memory (rings or pools).
   static result<std::unique_ptr<nic>> create(const nic_config& cfg);
@@ -103,19 +108,28 @@ public:
   /// drove poll() must have stopped.
   ~nic() override;
 
-  /// One round of the data path: take RX bursts (unless the HPUs are still full from the last
-  /// one), run finished handlers' follow-ups, advance host messages, and send TX bursts. Returns
-  /// the number of frames and packets moved. Returns 0 at once while a control operation waits
-  /// for the NIC. Scheduler thread only; noexcept, no allocation.
+  /// One round of every lane in turn on the calling thread (poll_lane(0), poll_lane(1), ...).
+  /// Returns the frames and packets moved. For a NIC that one thread drives; noexcept.
   std::uint32_t poll() noexcept;
-  /// Calls poll() until `stop` becomes true.
+  /// Calls poll() until `stop` becomes true; after a run of empty rounds it backs off (pause,
+  /// yield, then sleeps of up to idle_sleep_max, cut short when work arrives).
   void run(const std::atomic<bool>& stop) noexcept;
+  /// Calls poll_lane(lane) until `stop` becomes true, backing off like run(). One thread per
+  /// lane (spin-emu starts them as EAL-registered lcores).
+  void run_lane(std::uint32_t lane, const std::atomic<bool>& stop) noexcept;
+  /// The NIC's lanes (= its runtime's HPUs, nic_config::runtime.hpus).
+  std::uint32_t lanes() const noexcept;
+  /// One round of lane `lane`: lane 0 takes RX bursts, advances host messages and sends; every
+  /// lane runs what other lanes steered to it and what it sent to its own rank. Returns the
+  /// frames and packets moved (0 for a lane out of range, or at once while a control operation
+  /// waits). The thread polling that lane only; noexcept, no allocation.
+  std::uint32_t poll_lane(std::uint32_t lane) noexcept;
   /// Feeds a frame (a replayed capture, a test) into the receive path as if port 0 had received
   /// it. Copies the bytes. Returns no_memory when no mbuf is free, invalid_argument when it is
-  /// longer than the maximum frame. Scheduler thread only, or while no thread polls.
+  /// longer than the maximum frame. Any thread: it runs between the lanes' rounds.
   errc inject(std::span<const std::byte> frame) noexcept;
-  /// True when no handler runs or is queued, no host message is pending and no frame waits in
-  /// a transmit ring or stage. Polls the runtime once. Scheduler thread, or while no thread polls.
+  /// True when no frame waits in an inbox, a transmit ring or stage, and no host message is
+  /// pending. Any thread (between the lanes' rounds).
   bool idle() noexcept;
   /// Stops the runtime and frees every mbuf the NIC holds, keeping its ports and pools (a
   /// cluster stops every node before any pool goes away, since frames cross between nodes).
@@ -132,7 +146,7 @@ public:
   nic_stats stats() const;
   /// The mbuf pool of port `index` (a benchmark pre-fills it; tests check its counts), or null.
   rte_mempool* port_pool(std::uint32_t index) const noexcept;
-  /// The runtime (scheduler thread, or while no thread polls).
+  /// The runtime (while no thread polls).
   rt::runtime& runtime() noexcept;
 
   // nic_control

@@ -1,4 +1,4 @@
-// Lock-free rings used between the scheduler, the HPUs and the host (DPDK rte_ring semantics:
+// Lock-free rings used between HPUs, lcores and the host (DPDK rte_ring semantics:
 // `try_*` never blocks).
 #pragma once
 
@@ -148,6 +148,11 @@ public:
         pos = _deq.load(std::memory_order_relaxed);
       }
     }
+  }
+
+  /// Any thread: true when the queue looked empty (a possibly stale answer).
+  bool empty_approx() const noexcept {
+    return _enq.load(std::memory_order_acquire) == _deq.load(std::memory_order_acquire);
   }
 
 private:

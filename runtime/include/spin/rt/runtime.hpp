@@ -1,13 +1,24 @@
-// The sPIN execution engine: execution contexts, matching, message ordering, HPU scheduling,
-// NIC memory, DMA, actions and statistics (sPIN, Hoefler et al., SC17, section 3; PsPIN,
-// Di Girolamo et al., ISCA 2021, section 3). docs/architecture.md describes the data flow.
+// The sPIN execution engine: execution contexts, matching, message ordering, run-to-completion
+// handler execution, NIC memory, DMA, actions and statistics (sPIN, Hoefler et al., SC17,
+// section 3; PsPIN, Di Girolamo et al., ISCA 2021, section 3). docs/architecture.md describes
+// the data flow.
 //
-// Threads. One *scheduler thread* drives a runtime: it creates it and is the only thread that
-// calls install, uninstall, register_host_memory, release_message, rx_burst, poll and drain
-// (calls may come from different threads over time if they never overlap, as with DPDK's
-// ethdev API). The runtime owns N HPU threads and a watchdog thread. stats() and poll_events()
-// may be called from any thread. The TX port and the packet release callback are called from
-// HPU threads and from the scheduler thread.
+// Run to completion. An HPU is an lcore that polls: the thread that hands HPU h a burst
+// (rx_burst(h, ...)) parses, matches and orders those packets and runs their header, payload
+// and completion handlers itself, on its own core, before rx_burst returns (DPDK's
+// run-to-completion model, examples/l2fwd; PsPIN keeps a message in one cluster for the same
+// reason). Every packet of a message belongs to one HPU, chosen by a hash of the message key
+// (source rank, message id): hpu_of(). A packet handed to the wrong HPU is steered to its own
+// through that HPU's inbox (a bounded MPMC queue), which poll(h) and rx_burst(h) empty. Each
+// HPU owns its share of every EC's message table, so the ordering guarantees hold without
+// locks; handler memory is shared by all HPUs (atomics and locks in the API).
+//
+// Threads. At most one thread at a time drives HPU h (rx_burst(h), poll(h)); different HPUs
+// may be driven by different threads at once, or all by one thread in turn. The control calls
+// (install, uninstall, register_host_memory, unregister_host_memory, release_message, drain)
+// must not overlap any rx_burst or poll (as with DPDK's ethdev configuration). The runtime owns
+// one thread, the budget's watchdog. stats() and poll_events() may be called from any thread.
+// The TX port and the release callback are called from the thread driving the HPU.
 #pragma once
 
 #include <spin/handler.hpp>
@@ -44,7 +55,7 @@ struct match_rule {
 /// eBPF engine of loader.hpp). Converts from a handler_fn; null when neither is set.
 struct handler_ref {
   handler_fn native = nullptr;
-  /// Runs `prog` with the invocation's context on the calling HPU thread and returns the
+  /// Runs `prog` with the invocation's context on the thread driving the HPU and returns the
   /// handler's return code. Used when `native` is null.
   std::int32_t (*engine)(const void* prog, spin::ctx* c) noexcept = nullptr;
   const void* prog = nullptr;
@@ -82,16 +93,18 @@ struct host_window {
 
 /// Limits of one EC. All resources are reserved at install; the data path never allocates.
 struct ec_limits {
-  /// Messages that may be open at once (each holds a scratchpad). A packet that would open one
-  /// more is dropped as no_message_slot.
+  /// Messages that may be open at once over all HPUs (each holds a scratchpad). A packet that
+  /// would open one more is dropped as no_message_slot.
   std::uint32_t max_messages = 64;
-  /// Completed message keys remembered so that late duplicates are recognised (FIFO).
+  /// Completed message keys remembered per HPU so that late duplicates are recognised (FIFO; a
+  /// message's duplicates reach the HPU that ran it).
   std::uint32_t retired_history = 1024;
   /// Reorder window per message in packets (rounded up to a multiple of 64): a packet more
   /// than this far ahead of the lowest missing packet is dropped as out_of_window. Each message
   /// entry holds a bitmap of the next power of two of bits (window_packets 192: 256 bits).
   std::uint32_t window_packets = 1024;
-  /// Payload packets of the whole EC that may wait for their message's header handler.
+  /// Payload packets per HPU that may wait for their message's header packet (each holds a
+  /// frame).
   std::uint32_t max_parked_packets = 4096;
   /// Time budget of one handler invocation. An invocation that runs longer is stopped (see
   /// runtime_config::preempt), reported in the EC's statistics and as an error event, and its
@@ -131,8 +144,8 @@ struct dma_model {
 };
 
 /// A frame handed to the runtime. The runtime owns it from rx_burst until it calls
-/// `runtime_config::release` with `cookie`, exactly once per accepted frame, from the scheduler
-/// or an HPU thread. Handlers may modify the bytes in place.
+/// `runtime_config::release` with `cookie`, exactly once per accepted frame, from the thread
+/// driving an HPU (or a control call). Handlers may modify the bytes in place.
 struct packet {
   std::byte* frame = nullptr;
   std::uint32_t frame_len = 0;
@@ -142,24 +155,31 @@ struct packet {
 /// Called when the runtime is done with a packet (`user` is runtime_config::release_user).
 using release_fn = void (*)(void* user, std::uint64_t cookie) noexcept;
 
-/// Called on an HPU thread (`hpu` is its index) when it starts and before it ends.
-using hpu_thread_fn = void (*)(void* user, std::uint32_t hpu) noexcept;
+/// Called after rx_burst on HPU `from` steered frames into the inbox of HPU `hpu` (once per
+/// burst and HPU), on the thread driving `from`: the emulator wakes the lcore of `hpu` if it
+/// sleeps. `user` is runtime_config::wake_user.
+using wake_fn = void (*)(void* user, std::uint32_t hpu) noexcept;
 
 /// How a runtime is built.
 struct runtime_config {
   std::uint32_t rank = 0;                   ///< this NIC's rank: source rank of packets handlers send
-  std::uint32_t hpus = 1;                   ///< HPU worker threads (1..256)
-  std::vector<int> hpu_cpus;                ///< when non-empty, HPU i is pinned to hpu_cpus[i % size]
+  /// HPUs (1..256): each is driven by one thread at a time (an lcore) and owns a share of the
+  /// messages (hpu_of()).
+  std::uint32_t hpus = 1;
   std::uint64_t nic_memory_bytes = 64ull << 20;  ///< NIC memory arena (handler memory, scratchpads)
   std::uint32_t max_ecs = 64;
-  std::uint32_t hpu_queue_depth = 256;      ///< tasks queued per HPU (power of two)
+  /// Packets steered to an HPU from another one that may wait in its inbox (rounded up to a
+  /// power of two, 1..65536).
+  std::uint32_t inbox_packets = 1024;
   std::uint16_t udp_port = wire::default_udp_port;
   std::uint32_t max_dma_in_flight = 64;     ///< non-blocking DMAs per invocation
   dma_model dma;
   tx_port* tx = nullptr;                    ///< where handler sends go; null: sends fail (not_supported)
   release_fn release = nullptr;             ///< null: packets are not returned to anyone
   void* release_user = nullptr;
-  /// Stop an over-budget handler by a signal to its HPU thread (native code cannot be stopped
+  wake_fn wake = nullptr;                   ///< null: whoever drives an HPU polls its inbox anyway
+  void* wake_user = nullptr;
+  /// Stop an over-budget handler by a signal to the thread running it (native code cannot be stopped
   /// otherwise). Off: the handler is stopped at its next API call, or reported when it returns.
   /// Ignored (off) in ThreadSanitizer builds, whose runtime defers asynchronous signals.
   bool preempt = true;
@@ -170,11 +190,6 @@ struct runtime_config {
   /// The signal handlers are installed once per process and pass faults outside handler code
   /// on to the previous handler. Ignored (off) in ThreadSanitizer builds.
   bool catch_faults = true;
-  /// Optional per-thread set-up and tear-down of HPU threads (the emulator registers them as
-  /// DPDK lcores so that they get mbuf caches). Called with `hpu_thread_user`.
-  hpu_thread_fn hpu_thread_start = nullptr;
-  hpu_thread_fn hpu_thread_stop = nullptr;
-  void* hpu_thread_user = nullptr;
 };
 
 /// An event the host reads from an EC's queue.
@@ -199,12 +214,12 @@ class runtime_impl;
 /// A NIC's sPIN engine.
 class runtime {
 public:
-  /// Builds a runtime and starts its HPU and watchdog threads. Errors: invalid_argument (hpus
-  /// out of 1..256, queue depth out of 1..65536, a DMA model outside [0, 1 s] latency, no NIC memory, max_ecs out of 1..65535, a CPU in hpu_cpus
-  /// that is not online, pinning refused by the OS), no_memory, not_supported (no per-thread
-  /// CPU clock, which the budget needs).
+  /// Builds a runtime and starts its watchdog thread. Errors: invalid_argument (hpus out of
+  /// 1..256, inbox_packets out of 1..65536, a DMA model outside [0, 1 s] latency, no NIC
+  /// memory, max_ecs out of 1..65535), no_memory.
   static result<std::unique_ptr<runtime>> create(const runtime_config& cfg);
-  /// Stops the threads (after drain) and returns every packet still held to `release`.
+  /// Runs what waits in the inboxes (drain), stops the watchdog and returns every packet still
+  /// held (parked) to `release`. No thread may drive an HPU any more.
   ~runtime();
   runtime(const runtime&) = delete;
   runtime& operator=(const runtime&) = delete;
@@ -226,31 +241,40 @@ public:
   /// no NIC memory.
   result<ec_id> install(const ec_config& cfg);
 
-  /// Uninstalls an EC: from now on its packets are dropped (ec_removed), including those parked
-  /// and those whose header handler is still running; no completion handler starts. Waits up to
-  /// `timeout` for its running and queued handlers, then frees its memory. Errors: not_found,
-  /// timeout (handlers still running; the EC stays installed, draining: packets that match it
-  /// are dropped as ec_removed, and uninstall may be called again).
-  result<void> uninstall(ec_id ec, std::chrono::milliseconds timeout = std::chrono::milliseconds(5000));
+  /// Uninstalls an EC: its parked packets are dropped (ec_removed), its messages end without
+  /// completion handler, its memory is freed; later packets that would have matched it match
+  /// the next EC or none. No handler runs during a control call, so nothing waits. Errors:
+  /// not_found.
+  result<void> uninstall(ec_id ec);
 
   /// Releases a message kept by a *_pending return. Errors: not_found (no such held message).
   result<void> release_message(ec_id ec, std::uint32_t source_rank, std::uint64_t message_id);
 
-  /// Hands up to `n` frames to the NIC. Each accepted frame is parsed, matched, and either
-  /// scheduled on an HPU, parked, or dropped with a counted reason; the runtime owns it from
-  /// here (see `packet`). Returns how many frames were accepted, from the front of `pkts`; fewer
-  /// than `n` only when every HPU queue is full (back-pressure: the caller keeps the rest).
-  /// Also processes HPU completions, like poll(). Scheduler thread only; noexcept, no allocation.
-  std::uint32_t rx_burst(const packet* pkts, std::uint32_t n) noexcept;
+  /// Runs up to `n` frames to completion on HPU `hpu` (0..hpus()-1), on the calling thread:
+  /// first what waits in its inbox, then each frame is parsed, matched and either handled
+  /// (header, payload and completion handlers as the message's state allows), parked until its
+  /// header packet arrives, steered to the inbox of the HPU that owns its message (hpu_of), or
+  /// dropped with a counted reason. The runtime owns each accepted frame from here (see
+  /// `packet`). Returns how many frames were accepted, from the front of `pkts`; fewer than `n`
+  /// only when a frame belongs to another HPU whose inbox is full (back-pressure: the caller
+  /// keeps the rest and offers them again). Returns 0 for an HPU out of range. The thread
+  /// driving `hpu` only; noexcept, no allocation, no syscall.
+  std::uint32_t rx_burst(std::uint32_t hpu, const packet* pkts, std::uint32_t n) noexcept;
 
-  /// Processes finished handler invocations: starts parked payload handlers whose header
-  /// handler returned, starts completion handlers, retires messages. Returns the number of
-  /// invocations retired. Scheduler thread only.
-  std::uint32_t poll() noexcept;
+  /// Runs what other HPUs steered into the inbox of HPU `hpu` (up to one inbox's worth) and
+  /// returns how many frames it took. The thread driving `hpu` only.
+  std::uint32_t poll(std::uint32_t hpu) noexcept;
 
-  /// Polls until no handler is running or queued, or `timeout` passes. Returns true when idle.
-  /// Messages waiting for missing packets do not count as running.
-  bool drain(std::chrono::milliseconds timeout = std::chrono::milliseconds(5000)) noexcept;
+  /// True when HPU `hpu`'s inbox holds frames. Any thread (a possibly stale answer).
+  bool has_work(std::uint32_t hpu) const noexcept;
+
+  /// The HPU that owns the message of `frame` (a hash of its source rank and message id);
+  /// 0 for a frame that does not parse. Any thread.
+  std::uint32_t hpu_of(std::span<const std::byte> frame) const noexcept;
+
+  /// Runs every inbox on the calling thread until all are empty (a control call: no thread may
+  /// drive an HPU meanwhile). Messages waiting for missing packets stay open.
+  void drain() noexcept;
 
   /// Reads up to out.size() events of EC `ec`. Any thread. Returns the count (0 for an unknown EC).
   std::size_t poll_events(ec_id ec, std::span<host_event> out) noexcept;
@@ -262,7 +286,7 @@ public:
   /// Snapshot of all counters. Any thread.
   runtime_stats stats() const;
 
-  /// Number of HPU threads.
+  /// Number of HPUs.
   std::uint32_t hpus() const;
 
 private:

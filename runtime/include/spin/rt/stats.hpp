@@ -86,9 +86,11 @@ struct ec_stats {
 /// Snapshot of one HPU.
 struct hpu_stats {
   std::uint32_t hpu = 0;
-  std::uint64_t tasks = 0;      ///< tasks run (a header task may run the header and a payload handler)
+  std::uint64_t tasks = 0;      ///< handler invocations and default deposits run
   std::uint64_t busy_ns = 0;    ///< wall time inside handlers and default deposits
   std::uint64_t preempted = 0;  ///< invocations stopped by the budget's preemption signal
+  std::uint64_t frames = 0;     ///< frames this HPU took to completion (its own and steered to it)
+  std::uint64_t steered = 0;    ///< frames it handed to the inbox of the HPU owning their message
 };
 
 /// Snapshot of the whole runtime.
@@ -128,6 +130,8 @@ public:
   static constexpr unsigned buckets = 64 << sub_bits;
   void record(std::uint64_t ns) noexcept;
   latency_summary summary() const;
+  /// One summary of several histograms (the HPUs' shares of one EC).
+  static latency_summary merged(const latency_histogram* const* hs, std::size_t n);
   static unsigned bucket_of(std::uint64_t v) noexcept;
   static std::uint64_t bucket_upper(unsigned b) noexcept;
 
@@ -141,12 +145,13 @@ struct kind_counters {
   latency_histogram time;
 };
 
-/// Live counters of one EC written by the scheduler thread (the HPUs keep their own for actions).
+/// Live counters of one HPU's share of one EC, written by the thread driving that HPU.
 struct ec_counters {
   counter packets_in, bytes_in, messages_started, messages_completed, messages_dropped, messages_aborted;
   std::array<counter, drop_reason_count> drops;
   std::array<kind_counters, 3> kinds;
-  void snapshot(ec_stats& out) const;
+  /// Sums the counters of `n` HPUs into `out` (its other fields untouched).
+  static void snapshot(const ec_counters* const* cs, std::size_t n, ec_stats& out);
 };
 
 } // namespace detail

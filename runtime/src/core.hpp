@@ -1,0 +1,254 @@
+// The runtime's internal structures, shared by its parts:
+//   lane.cpp      the per-HPU packet path: parse, steer, match, order, run handlers to completion
+//   actions.cpp   the handler API (spin::api_table) behind spin::ctx
+//   watchdog.cpp  the handler budget: watchdog thread, preemption and fault signals
+//   runtime.cpp   the control path: create, install, uninstall, statistics
+#pragma once
+
+#include "clock.hpp"
+#include "message_table.hpp"
+
+#include <spin/rt/arena.hpp>
+#include <spin/rt/ring.hpp>
+#include <spin/rt/runtime.hpp>
+
+#include <atomic>
+#include <condition_variable>
+#include <csetjmp>
+#include <csignal>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <pthread.h>
+#include <time.h>
+
+namespace spin::rt::detail {
+
+class runtime_core;
+
+// Lock-wait time a handler is not charged for, in multiples of its budget.
+inline constexpr std::uint64_t lock_wait_cap = 10;
+
+/// Free scratchpad slots of one EC, shared by its HPUs: opening a message takes one, settling it
+/// gives it back, so that max_messages bounds the open messages of the whole EC. With one HPU a
+/// plain stack; with several a lock-free queue (one atomic operation per message, not per packet).
+class slot_pool {
+public:
+  void init(std::uint32_t n, bool shared) {
+    _shared = shared;
+    if (shared) {
+      _q = std::make_unique<mpmc_queue<std::uint32_t>>(n);
+      for (std::uint32_t i = 0; i < n; ++i) (void)_q->try_push(i);
+    } else {
+      _stack.reserve(n);
+      for (std::uint32_t i = n; i-- > 0;) _stack.push_back(i);
+    }
+  }
+  bool take(std::uint32_t& slot) noexcept {
+    if (_shared) return _q->try_pop(slot);
+    if (_stack.empty()) return false;
+    slot = _stack.back();
+    _stack.pop_back();
+    return true;
+  }
+  // Never full: there are exactly as many slots as places.
+  void give(std::uint32_t slot) noexcept {
+    if (_shared)
+      (void)_q->try_push(slot);
+    else
+      _stack.push_back(slot);
+  }
+
+private:
+  bool _shared = false;
+  std::vector<std::uint32_t> _stack;
+  std::unique_ptr<mpmc_queue<std::uint32_t>> _q;
+};
+
+/// An installed EC: what every HPU reads. Written only by control calls (no HPU runs then),
+/// apart from its slot pool and event queue, which are thread-safe.
+struct ec {
+  ec_id id = 0;
+  std::uint32_t slot = 0;
+  ec_config cfg;
+  arena_block mem_block, scratch_block;
+  std::byte* mem = nullptr;
+  std::byte* scratch_base = nullptr;
+  std::uint64_t scratch_stride = 0;
+  std::byte* host = nullptr;  // start of the window in host memory
+  std::uint64_t host_len = 0;
+  std::uint64_t budget_ticks = 0;
+  slot_pool scratch_slots;
+  std::unique_ptr<mpmc_queue<host_event>> events;
+
+  std::byte* scratch_of(std::uint32_t slot) const noexcept {
+    return scratch_base != nullptr ? scratch_base + std::uint64_t{slot} * scratch_stride : nullptr;
+  }
+};
+
+/// What the handler API's calls did, per HPU and EC.
+struct tally {
+  counter dma_to, dma_from, dma_ops, sends, send_bytes, send_failed, events, events_lost, api_errors, deposit;
+};
+
+struct parked {
+  packet pkt;
+  std::uint16_t spin_off, payload_off;
+  std::uint32_t payload_len;
+  std::uint32_t next;
+};
+
+/// One HPU's share of one EC: its messages, parked packets and counters. Only the thread
+/// driving the HPU touches it (statistics read the counters).
+struct lane_ec {
+  message_table table;
+  std::vector<parked> parking;
+  std::uint32_t park_free = none;
+  ec_counters ctr;
+  tally t;
+  counter skipped;
+};
+
+struct dma_slot {
+  std::uint64_t done_tick = 0;
+  std::uint32_t gen = 0;
+  bool live = false;
+};
+
+struct lane;
+
+/// The invocation an HPU is running; spin::ctx::rt points here.
+struct invocation {
+  spin::ctx c{};
+  runtime_core* rt = nullptr;
+  lane* l = nullptr;
+  ec* e = nullptr;
+  tally* t = nullptr;
+  std::uint64_t locks[8] = {};
+  std::uint32_t nlocks = 0;
+  std::uint32_t dma_live = 0;  // slots possibly live (high-water mark of this invocation)
+  std::vector<dma_slot> dma;
+};
+
+/// One HPU: the run-to-completion unit. Fields are grouped by who writes them.
+struct lane {
+  // Set at create.
+  std::uint32_t index = 0;
+  std::unique_ptr<mpmc_queue<packet>> inbox;  // frames other HPUs steered here
+  std::vector<std::unique_ptr<lane_ec>> ecs;  // by EC slot; control calls create and free them
+
+  // The thread driving this HPU: set when another thread starts to drive it, read by the
+  // watchdog (to measure CPU time and to preempt).
+  pthread_t driver{};
+  bool has_driver = false;
+  std::atomic<std::uint64_t> driver_id{0};   // pthread_t of the driver
+  std::atomic<clockid_t> driver_clock{0};
+  std::atomic<bool> driver_clock_ok{false};
+
+  // Watchdog protocol: run id and start of the current invocation (0 = none running); the
+  // watchdog stores the id of an over-budget run in abort_run.
+  alignas(cache_line) std::atomic<std::uint64_t> run_id{0};
+  std::atomic<std::uint64_t> run_start{0};
+  std::atomic<std::uint64_t> run_budget{0};
+  std::atomic<std::uint64_t> abort_run{0};
+  std::atomic<std::uint64_t> run_wait{0};  // ticks this invocation waited for locks
+  volatile sig_atomic_t in_handler = 0;
+  volatile sig_atomic_t in_api = 0;
+  volatile sig_atomic_t fault_sig = 0;  // signal of the fault that stopped the last invocation
+  sigjmp_buf jb;
+  bool last_faulted = false;
+
+  counter tasks, busy_ns, preempted, frames, steered;
+  std::vector<std::uint32_t> steer_to;  // HPUs this burst pushed frames to (wake them once)
+  invocation inv;
+};
+
+inline bool abort_requested(const lane* l) noexcept {
+  return l->abort_run.load(std::memory_order_relaxed) == l->run_id.load(std::memory_order_relaxed);
+}
+
+/// The lane whose handler the current thread runs (null outside handlers): signal handlers use
+/// it to leave the handler.
+extern thread_local lane* tls_lane;
+
+class runtime_core {
+public:
+  runtime_config cfg;
+  nic_arena arena;
+  std::vector<std::unique_ptr<ec>> ecs;   // slot -> EC (null when free)
+  std::vector<std::uint32_t> active;      // slots in installation order
+  std::vector<std::unique_ptr<lane>> lanes;
+  std::vector<std::span<std::byte>> regions;
+  std::uint32_t next_ec_id = 1;
+  bool preempt = false;
+  bool catch_faults = false;
+  int preempt_sig = 0;
+  alignas(cache_line) api_table api{};  // read on every API call
+
+  // Frames rejected by the parser or matching no EC, per HPU (single writer each).
+  struct lane_counters {
+    wire::parser_stats parser;
+    counter unknown_ec;
+  };
+  std::unique_ptr<lane_counters[]> lane_ctr;
+
+  alignas(cache_line) mutable std::mutex control_mu;  // guards ecs/active/arena against stats() readers
+
+  // Watchdog.
+  std::thread watchdog;
+  std::mutex wd_mu;
+  std::condition_variable wd_cv;
+  bool wd_stop = false;
+  std::atomic<std::uint64_t> wd_tick_ns{1'000'000};
+  std::atomic<bool> wd_dozing{false};  // no invocation ran for a while: the watchdog sleeps long
+
+  explicit runtime_core(const runtime_config& c) : cfg(c), arena(c.nic_memory_bytes) {}
+  ~runtime_core();
+
+  // lane.cpp
+  void attach(lane& l) noexcept;  // records the calling thread as the HPU's driver
+  std::uint32_t rx(lane& l, const packet* pkts, std::uint32_t n) noexcept;
+  std::uint32_t take_inbox(lane& l, std::uint32_t max) noexcept;
+  bool handle(lane& l, const packet& p, bool may_steer) noexcept;
+  void release(const packet& p) noexcept {
+    if (cfg.release != nullptr) cfg.release(cfg.release_user, p.cookie);
+  }
+  void drop(lane_ec& le, const packet& p, drop_reason r) noexcept {
+    le.ctr.drops[static_cast<std::size_t>(r)].add(1);
+    release(p);
+  }
+  void drop_parked(lane_ec& le, std::uint32_t idx, drop_reason r) noexcept;
+  void check_done(lane& l, ec& e, lane_ec& le, std::uint32_t idx) noexcept;
+  void retire(ec& e, lane_ec& le, std::uint32_t idx) noexcept;
+  void settle(ec& e, lane_ec& le, std::uint32_t idx) noexcept;
+  std::int32_t invoke(lane& l, ec& e, lane_ec& le, const handler_ref& fn, handler_kind kind, std::uint32_t msg_idx,
+                      const wire::header& hdr, const packet* p, std::uint16_t payload_off, std::uint32_t payload_len,
+                      bool& over) noexcept;
+  void run_header(lane& l, ec& e, lane_ec& le, std::uint32_t idx, const wire::header& h, const packet& p,
+                  std::uint16_t payload_off, std::uint32_t len) noexcept;
+  void run_payload(lane& l, ec& e, lane_ec& le, std::uint32_t idx, const wire::header& h, const packet& p,
+                   std::uint16_t payload_off, std::uint32_t len) noexcept;
+  void run_parked(lane& l, ec& e, lane_ec& le, std::uint32_t idx) noexcept;
+
+  // watchdog.cpp
+  void start_watchdog();
+  void stop_watchdog() noexcept;
+  void watchdog_loop();
+  void wake_watchdog() noexcept;
+
+  void free_ec(std::uint32_t slot);
+};
+
+// actions.cpp
+void fill_api(api_table& api) noexcept;
+
+// watchdog.cpp
+bool install_fault_handler();
+bool install_preempt_handler(int sig);
+/// Gives the calling thread an alternate signal stack (for faults such as a stack overflow in a
+/// handler) unless it has one; once per thread.
+void ensure_altstack() noexcept;
+
+} // namespace spin::rt::detail
