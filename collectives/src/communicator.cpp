@@ -183,9 +183,8 @@ struct communicator::impl {
   result<std::uint64_t> wait(const engine_ec& e, clock::time_point deadline, Want want, Tick tick, const std::string& what) {
     std::array<rt::host_event, 32> evs;
     auto next_tick = clock::now() + o.repair_interval;
-    auto pause = std::chrono::microseconds(5);
+    std::size_t got = nic->poll_events(e.ec, evs);
     for (;;) {
-      const std::size_t got = nic->poll_events(e.ec, evs);
       // Every event goes to `want` (it may record those it does not wait for); the first it
       // accepts is returned once the batch is through.
       std::optional<std::uint64_t> hit;
@@ -198,10 +197,6 @@ struct communicator::impl {
         if (want(ev.value) && !hit) hit = ev.value;
       }
       if (hit) return *hit;
-      if (got > 0) {
-        pause = std::chrono::microseconds(5);
-        continue;
-      }
       const auto now = clock::now();
       if (now >= deadline)
         return fail(errc::timeout, what + " did not finish within " + std::to_string(o.timeout.count()) + " ms (rank " +
@@ -210,8 +205,9 @@ struct communicator::impl {
         if (auto r = tick(); !r.ok()) return r.err();
         next_tick = now + o.repair_interval;
       }
-      std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::microseconds(200));
+      // Sleep until the NIC posts an event (it wakes this thread), the next repair tick or the
+      // deadline: a waiting rank uses no CPU.
+      got = nic->wait_events(e.ec, evs, std::min(next_tick, deadline) - now);
     }
   }
 

@@ -184,8 +184,8 @@ struct fabric::impl {
       if (r.err().code != errc::timeout || clock::now() >= deadline) return r;
     }
     std::array<rt::host_event, 4> evs;
-    while (clock::now() < deadline) {
-      const std::size_t got = nic.poll_events(pl.ec, evs);
+    for (auto now = clock::now(); now < deadline; now = clock::now()) {
+      const std::size_t got = nic.wait_events(pl.ec, evs, deadline - now);
       for (std::size_t i = 0; i < got; ++i) {
         if (evs[i].type == rt::host_event::kind::error)
           return fail(errc::fault, "the aggregation engine on " + s.name + " failed at set-up");
@@ -194,7 +194,6 @@ struct fabric::impl {
                      ? result<void>()
                      : result<void>(fail(errc::invalid_argument, "the aggregation engine on " + s.name + " refused its set-up"));
       }
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
     return fail(errc::timeout, "the aggregation engine on " + s.name + " did not confirm its set-up");
   }

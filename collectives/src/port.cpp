@@ -66,6 +66,9 @@ public:
   }
   result<void> uninstall(rt::ec_id ec) override { return _nic.uninstall(ec); }
   std::size_t poll_events(rt::ec_id ec, std::span<rt::host_event> out) override { return _nic.poll_events(ec, out); }
+  std::size_t wait_events(rt::ec_id ec, std::span<rt::host_event> out, std::chrono::nanoseconds timeout) override {
+    return _nic.wait_events(ec, out, timeout);
+  }
   result<void> send(const emu::message_send& m) override { return _nic.send(m, std::chrono::milliseconds(1000)); }
 
 private:
@@ -170,6 +173,11 @@ public:
     auto it = _events.find(ec);
     if (it == _events.end()) return 0;
     return it->second.wait_burst(out, std::chrono::milliseconds(0));
+  }
+  std::size_t wait_events(rt::ec_id ec, std::span<rt::host_event> out, std::chrono::nanoseconds timeout) override {
+    auto it = _events.find(ec);
+    if (it == _events.end()) return 0;
+    return it->second.wait_burst(out, std::chrono::ceil<std::chrono::milliseconds>(timeout));
   }
 
   result<void> send(const emu::message_send& m) override {

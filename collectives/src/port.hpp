@@ -8,6 +8,7 @@
 #include <spin/rt/result.hpp>
 #include <spin/rt/runtime.hpp>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -54,6 +55,9 @@ public:
   virtual result<void> uninstall(rt::ec_id ec) = 0;
   /// Host events of `ec`, without waiting.
   virtual std::size_t poll_events(rt::ec_id ec, std::span<rt::host_event> out) = 0;
+  /// Host events of `ec`, sleeping up to `timeout` for the first (woken by the NIC, not by
+  /// polling, where the port allows it).
+  virtual std::size_t wait_events(rt::ec_id ec, std::span<rt::host_event> out, std::chrono::nanoseconds timeout) = 0;
   /// Sends a message from the NIC (waits up to 1 s for room in its transmit queue).
   virtual result<void> send(const emu::message_send& m) = 0;
 };

@@ -829,6 +829,10 @@ std::size_t nic::poll_events(rt::ec_id ec, std::span<rt::host_event> out) noexce
   return _p->rt ? _p->rt->poll_events(ec, out) : 0;
 }
 
+std::size_t nic::wait_events(rt::ec_id ec, std::span<rt::host_event> out, std::chrono::nanoseconds timeout) noexcept {
+  return _p->rt ? _p->rt->wait_events(ec, out, timeout) : 0;
+}
+
 result<void> nic::send(const message_send& m, std::chrono::milliseconds timeout) {
   auto job = std::make_shared<send_job>();
   job->m = m;

@@ -183,7 +183,7 @@ std::int32_t api_post_event(spin::ctx* c, std::uint64_t value) {
   ev.source_rank = c->msg.source_rank;
   ev.message_id = c->msg.message_id;
   ev.value = value;
-  if (!i.e->events->try_push(ev)) {
+  if (!i.e->events->post(ev)) {
     i.t->events_lost.add(1);
     return err(i, errc::no_space);
   }

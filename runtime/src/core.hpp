@@ -18,6 +18,7 @@
 #include <csignal>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -32,39 +33,68 @@ class runtime_core;
 inline constexpr std::uint64_t lock_wait_cap = 10;
 
 /// Free scratchpad slots of one EC, shared by its HPUs: opening a message takes one, settling it
-/// gives it back, so that max_messages bounds the open messages of the whole EC. With one HPU a
-/// plain stack; with several a lock-free queue (one atomic operation per message, not per packet).
+/// gives it back, so that max_messages bounds the open messages of the whole EC exactly. With
+/// one HPU a plain stack; with several the stack is guarded by a spin lock held for a push or a
+/// pop (per message, not per packet; a lock-free queue can look empty or full for a moment while
+/// another HPU is half-way through an operation, which would drop a message or lose a slot).
 class slot_pool {
 public:
   void init(std::uint32_t n, bool shared) {
     _shared = shared;
-    if (shared) {
-      _q = std::make_unique<mpmc_queue<std::uint32_t>>(n);
-      for (std::uint32_t i = 0; i < n; ++i) (void)_q->try_push(i);
-    } else {
-      _stack.reserve(n);
-      for (std::uint32_t i = n; i-- > 0;) _stack.push_back(i);
-    }
+    _stack.reserve(n);
+    for (std::uint32_t i = n; i-- > 0;) _stack.push_back(i);
   }
   bool take(std::uint32_t& slot) noexcept {
-    if (_shared) return _q->try_pop(slot);
+    guard g(*this);
     if (_stack.empty()) return false;
     slot = _stack.back();
     _stack.pop_back();
     return true;
   }
-  // Never full: there are exactly as many slots as places.
+  // Never beyond the reserved capacity: there are exactly as many slots as places.
   void give(std::uint32_t slot) noexcept {
-    if (_shared)
-      (void)_q->try_push(slot);
-    else
-      _stack.push_back(slot);
+    guard g(*this);
+    _stack.push_back(slot);
   }
 
 private:
+  class guard {
+  public:
+    explicit guard(slot_pool& p) noexcept : _p(p) {
+      if (!_p._shared) return;
+      while (_p._lock.exchange(true, std::memory_order_acquire))
+        while (_p._lock.load(std::memory_order_relaxed)) cpu_relax();
+    }
+    ~guard() {
+      if (_p._shared) _p._lock.store(false, std::memory_order_release);
+    }
+
+  private:
+    slot_pool& _p;
+  };
   bool _shared = false;
+  std::atomic<bool> _lock{false};
   std::vector<std::uint32_t> _stack;
-  std::unique_ptr<mpmc_queue<std::uint32_t>> _q;
+};
+
+/// An EC's host events: a bounded MPMC queue and a futex word that waiters sleep on. Shared
+/// (shared_ptr) so that a waiter may sleep on it while the EC is uninstalled.
+class event_channel {
+public:
+  explicit event_channel(std::uint32_t depth) : _q(depth) {}
+  /// HPU side: queues `ev` and wakes a waiter; false when the queue is full.
+  bool post(const host_event& ev) noexcept;
+  /// Reads up to out.size() events without waiting.
+  std::size_t take(std::span<host_event> out) noexcept;
+  /// Reads up to out.size() events, sleeping up to `timeout` for the first.
+  std::size_t wait(std::span<host_event> out, std::chrono::nanoseconds timeout) noexcept;
+  /// Wakes every waiter (uninstall).
+  void wake_all() noexcept;
+
+private:
+  mpmc_queue<host_event> _q;
+  alignas(cache_line) std::atomic<std::uint32_t> _seq{0};  // the futex word: bumped when a waiter is woken
+  std::atomic<std::uint32_t> _waiters{0};
 };
 
 /// An installed EC: what every HPU reads. Written only by control calls (no HPU runs then),
@@ -81,7 +111,7 @@ struct ec {
   std::uint64_t host_len = 0;
   std::uint64_t budget_ticks = 0;
   slot_pool scratch_slots;
-  std::unique_ptr<mpmc_queue<host_event>> events;
+  std::shared_ptr<event_channel> events;
 
   std::byte* scratch_of(std::uint32_t slot) const noexcept {
     return scratch_base != nullptr ? scratch_base + std::uint64_t{slot} * scratch_stride : nullptr;

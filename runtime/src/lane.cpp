@@ -127,7 +127,7 @@ std::int32_t runtime_core::invoke(lane& l, ec& e, lane_ec& le, const handler_ref
     ev.source_rank = c.msg.source_rank;
     ev.message_id = c.msg.message_id;
     ev.value = c.kind;
-    if (!e.events->try_push(ev)) le.t.events_lost.add(1);
+    if (!e.events->post(ev)) le.t.events_lost.add(1);
   }
   return over ? -1 : r;
 }

@@ -36,6 +36,7 @@ void runtime_core::free_ec(std::uint32_t slot) {
   }
   std::lock_guard lk(control_mu);  // stats() reads the arena's accounting and the EC list
   ec& e = *ecs[slot];
+  e.events->wake_all();
   arena.free(e.mem_block);
   arena.free(e.scratch_block);
   active.erase(std::remove(active.begin(), active.end(), slot), active.end());
@@ -155,7 +156,7 @@ result<ec_id> runtime::install(const ec_config& cfg) {
     e = std::make_unique<ec>();
     e->cfg = cfg;
     e->scratch_slots.init(l.max_messages, c.lanes.size() > 1);
-    e->events = std::make_unique<mpmc_queue<host_event>>(l.event_queue_depth);
+    e->events = std::make_shared<event_channel>(l.event_queue_depth);
     for (std::size_t k = 0; k < c.lanes.size(); ++k) {
       auto le = std::make_unique<lane_ec>();
       le->table.init(l.max_messages, l.retired_history, l.window_packets);
@@ -283,9 +284,19 @@ std::size_t runtime::poll_events(ec_id id, std::span<host_event> out) noexcept {
   std::lock_guard lk(c.control_mu);
   const std::uint32_t slot = slot_of(c, id);
   if (slot == none) return 0;
-  std::size_t n = 0;
-  while (n < out.size() && c.ecs[slot]->events->try_pop(out[n])) ++n;
-  return n;
+  return c.ecs[slot]->events->take(out);
+}
+
+std::size_t runtime::wait_events(ec_id id, std::span<host_event> out, std::chrono::nanoseconds timeout) noexcept {
+  runtime_core& c = *_impl;
+  std::shared_ptr<event_channel> ch;
+  {
+    std::lock_guard lk(c.control_mu);
+    const std::uint32_t slot = slot_of(c, id);
+    if (slot == none) return 0;
+    ch = c.ecs[slot]->events;
+  }
+  return ch->wait(out, timeout);
 }
 
 std::span<std::byte> runtime::handler_memory(ec_id id) {

@@ -142,6 +142,9 @@ public:
     return r;
   }
   std::size_t poll_events(rt::ec_id ec, std::span<rt::host_event> out) noexcept override { return _rt->poll_events(ec, out); }
+  std::size_t wait_events(rt::ec_id ec, std::span<rt::host_event> out, std::chrono::nanoseconds timeout) noexcept override {
+    return _rt->wait_events(ec, out, timeout);
+  }
   result<void> send(const emu::message_send& m, std::chrono::milliseconds) override {
     std::lock_guard lk(_rt_mu);
     auto it = _regions.find(m.region);

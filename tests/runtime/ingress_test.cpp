@@ -136,6 +136,27 @@ TEST_CASE("a packet that finds no parking space does not open a message it could
   CHECK(f.drops(ec, rt::drop_reason::no_message_slot) == 0);
 }
 
+TEST_CASE("HPUs opening and settling messages at once share max_messages exactly and lose no slot") {
+  rt::runtime_config cfg;
+  cfg.hpus = 2;
+  fixture f(cfg);
+  rt::ec_config c = counting_ec(0, false);
+  c.limits.max_messages = 8;
+  c.limits.retired_history = 64;
+  const rt::ec_id ec = f.install(c);
+  std::vector<rt::packet> p;
+  for (std::uint64_t m = 0; m < 60000; ++m) p.push_back(message_packet(f.pool, 0, static_cast<std::uint32_t>(m % 3), m, 10, 10, 0));
+  REQUIRE(feed(*f.rt, p));  // both HPUs open and settle one-packet messages concurrently
+  CHECK(f.drops(ec, rt::drop_reason::no_message_slot) == 0);
+  // Every slot is back: 8 messages that stay open (their second packet never comes) fit, a
+  // ninth does not, whichever HPU owns them.
+  std::vector<rt::packet> open;
+  for (std::uint64_t m = 0; m < 9; ++m) open.push_back(message_packet(f.pool, 0, 7, 100000 + m, 20, 10, 0));
+  REQUIRE(feed(*f.rt, open));
+  CHECK(f.ec_stats(ec).messages_started == 60000 + 8);
+  CHECK(f.drops(ec, rt::drop_reason::no_message_slot) == 1);
+}
+
 TEST_CASE("rx_burst accepts fewer frames than offered only when the inbox of the HPU a frame belongs to is full") {
   rt::runtime_config cfg;
   cfg.hpus = 2;

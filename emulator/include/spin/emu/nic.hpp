@@ -157,6 +157,7 @@ public:
   result<rt::ec_id> install(const rt::ec_config& cfg) override;
   result<void> uninstall(rt::ec_id ec) override;
   std::size_t poll_events(rt::ec_id ec, std::span<rt::host_event> out) noexcept override;
+  std::size_t wait_events(rt::ec_id ec, std::span<rt::host_event> out, std::chrono::nanoseconds timeout) noexcept override;
   result<void> send(const message_send& m, std::chrono::milliseconds timeout) override;
   rt::runtime_stats runtime_stats() const override;
   std::string stats_json() const override;
