@@ -9,8 +9,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <optional>
 #include <thread>
+
+#include <pthread.h>
+#include <sched.h>
+#include <unistd.h>
 
 namespace spin::emu {
 
@@ -35,8 +42,38 @@ result<std::unique_ptr<cluster>> cluster::create(const topology& t, const cluste
       return fail(errc::invalid_argument, "host " + n.name + " has rank " + std::to_string(n.rank) + ", which the cluster gives to switch " +
                                               std::to_string(max_rank - n.rank) + " (host ranks must stay below " +
                                               std::to_string(max_rank + 1 - switches) + ")");
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  for (int cpu : o.lcore_cpus)
+    if (cpu < 0 || cpu >= CPU_SETSIZE || (online > 0 && cpu >= online))
+      return fail(errc::invalid_argument, "cluster: cannot pin an lcore to CPU " + std::to_string(cpu) + " (this machine has " +
+                                              std::to_string(online) + " online CPUs)");
   std::unique_ptr<cluster> c(new cluster());
   c->_topo = t;
+  c->_opts = o;
+
+  // Lcores: node lanes round-robin (lanes of one node on consecutive lcores), each link
+  // direction with the lane 0 of the node it delivers to, so that a link's output is received
+  // where it is produced.
+  std::uint32_t work_items = 0;
+  for (const auto& n : t.nodes) work_items += n.kind == node_kind::host ? n.hpus : 1;
+  std::uint32_t lcores = o.lcores;
+  if (lcores == 0) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    lcores = sched_getaffinity(0, sizeof set, &set) == 0 ? static_cast<std::uint32_t>(CPU_COUNT(&set)) : 1;
+  }
+  lcores = std::clamp<std::uint32_t>(lcores, 1, std::max<std::uint32_t>(work_items, 1));
+  c->_lcores.resize(lcores);
+  for (auto& w : c->_lcores) w.bell = std::make_unique<doorbell>();
+  c->_lane_lcore.resize(t.nodes.size());
+  for (std::uint32_t i = 0, next = 0; i < t.nodes.size(); ++i) {
+    const std::uint32_t lanes = t.nodes[i].kind == node_kind::host ? t.nodes[i].hpus : 1;
+    for (std::uint32_t k = 0; k < lanes; ++k) {
+      c->_lane_lcore[i].push_back(next);
+      c->_lcores[next].lanes.emplace_back(i, k);
+      next = next + 1 == lcores ? 0 : next + 1;
+    }
+  }
   const unsigned id = cluster_seq.fetch_add(1);
   const std::string tag = "c" + std::to_string(id) + "_";
 
@@ -73,6 +110,8 @@ result<std::unique_ptr<cluster>> cluster::create(const topology& t, const cluste
         return fail(st.err().code, "link " + t.nodes[dir.from].name + " -> " + t.nodes[dir.to].name + ": " + st.err().message);
       }
       dir.stage = std::move(st.value());
+      dir.lcore = c->_lane_lcore[dir.to][0];
+      c->_lcores[dir.lcore].dirs.push_back(static_cast<std::uint32_t>(c->_dirs.size()));
       c->_dirs.push_back(std::move(dir));
     }
   }
@@ -96,6 +135,7 @@ result<std::unique_ptr<cluster>> cluster::create(const topology& t, const cluste
     nc.runtime.hpus = n.kind == node_kind::host ? n.hpus : 1;
     nc.payload_bytes = o.payload_bytes;
     nc.burst = o.burst;
+    for (std::uint32_t lc : c->_lane_lcore[i]) nc.lane_doorbells.push_back(c->_lcores[lc].bell.get());
     if (!o.capture_dir.empty()) nc.capture_path = o.capture_dir + "/" + n.name + ".pcap";
     // Port p of the node is the ring port of link n.ports[p], in the node's direction.
     for (std::uint32_t p = 0; p < n.ports.size(); ++p) {
@@ -148,18 +188,94 @@ std::uint32_t cluster::poll() noexcept {
   return work;
 }
 
-void cluster::run(const std::atomic<bool>& stop) noexcept {
-  // One thread emulates every node, usually on a machine with fewer cores than the cluster
-  // has threads (HPUs, hosts): after a run of empty rounds it offers the core to them.
-  std::uint32_t empty = 0;
-  while (!stop.load(std::memory_order_relaxed)) {
-    if (poll() != 0) {
-      empty = 0;
-    } else if (++empty >= 64) {
-      empty = 0;
-      std::this_thread::yield();
-    }
+std::uint32_t cluster::lcore_of_lane(std::uint32_t node, std::uint32_t lane) const noexcept {
+  return node < _lane_lcore.size() && lane < _lane_lcore[node].size() ? _lane_lcore[node][lane] : 0;
+}
+
+std::uint32_t cluster::round(std::uint32_t lcore) noexcept {
+  lcore_work& w = _lcores[lcore];
+  std::uint32_t work = 0;
+  for (const auto& [node, lane] : w.lanes) work += _nodes[node]->poll_lane(lane);
+  if (!w.dirs.empty()) {
+    const std::uint64_t now = link::now_ns();
+    for (std::uint32_t d : w.dirs) work += _dirs[d].stage->poll(now);
   }
+  return work;
+}
+
+// One lcore's loop: rounds to completion; after a round that moved something, the other lcores
+// are rung (one load each unless one sleeps: what this lcore sent may be theirs to move). An
+// idle lcore backs off, then sleeps on its doorbell until rung, until its next link delivery is
+// due, or for at most idle_sleep_max (it notices `stop` then).
+void cluster::lcore_loop(std::uint32_t lcore, const std::atomic<bool>& stop) noexcept {
+  lcore_work& w = _lcores[lcore];
+  idle_backoff b(_opts.idle_sleep_max);
+  auto ring_others = [&] {
+    for (std::uint32_t k = 0; k < _lcores.size(); ++k)
+      if (k != lcore) _lcores[k].bell->ring();
+  };
+  while (!stop.load(std::memory_order_relaxed)) {
+    if (round(lcore) != 0) {
+      b.busy();
+      ring_others();
+      continue;
+    }
+    if (!b.idle()) continue;
+    w.bell->arm();
+    if (round(lcore) != 0 || stop.load(std::memory_order_relaxed)) {
+      w.bell->disarm();
+      b.busy();
+      ring_others();
+      continue;
+    }
+    auto sleep = b.sleep_step();
+    std::optional<std::uint64_t> due;
+    for (std::uint32_t d : w.dirs)
+      if (auto t = _dirs[d].stage->next_due_ns(); t && (!due || *t < *due)) due = t;
+    if (due) {
+      const std::uint64_t now = link::now_ns();
+      const auto until = std::chrono::microseconds(*due > now ? (*due - now) / 1000 : 0);
+      sleep = std::min(sleep, until);
+    }
+    if (sleep.count() > 0)
+      w.bell->sleep(sleep);
+    else
+      w.bell->disarm();
+  }
+}
+
+void cluster::run(const std::atomic<bool>& stop) noexcept {
+  std::vector<std::thread> threads;
+  std::uint32_t started = 1;
+  for (; started < _lcores.size(); ++started) {
+    const std::uint32_t k = started;
+    const int cpu = _opts.lcore_cpus.empty() ? -1 : _opts.lcore_cpus[k % _opts.lcore_cpus.size()];
+    auto t = start_lcore([this, k, &stop] { lcore_loop(k, stop); }, cpu);
+    if (!t) {
+      std::fprintf(stderr, "cluster: %s; lcore 0 also runs the nodes and links of lcores %u..%zu\n", t.err().message.c_str(), k,
+                   _lcores.size() - 1);
+      break;
+    }
+    threads.push_back(std::move(t.value()));
+  }
+  // Work of lcores that did not start moves to lcore 0 (their doorbells are not lcore 0's: it
+  // finds that work within idle_sleep_max).
+  for (std::uint32_t k = started; k < _lcores.size(); ++k) {
+    auto& w0 = _lcores[0];
+    w0.lanes.insert(w0.lanes.end(), _lcores[k].lanes.begin(), _lcores[k].lanes.end());
+    w0.dirs.insert(w0.dirs.end(), _lcores[k].dirs.begin(), _lcores[k].dirs.end());
+    _lcores[k].lanes.clear();
+    _lcores[k].dirs.clear();
+  }
+  if (!_opts.lcore_cpus.empty()) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(_opts.lcore_cpus[0], &set);
+    if (pthread_setaffinity_np(pthread_self(), sizeof set, &set) != 0)
+      std::fprintf(stderr, "cluster: cannot pin lcore 0 to CPU %d; it runs unpinned\n", _opts.lcore_cpus[0]);
+  }
+  lcore_loop(0, stop);
+  for (auto& t : threads) t.join();
 }
 
 bool cluster::quiesce(std::chrono::milliseconds timeout) {

@@ -275,9 +275,15 @@ std::uint32_t link::deliver(std::uint64_t now_ns, std::uint32_t& bursts_left) no
       ++n;
     }
     if (n == 0) break;
+    // The receiver may run on another lcore: its lengths are read before the hand-over.
+    std::uint32_t lens[burst];
+    for (std::uint32_t i = 0; i < n; ++i) {
+      lens[i] = rte_pktmbuf_pkt_len(mbufs[i]);
+      detail::sync_out(mbufs[i]);
+    }
     const std::uint32_t sent = rte_ring_sp_enqueue_burst(_out, reinterpret_cast<void* const*>(mbufs), n, nullptr);
     std::uint64_t bytes = 0;
-    for (std::uint32_t i = 0; i < sent; ++i) bytes += rte_pktmbuf_pkt_len(mbufs[i]);
+    for (std::uint32_t i = 0; i < sent; ++i) bytes += lens[i];
     // Not delivered: back into the heap with their keys, so they keep their place in line.
     for (std::uint32_t i = sent; i < n; ++i) push(due[i]);
     bump(_c.packets_delivered, sent);
@@ -304,6 +310,7 @@ std::uint32_t link::ingest(std::uint64_t now_ns) noexcept {
     const std::uint32_t n = rte_ring_sc_dequeue_burst(_in, reinterpret_cast<void**>(mbufs), want, nullptr);
     if (n == 0) break;
     std::uint64_t bytes = 0;
+    for (std::uint32_t i = 0; i < n; ++i) detail::sync_in(mbufs[i]);  // the sender may run on another lcore
     for (std::uint32_t i = 0; i < n; ++i) {
       rte_mbuf* pkt = mbufs[i];
       const std::uint32_t len = rte_pktmbuf_pkt_len(pkt);

@@ -183,7 +183,8 @@ struct nic::impl {
     std::vector<std::byte> buf;        // encode buffer for frames that do not fit one mbuf
     std::vector<rt::packet> rx_buf;
     counter tx_full, no_mbuf, loopback;
-    doorbell bell;                     // rung when work arrives for a sleeping poller
+    doorbell own_bell;
+    doorbell* bell = &own_bell;        // rung when work arrives for a sleeping poller (nic_config::lane_doorbells)
   };
 
   nic_config cfg;
@@ -309,6 +310,7 @@ result<void> nic::impl::init() {
   for (std::uint32_t h = 0; h < hpus; ++h) {
     lane_state& l = lanes.emplace_back();
     l.index = h;
+    if (h < cfg.lane_doorbells.size() && cfg.lane_doorbells[h] != nullptr) l.bell = cfg.lane_doorbells[h];
     l.loop.init(cfg.tx_ring_packets);
     l.buf.resize(cfg.port.max_frame_bytes);
     l.rx_buf.resize(4 * cfg.burst);
@@ -323,7 +325,7 @@ result<void> nic::impl::init() {
   rc.tx = &tx_port;
   rc.release = release_mbuf;
   rc.release_user = nullptr;
-  rc.wake = [](void* user, std::uint32_t hpu) noexcept { static_cast<impl*>(user)->lanes[hpu].bell.ring(); };
+  rc.wake = [](void* user, std::uint32_t hpu) noexcept { static_cast<impl*>(user)->lanes[hpu].bell->ring(); };
   rc.wake_user = this;
   auto r = rt::runtime::create(rc);
   if (!r) return r.err();
@@ -415,7 +417,7 @@ errc nic::impl::hpu_send(std::uint32_t hpu, std::uint32_t dest, const rt::wire::
       l.tx_full.add(1);
       return errc::no_space;
     }
-    lanes[0].bell.ring();  // one load unless lane 0 sleeps
+    lanes[0].bell->ring();  // one load unless lane 0 sleeps
     return errc::ok;
   }
   // Lane 0 owns the port's queue: the frame goes into its stage, which is sent a burst at a
@@ -746,7 +748,7 @@ std::uint32_t nic::poll() noexcept {
 void nic::run(const std::atomic<bool>& stop) noexcept {
   // Every lane is polled in each round, so lane 0's bell (rung by control calls, host sends and
   // other lanes' transmissions) is the one to sleep on.
-  poll_loop(stop, _p->lanes[0].bell, _p->cfg.idle_sleep_max, [this] { return poll(); });
+  poll_loop(stop, *_p->lanes[0].bell, _p->cfg.idle_sleep_max, [this] { return poll(); });
 }
 
 void nic::run_lane(std::uint32_t lane, const std::atomic<bool>& stop) noexcept {
@@ -754,7 +756,7 @@ void nic::run_lane(std::uint32_t lane, const std::atomic<bool>& stop) noexcept {
   // Lane 0 must look at its ports, which cannot ring; other lanes are rung by whoever gives
   // them work (steered frames).
   const auto max_sleep = lane == 0 ? _p->cfg.idle_sleep_max : std::chrono::microseconds(100'000);
-  poll_loop(stop, _p->lanes[lane].bell, max_sleep, [this, lane] { return poll_lane(lane); });
+  poll_loop(stop, *_p->lanes[lane].bell, max_sleep, [this, lane] { return poll_lane(lane); });
 }
 
 errc nic::inject(std::span<const std::byte> frame) noexcept {
@@ -856,7 +858,7 @@ result<void> nic::send(const message_send& m, std::chrono::milliseconds timeout)
     job->data = reg.mem.subspan(m.offset_bytes, m.len_bytes);
     reg.active_sends++;
     _p->jobs.push_back(job);
-    _p->lanes[0].bell.ring();
+    _p->lanes[0].bell->ring();
     return {};
   });
   if (!queued) return queued;

@@ -7,10 +7,16 @@
 // Switches are NICs that forward frames by destination rank along the topology's shortest-path
 // routes; frames addressed to the switch itself go to its own runtime.
 //
-// Threads: one thread drives the whole cluster with poll() or run() (no lock on the data path);
-// the NICs' control operations (nic_control) may be called from any thread meanwhile.
+// Threads: run() spreads the cluster over L lcores (cluster_options::lcores; default every CPU
+// the process may use): each node's lanes (its HPUs) and each link direction belong to one
+// lcore, which polls them to completion; a cable between two lcores is an SP/SC ring. An idle
+// lcore sleeps on its doorbell, rung by whoever gives it work (another lcore's transmissions,
+// steered frames, host messages), or until its next link delivery is due. poll() runs every
+// node and link once on the calling thread (one lcore runs any cluster correctly). The NICs'
+// control operations (nic_control) may be called from any thread meanwhile.
 #pragma once
 
+#include <spin/emu/lcore.hpp>
 #include <spin/emu/link.hpp>
 #include <spin/emu/nic.hpp>
 #include <spin/emu/topology.hpp>
@@ -40,6 +46,13 @@ struct cluster_options {
   std::uint32_t burst = 32;
   std::uint32_t cable_ring_packets = 1024;  ///< each of the two rings per link direction
   std::uint32_t dup_pool_mbufs = 2047;      ///< mbufs for duplicated packets (all links)
+  /// Lcores run() spreads the nodes and links over (at most one per node lane or link); 0: as
+  /// many as CPUs this process may run on (sched_getaffinity).
+  std::uint32_t lcores = 0;
+  /// When non-empty, lcore i is pinned to lcore_cpus[i % size] (lcore 0 is run()'s caller).
+  std::vector<int> lcore_cpus;
+  /// Longest sleep of an idle lcore (it wakes earlier when rung or when a link delivery is due).
+  std::chrono::microseconds idle_sleep_max{2000};
   /// When non-empty, every node captures its ports to `<capture_dir>/<node name>.pcap`.
   std::string capture_dir;
 };
@@ -76,11 +89,18 @@ public:
   cluster(const cluster&) = delete;
   cluster& operator=(const cluster&) = delete;
 
-  /// One round: every node polls once, every link direction moves what is due. Returns the
-  /// work done (0: nothing moved). Driving thread only.
+  /// One round: every node polls every lane once, every link direction moves what is due, on
+  /// the calling thread. Returns the work done (0: nothing moved). Only while run() does not run.
   std::uint32_t poll() noexcept;
-  /// Calls poll() until `stop` is true.
+  /// Runs the cluster on its lcores until `stop` is true: lcore 0 on the calling thread, the
+  /// others on EAL-registered threads started here and joined before it returns.
   void run(const std::atomic<bool>& stop) noexcept;
+  /// Lcores run() uses.
+  std::uint32_t lcores() const noexcept { return static_cast<std::uint32_t>(_lcores.size()); }
+  /// Which lcore polls lane `lane` of node `node`, and which polls link direction `dir`
+  /// (2 x link + 0 for a -> b, + 1 for b -> a).
+  std::uint32_t lcore_of_lane(std::uint32_t node, std::uint32_t lane) const noexcept;
+  std::uint32_t lcore_of_link(std::uint32_t dir) const noexcept { return _dirs[dir].lcore; }
   /// Polls until every node is idle and no packet is in a cable or link, or `timeout` passes.
   /// Returns true when quiet. Only while no other thread polls.
   bool quiesce(std::chrono::milliseconds timeout);
@@ -102,8 +122,19 @@ private:
     rte_ring* tx = nullptr;  // sender's port enqueues here
     rte_ring* rx = nullptr;  // receiver's port dequeues here
     std::unique_ptr<link> stage;
+    std::uint32_t lcore = 0;
   };
+  struct lcore_work {
+    std::vector<std::pair<std::uint32_t, std::uint32_t>> lanes;  // (node, lane)
+    std::vector<std::uint32_t> dirs;
+    std::unique_ptr<doorbell> bell;
+  };
+  std::uint32_t round(std::uint32_t lcore) noexcept;
+  void lcore_loop(std::uint32_t lcore, const std::atomic<bool>& stop) noexcept;
   topology _topo;
+  cluster_options _opts;
+  std::vector<lcore_work> _lcores;
+  std::vector<std::vector<std::uint32_t>> _lane_lcore;  // [node][lane]
   std::vector<std::unique_ptr<nic>> _nodes;
   std::vector<direction> _dirs;
   std::vector<std::uint16_t> _ports;  // ring ports we created

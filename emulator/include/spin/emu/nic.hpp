@@ -27,6 +27,7 @@
 namespace spin::emu {
 
 class pcap_writer;
+class doorbell;
 
 /// Why the NIC dropped a frame or a packet before or after the runtime (the runtime counts its
 /// own reasons: rt::drop_reason). Every drop counts under exactly one reason.
@@ -92,6 +93,11 @@ struct nic_config {
   /// Longest sleep of an idle lane 0 in run() and run_lane(0) before it looks at its ports
   /// again (ports cannot wake it; everything else that gives a lane work rings its doorbell).
   std::chrono::microseconds idle_sleep_max{100};
+  /// Doorbell of each lane's poller (index = lane), rung when work arrives for the lane (frames
+  /// steered to it, host messages and other lanes' sends for lane 0). Empty or null entries:
+  /// the lane's own, which run() and run_lane() sleep on. A cluster passes the doorbells of the
+  /// lcores that poll the lanes. Must outlive the NIC.
+  std::vector<doorbell*> lane_doorbells;
   /// Capture every frame received, injected, or queued for sending on the NIC's ports to this
   /// pcap file (nanosecond timestamps, one wall-clock reading per poll round). Empty: off.
   std::string capture_path;
