@@ -228,6 +228,7 @@ struct communicator::impl {
     spec.name = cfg.name;
     spec.match = cfg.match;
     spec.limits = cfg.limits;
+    spec.scratchpad = cfg.scratchpad;
     spec.handler_mem_bytes = cfg.handler_mem_bytes;
     spec.window = rt::host_window{region, 0, arena_bytes};
     auto ec = nic->install(pkg, spec);

@@ -15,6 +15,9 @@ namespace spin::coll::detail {
 inline void configure_engine_ec(rt::ec_config& cfg, std::uint32_t wire_id, std::uint32_t event_depth) {
   cfg.match.bits = proto::match_bits(wire_id, 0);
   cfg.match.ignore_mask = proto::match_ignore_mask;
+  // The engine writes its scratchpad before it reads it (temporary packet buffers): clearing
+  // 8 KiB per packet would cost more than the packet's reduction.
+  cfg.scratchpad = rt::scratchpad_init::undefined;
   cfg.limits.max_messages = 256;
   cfg.limits.retired_history = 1u << 16;
   cfg.limits.window_packets = 64;

@@ -155,6 +155,7 @@ struct fabric::impl {
     spec.name = "coll." + std::to_string(wire_id >> 4) + (setup.role == pr::switch_leaf ? ".leaf" : ".switch");
     spec.match = cfg.match;
     spec.limits = cfg.limits;
+    spec.scratchpad = cfg.scratchpad;
     spec.handler_mem_bytes = engine_detail::slots_offset() + std::uint64_t{slots} * 2 * stride;
     spec.window = rt::host_window{pl.mem->region, 0, pl.mem->bytes.size()};
     auto ec = nic.install(pkg, spec);

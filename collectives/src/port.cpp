@@ -60,6 +60,7 @@ public:
     cfg.match = s.match;
     cfg.limits = s.limits;
     cfg.handler_mem_bytes = s.handler_mem_bytes;
+    cfg.scratchpad = s.scratchpad;
     if (auto r = pkg.loaded.bind(cfg); !r.ok()) return r.err();
     cfg.window = s.window;
     return _nic.install(cfg);
@@ -144,6 +145,7 @@ public:
     io.window = s.window;
     io.limits = s.limits;
     io.handler_mem_bytes = probe.handler_mem_bytes;
+    io.scratchpad = s.scratchpad;
     io.scratchpad_bytes = probe.scratchpad_bytes;
     auto ec = _c.install(_node, io);
     ::unlink(path.c_str());

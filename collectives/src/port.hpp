@@ -33,6 +33,7 @@ struct engine_spec {
   rt::match_rule match;
   rt::ec_limits limits;
   std::uint64_t handler_mem_bytes = 0;  ///< at least what the package declares
+  rt::scratchpad_init scratchpad = rt::scratchpad_init::zeroed;
   rt::host_window window;
 };
 

@@ -752,6 +752,14 @@ json control_server_impl::execute(std::uint64_t session, const std::string& op, 
       else
         reject("field 'bpf' must be \"jit\" or \"interpreter\"");
     }
+    if (auto sc = f.opt_str("scratchpad", 16)) {
+      if (*sc == "zeroed")
+        cfg.scratchpad = rt::scratchpad_init::zeroed;
+      else if (*sc == "undefined")
+        cfg.scratchpad = rt::scratchpad_init::undefined;
+      else
+        reject("field 'scratchpad' must be \"zeroed\" or \"undefined\"");
+    }
     const bool persist = f.opt_bool("persist", false);
     f.done();
     expect_fds(fds, 0, op);

@@ -255,6 +255,7 @@ result<ec> client::install(std::uint32_t node, const install_options& o) {
            {"persist", o.life == lifetime::persist}};
   if (o.handler_mem_bytes != 0) req["handler_mem_bytes"] = o.handler_mem_bytes;
   if (o.scratchpad_bytes != 0) req["scratchpad_bytes"] = o.scratchpad_bytes;
+  if (o.scratchpad == rt::scratchpad_init::undefined) req["scratchpad"] = "undefined";
   if (o.window)
     req["window"] = {{"region", o.window->region}, {"offset_bytes", o.window->offset_bytes}, {"len_bytes", o.window->len_bytes}};
   auto rep = call(std::move(req), {}, std::chrono::milliseconds(0), nullptr);

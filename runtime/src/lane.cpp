@@ -357,7 +357,8 @@ bool runtime_core::handle(lane& l, const packet& p, bool may_steer) noexcept {
     m.len_bytes = h.message_len;
     m.scratch_slot = scratch;
     m.header_done = !has_header;
-    if (e.cfg.scratchpad_bytes > 0) std::memset(e.scratch_of(scratch), 0, e.cfg.scratchpad_bytes + e.cfg.handlers.guard_bytes);
+    if (e.cfg.scratchpad_bytes > 0 && e.cfg.scratchpad == scratchpad_init::zeroed)
+      std::memset(e.scratch_of(scratch), 0, e.cfg.scratchpad_bytes + e.cfg.handlers.guard_bytes);
     le.ctr.messages_started.add(1);
   }
   message& m = tb[idx];

@@ -109,6 +109,16 @@ SPIN_COMPLETION_HANDLER(placed_ch) {
   return ret::success;
 }
 
+// Records the scratchpad's first word as it finds it (handler memory word per message id), then
+// marks it.
+SPIN_PAYLOAD_HANDLER(scratch_seen_ph) {
+  u64* w = ctx->scratchpad<u64>(0);
+  if (w == nullptr) return ret::drop;
+  *ctx->mem<u64>(8 * (ctx->msg.message_id % 8)) = *w;
+  *w = 0xabcd;
+  return ret::success;
+}
+
 struct code_test {
   fixture f{1};
   rt::ec_id ec;
@@ -447,6 +457,23 @@ TEST_CASE("host memory can be unregistered once no EC's window lies in it, and i
   auto next = f.rt->register_host_memory(mem);
   REQUIRE(next.ok());
   CHECK(*next != *r);
+}
+
+TEST_CASE("a scratchpad opens zeroed by default and keeps an earlier message's bytes when undefined is asked for") {
+  for (const auto init : {rt::scratchpad_init::zeroed, rt::scratchpad_init::undefined}) {
+    fixture f(1);
+    rt::ec_config c;
+    c.handlers.payload = scratch_seen_ph;
+    c.handler_mem_bytes = 64;
+    c.scratchpad_bytes = 64;
+    c.scratchpad = init;
+    c.limits.max_messages = 1;  // both messages use the one slot
+    const rt::ec_id ec = f.install(c);
+    REQUIRE(feed(*f.rt, message_packets(f.pool, 0, 0, 1, 10, 10)));
+    REQUIRE(feed(*f.rt, message_packets(f.pool, 0, 0, 2, 10, 10)));
+    CHECK(f.word(ec, 8) == 0);
+    CHECK(f.word(ec, 16) == (init == rt::scratchpad_init::zeroed ? 0 : 0xabcd));
+  }
 }
 
 TEST_CASE("the cycle counter's rate is measured once per process and is a plausible clock rate") {

@@ -70,6 +70,7 @@ struct install_options {
   rt::ec_limits limits;              ///< every field is sent
   std::uint64_t handler_mem_bytes = 0;  ///< 0: what the package declares; else at least that
   std::uint64_t scratchpad_bytes = 0;   ///< 0: what the package declares; else at least that
+  rt::scratchpad_init scratchpad = rt::scratchpad_init::zeroed;  ///< a message's scratchpad when it opens
   rt::bpf_exec bpf = rt::bpf_exec::jit; ///< for eBPF packages
   lifetime life = lifetime::session;
 };
