@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <array>
 #include <cstdio>
 #include <cstring>
@@ -673,8 +674,8 @@ error check_group(const group& g, const options& o) {
   }
   if (o.window_packets < 1 || o.window_packets > pr::max_window)
     return fail(errc::invalid_argument, "communicator: window_packets out of 1..256");
-  if (o.packet_bytes < 16 || o.packet_bytes > pr::max_packet_bytes)
-    return fail(errc::invalid_argument, "communicator: packet_bytes out of 16..4096");
+  if (o.packet_bytes != 0 && (o.packet_bytes < 16 || o.packet_bytes > pr::max_packet_bytes))
+    return fail(errc::invalid_argument, "communicator: packet_bytes out of 16..4096 (or 0: the NIC's largest)");
   if (o.timeout.count() <= 0 || o.repair_interval.count() <= 0)
     return fail(errc::invalid_argument, "communicator: timeout and repair_interval must be positive");
   if (o.staging_bytes < 4096 || o.arena_bytes < ctl_bytes + 2 * o.staging_bytes)
@@ -688,9 +689,24 @@ result<std::unique_ptr<communicator>> communicator::create_on(std::unique_ptr<de
   if (g.members[g.me] != nic->rank())
     return fail(errc::invalid_argument, "communicator: members[me] is " + std::to_string(g.members[g.me]) +
                                             " but the NIC's rank is " + std::to_string(nic->rank()));
+  // Packets as large as the NIC carries, up to 4 KiB, in a power of two (every member of a
+  // group on alike NICs picks the same size); an explicit size must fit.
+  const std::uint32_t nic_payload = nic->max_payload_bytes();
+  std::uint32_t packet_bytes = o.packet_bytes;
+  if (packet_bytes == 0) {
+    packet_bytes = std::bit_floor(std::min<std::uint32_t>(nic_payload, pr::max_packet_bytes));
+    if (packet_bytes < 16)
+      return fail(errc::invalid_argument, "communicator: NIC " + nic->name() + " carries only " + std::to_string(nic_payload) +
+                                              " bytes of payload per packet (at least 16 needed)");
+  } else if (packet_bytes > nic_payload) {
+    return fail(errc::invalid_argument, "communicator: packet_bytes " + std::to_string(packet_bytes) + " do not fit the packets of NIC " +
+                                            nic->name() + " (at most " + std::to_string(nic_payload) +
+                                            " bytes of payload: its frames); lower options::packet_bytes or leave it 0");
+  }
   auto p = std::make_unique<impl>(std::move(nic));
   p->g = g;
   p->o = o;
+  p->o.packet_bytes = packet_bytes;
   p->base_id = g.id << 4;
   {
     std::lock_guard<std::mutex> l(groups_mutex);

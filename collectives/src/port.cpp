@@ -40,6 +40,7 @@ public:
   }
   std::uint32_t rank() const noexcept override { return _nic.rank(); }
   const std::string& name() const noexcept override { return _nic.name(); }
+  std::uint32_t max_payload_bytes() const noexcept override { return _nic.max_payload_bytes(); }
   const std::string& key() const noexcept override { return _key; }
 
   result<std::unique_ptr<port_memory>> alloc(std::size_t bytes) override {
@@ -94,14 +95,15 @@ private:
 
 class remote final : public port {
 public:
-  remote(host::client c, std::uint32_t node, std::uint32_t rank, std::string name, std::string key)
-      : _c(std::move(c)), _node(node), _rank(rank), _name(std::move(name)), _key(std::move(key)) {}
+  remote(host::client c, std::uint32_t node, std::uint32_t rank, std::uint32_t max_payload, std::string name, std::string key)
+      : _c(std::move(c)), _node(node), _rank(rank), _max_payload(max_payload), _name(std::move(name)), _key(std::move(key)) {}
   ~remote() override {
     // ECs this client installed go with its connection; their event queues close here.
     _events.clear();
   }
   std::uint32_t rank() const noexcept override { return _rank; }
   const std::string& name() const noexcept override { return _name; }
+  std::uint32_t max_payload_bytes() const noexcept override { return _max_payload; }
   const std::string& key() const noexcept override { return _key; }
 
   result<std::unique_ptr<port_memory>> alloc(std::size_t bytes) override {
@@ -198,6 +200,7 @@ private:
   host::client _c;
   std::uint32_t _node;
   std::uint32_t _rank;
+  std::uint32_t _max_payload;
   std::string _name, _key;
   std::map<rt::ec_id, host::event_queue> _events;
 };
@@ -216,7 +219,7 @@ result<std::unique_ptr<port>> remote_port(const std::string& socket, std::uint32
     std::error_code ec;
     const auto canon = std::filesystem::weakly_canonical(socket, ec);
     std::string key = "remote:" + (ec ? socket : canon.string()) + "#" + std::to_string(node);
-    return std::unique_ptr<port>(std::make_unique<remote>(std::move(c.value()), node, n.rank, n.name, std::move(key)));
+    return std::unique_ptr<port>(std::make_unique<remote>(std::move(c.value()), node, n.rank, n.max_payload_bytes, n.name, std::move(key)));
   }
   return fail(errc::not_found, "spin-emu at " + socket + " has no node " + std::to_string(node) + " (it has " +
                                    std::to_string(nodes.value().size()) + ")");

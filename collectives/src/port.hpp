@@ -44,6 +44,8 @@ public:
   virtual ~port() = default;
   virtual std::uint32_t rank() const noexcept = 0;
   virtual const std::string& name() const noexcept = 0;
+  /// Largest payload of one packet the NIC's handlers can send (bytes).
+  virtual std::uint32_t max_payload_bytes() const noexcept = 0;
   /// The same for two ports of one NIC in this process: communicators use it to refuse a
   /// second communicator of one group on one NIC.
   virtual const std::string& key() const noexcept = 0;

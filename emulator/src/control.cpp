@@ -667,7 +667,10 @@ json control_server_impl::execute(std::uint64_t session, const std::string& op, 
     expect_fds(fds, 0, op);
     json list = json::array();
     for (std::size_t i = 0; i < _opts.nodes.size(); ++i)
-      list.push_back({{"node", i}, {"name", _opts.nodes[i]->name()}, {"rank", _opts.nodes[i]->rank()}});
+      list.push_back({{"node", i},
+                      {"name", _opts.nodes[i]->name()},
+                      {"rank", _opts.nodes[i]->rank()},
+                      {"max_payload_bytes", _opts.nodes[i]->max_payload_bytes()}});
     out["nodes"] = std::move(list);
     return out;
   }

@@ -210,7 +210,8 @@ result<std::vector<node_info>> client::nodes() {
   std::vector<node_info> out;
   try {
     for (const auto& n : rep->at("nodes"))
-      out.push_back(node_info{n.at("node").get<std::uint32_t>(), n.at("name").get<std::string>(), n.at("rank").get<std::uint32_t>()});
+      out.push_back(node_info{n.at("node").get<std::uint32_t>(), n.at("name").get<std::string>(), n.at("rank").get<std::uint32_t>(),
+                              n.at("max_payload_bytes").get<std::uint32_t>()});
   } catch (const json::exception& e) {
     return fail(errc::bad_state, std::string("malformed 'nodes' reply: ") + e.what());
   }

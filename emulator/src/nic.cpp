@@ -798,6 +798,7 @@ rte_mempool* nic::port_pool(std::uint32_t index) const noexcept {
 }
 std::uint32_t nic::rank() const noexcept { return _p->cfg.rank; }
 const std::string& nic::name() const noexcept { return _p->cfg.name; }
+std::uint32_t nic::max_payload_bytes() const noexcept { return _p->max_payload; }
 
 result<rt::region_id> nic::register_host_memory(std::span<std::byte> mem) {
   return _p->on_scheduler("register_host_memory", [&]() -> result<rt::region_id> {

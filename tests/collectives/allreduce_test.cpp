@@ -427,6 +427,7 @@ TEST_CASE("allreduce is exact under loss, duplication and reordering") {
     m.seed = 7;
     options o;
     o.repair_interval = std::chrono::microseconds(1000);
+    o.packet_bytes = 1024;  // enough packets (~80 per rank and type) for the link model to lose some
     world w(test::topology_for(4, m), o);
     for (dtype t : {dtype::i64, dtype::f32, dtype::bf16}) {
       INFO("loss " << loss << " " << std::string(name(t)));

@@ -97,12 +97,20 @@ struct all_to_all {
 
 }  // namespace
 
+// Host messages in packets of 1 KiB, as the packet counts below assume (the cluster's default
+// is 4 KiB).
+static emu::cluster_options kib_packets() {
+  emu::cluster_options o;
+  o.payload_bytes = 1024;
+  return o;
+}
+
 TEST_SUITE("emulator") {
 
 TEST_CASE("a star of four hosts and a switch delivers all-to-all messages exactly, and the link counters show each path") {
   emu::link_model m;
   m.rate_gbps = 0;
-  auto c = emu::cluster::create(emu::star(4, m), {});
+  auto c = emu::cluster::create(emu::star(4, m), kib_packets());
   REQUIRE_MESSAGE(c.ok(), c.err().message);
   emu::cluster& cl = **c;
   const std::size_t len = 10000;  // 10 packets of 1024 bytes
@@ -134,7 +142,7 @@ TEST_CASE("a star of four hosts and a switch delivers all-to-all messages exactl
 }
 
 TEST_CASE("in a ring of hosts, packets for a host two hops away are forwarded by the host between") {
-  auto c = emu::cluster::create(emu::ring(4, emu::link_model{}), {});
+  auto c = emu::cluster::create(emu::ring(4, emu::link_model{}), kib_packets());
   REQUIRE_MESSAGE(c.ok(), c.err().message);
   emu::cluster& cl = **c;
   all_to_all a(cl, 4, 3000);
@@ -176,7 +184,7 @@ b = "sw"
   auto t = emu::parse_topology(toml, "test.toml");
   REQUIRE_MESSAGE(t.ok(), t.err().message);
   auto run = [&]() {
-    auto c = emu::cluster::create(*t, {});
+    auto c = emu::cluster::create(*t, kib_packets());
     REQUIRE_MESSAGE(c.ok(), c.err().message);
     emu::cluster& cl = **c;
     std::vector<std::byte> src(200 * 1024), dst(200 * 1024);
@@ -226,7 +234,7 @@ b = "sw"
 TEST_CASE("a topology whose host rank collides with a switch's address is refused with a message") {
   emu::topology t = emu::star(2, emu::link_model{});
   t.nodes[1].rank = emu::max_rank;
-  auto c = emu::cluster::create(t, {});
+  auto c = emu::cluster::create(t, kib_packets());
   REQUIRE_FALSE(c.ok());
   CHECK(c.err().code == errc::invalid_argument);
   CHECK(c.err().message.find("rank 65535") != std::string::npos);

@@ -67,8 +67,12 @@ struct options {
   bool recovery = true;
   /// Packets each rank keeps in flight (1..256).
   std::uint32_t window_packets = 32;
-  /// Payload bytes per packet (at most the NIC's payload size and 4096).
-  std::uint32_t packet_bytes = 1024;
+  /// Payload bytes per packet, 16..4096, at most what the NIC's frames carry (create fails with
+  /// invalid_argument otherwise). 0, the default: the largest power of two up to 4096 that the
+  /// NIC carries (4096 in a cluster, RoCE's largest MTU; 1024 on 1518-byte memif frames).
+  /// Larger packets make per-packet costs (a handler invocation, a frame) count less often: a
+  /// 64 MiB switch allreduce takes about half the time with 4 KiB packets as with 1 KiB.
+  std::uint32_t packet_bytes = 0;
   /// Host memory registered with the NIC for the whole communicator (bytes): staging buffers,
   /// and what alloc() hands out. Reserved, not touched, until used.
   std::size_t arena_bytes = std::size_t{256} << 20;
@@ -96,7 +100,7 @@ struct fabric_options {
   std::uint32_t slots_per_switch = 256;
   /// Largest contribution per slot (bytes, a multiple of 8, at most 4096); a communicator's
   /// packet_bytes may not exceed it.
-  std::uint32_t slot_bytes = 1024;
+  std::uint32_t slot_bytes = 4096;
 };
 
 /// A switch of another spin-emu process (`spin-emu --mode switch`, or a switch node of a

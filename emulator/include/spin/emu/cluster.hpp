@@ -31,18 +31,21 @@ namespace spin::emu {
 
 /// How a cluster is built (the topology says how many nodes, links and HPUs).
 struct cluster_options {
-  /// Per port of every node. The default pool is small (1023 mbufs) because a cluster has many
-  /// ports and EAL runs without hugepages in 1 GiB.
+  /// Per port of every node. The default pool is small (1023 mbufs of 4 KiB) because a cluster
+  /// has many ports and EAL runs without hugepages in 1 GiB.
   port_options port = [] {
     port_options o;
     o.pool_mbufs = 1023;
     o.rx_desc = 512;
     o.tx_desc = 512;
+    // A frame with 4 KiB of payload (spin::coll's default packet) in one mbuf: no chain to build
+    // and none to linearise at the receiver.
+    o.mbuf_data_bytes = 4096 + 128;
     return o;
   }();
   /// Template of every host's runtime (hpus comes from the topology). Switches get 1 HPU.
   rt::runtime_config runtime;
-  std::uint32_t payload_bytes = 1024;  ///< payload per packet of host messages
+  std::uint32_t payload_bytes = 4096;  ///< payload per packet of host messages (one mbuf of the default port)
   std::uint32_t burst = 32;
   std::uint32_t cable_ring_packets = 1024;  ///< each of the two rings per link direction
   std::uint32_t dup_pool_mbufs = 2047;      ///< mbufs for duplicated packets (all links)

@@ -158,6 +158,7 @@ public:
   // nic_control
   std::uint32_t rank() const noexcept override;
   const std::string& name() const noexcept override;
+  std::uint32_t max_payload_bytes() const noexcept override;
   result<rt::region_id> register_host_memory(std::span<std::byte> mem) override;
   result<void> unregister_host_memory(rt::region_id region) override;
   result<rt::ec_id> install(const rt::ec_config& cfg) override;

@@ -29,6 +29,7 @@ struct node_info {
   std::uint32_t node = 0;  ///< index used in every other call
   std::string name;        ///< "host0", ...
   std::uint32_t rank = 0;  ///< address in the emulated network
+  std::uint32_t max_payload_bytes = 0;  ///< largest payload of one packet its handlers can send
 };
 
 /// Host memory shared with a NIC: a memory file mapped here and in spin-emu, registered as
