@@ -38,8 +38,9 @@ struct world {
   std::vector<std::unique_ptr<communicator>> comms;  // go first: they uninstall on a running cluster
 
   world(const emu::topology& t, options o = {}, std::uint32_t group_id = 1, switches sw = switches::none,
-        const fabric_options& fo = {}) {
+        const fabric_options& fo = {}, std::uint32_t lcores = 0) {
     emu::cluster_options co;
+    co.lcores = lcores;
     auto c = emu::cluster::create(t, co);
     REQUIRE_MESSAGE(c.ok(), (c.ok() ? "" : c.err().message));
     cluster = std::move(c.value());

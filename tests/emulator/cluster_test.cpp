@@ -10,6 +10,8 @@
 #include <thread>
 #include <vector>
 
+#include <sys/resource.h>
+
 using namespace spin;
 using namespace std::chrono_literals;
 
@@ -238,6 +240,51 @@ TEST_CASE("a topology whose host rank collides with a switch's address is refuse
   REQUIRE_FALSE(c.ok());
   CHECK(c.err().code == errc::invalid_argument);
   CHECK(c.err().message.find("rank 65535") != std::string::npos);
+}
+
+TEST_CASE("an idle cluster on two lcores uses almost no CPU over a second and wakes at once when work arrives") {
+  emu::cluster_options o = kib_packets();
+  o.lcores = 2;
+  auto c = emu::cluster::create(emu::star(4, emu::link_model{}), o);
+  REQUIRE_MESSAGE(c.ok(), c.err().message);
+  emu::cluster& cl = **c;
+  REQUIRE(cl.lcores() == 2);
+  std::vector<std::byte> src = bytes_of(0, 1, 4000), dst(4000);
+  auto rs = cl.host(0)->register_host_memory(src);
+  auto rd = cl.host(1)->register_host_memory(dst);
+  REQUIRE(rs.ok());
+  REQUIRE(rd.ok());
+  rt::ec_config ec;
+  ec.name = "land";
+  ec.match = {0x77, 0};
+  ec.window = rt::host_window{*rd, 0, dst.size()};
+  auto e = cl.host(1)->install(ec);
+  REQUIRE(e.ok());
+  auto cpu_seconds = [] {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+  };
+  {
+    driver d(cl);
+    std::this_thread::sleep_for(300ms);  // the lcores and the NICs' watchdogs settle into their sleep
+    const double c0 = cpu_seconds();
+    const auto t0 = std::chrono::steady_clock::now();
+    std::this_thread::sleep_for(1s);
+    const double used = cpu_seconds() - c0;
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    MESSAGE("idle cluster of 5 nodes on 2 lcores: " << used * 1e3 << " ms of CPU in " << wall * 1e3 << " ms");
+    CHECK(used < 0.1 * wall);  // spinning lcores would use two cores' worth
+    // Work wakes the sleeping lcores: the host message lands well within the longest sleep of
+    // an idle lcore plus its path through two links and the switch.
+    const auto s0 = std::chrono::steady_clock::now();
+    REQUIRE(cl.host(0)->send(emu::message_send{1, 0x77, 1, *rs, 0, src.size()}, 5000ms).ok());
+    while (dst != src && std::chrono::steady_clock::now() - s0 < 5s) std::this_thread::sleep_for(50us);
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count();
+    MESSAGE("a 4000-byte message from h0 to h1 on the idle cluster landed after " << ms << " ms");
+    CHECK(dst == src);
+    CHECK(ms < 200);
+  }
 }
 
 }  // TEST_SUITE
