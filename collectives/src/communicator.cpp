@@ -233,6 +233,17 @@ struct communicator::impl {
     spec.handler_mem_bytes = cfg.handler_mem_bytes;
     spec.window = rt::host_window{region, 0, arena_bytes};
     auto ec = nic->install(pkg, spec);
+    if (!ec.ok() && ec.err().code == errc::no_memory) {
+      std::size_t on_nic = 0;
+      {
+        std::lock_guard<std::mutex> l(groups_mutex);
+        for (const auto& [key, id] : groups_in_use) on_nic += key == nic->key();
+      }
+      return fail(errc::no_memory, what + ": NIC " + nic->name() + " has no NIC memory left for another collective engine (" +
+                                       std::to_string(on_nic - 1) + " communicators hold engines there already, each " +
+                                       std::to_string((spec.handler_mem_bytes + spec.limits.max_messages * pr::scratch_bytes + 1023) / 1024) +
+                                       " KiB; spin-emu --nic-memory-mib raises the NIC's memory): " + ec.err().message);
+    }
     if (!ec.ok()) return fail(ec.err().code, what + ": installing the collective engine: " + ec.err().message);
     e.ec = ec.value();
     e.installed = true;

@@ -18,7 +18,10 @@ inline void configure_engine_ec(rt::ec_config& cfg, std::uint32_t wire_id, std::
   // The engine writes its scratchpad before it reads it (temporary packet buffers): clearing
   // 8 KiB per packet would cost more than the packet's reduction.
   cfg.scratchpad = rt::scratchpad_init::undefined;
-  cfg.limits.max_messages = 256;
+  // Every engine message is one packet, which opens and retires within one run of the handler
+  // on its HPU (run to completion): only messages a lost packet cut short stay open. 16 of them
+  // hold 128 KiB of scratchpads (256 held 2 MiB, and about 30 communicators filled a NIC).
+  cfg.limits.max_messages = 16;
   // Every repeat is a new message (docs/collectives.md, "Message ids") and the engine is
   // idempotent (bitmaps, shadow copies): the runtime's history only spares it the copies a link
   // made, which arrive close behind their originals. A small history keeps the message table

@@ -485,6 +485,51 @@ TEST_CASE("a rank waiting for the others in a collective sleeps until its NIC wa
   CHECK(cpu_ms < 0.1 * wall_ms);  // sleep-polling in 5..200 us steps used several times this
 }
 
+TEST_CASE("at least 128 communicators fit on one NIC, and one too many fails with no_memory saying how many there are") {
+  auto c = emu::cluster::create(emu::star(2, emu::link_model{}), {});
+  REQUIRE_MESSAGE(c.ok(), c.err().message);
+  test::driver d;
+  d.start(**c);
+  options o;
+  o.arena_bytes = std::size_t{1} << 20;  // host memory: small, the NIC's memory is what runs out
+  o.staging_bytes = std::size_t{128} << 10;
+  std::vector<std::unique_ptr<communicator>> comms;
+  result<std::unique_ptr<communicator>> last = fail(errc::ok, "");
+  for (std::uint32_t id = 1; id <= 1000; ++id) {
+    group g;
+    g.id = id;
+    g.members = {0, 1};
+    g.me = 0;
+    last = communicator::create(*(*c)->host(0), g, o);
+    if (!last.ok()) break;
+    comms.push_back(std::move(last.value()));
+  }
+  MESSAGE(comms.size() << " communicators on one NIC of " << ((*c)->host(0)->runtime_stats().nic_mem_capacity_bytes >> 20) << " MiB");
+  CHECK(comms.size() >= 128);
+  REQUIRE_FALSE(last.ok());
+  CHECK(last.err().code == errc::no_memory);
+  CHECK(last.err().message.find(std::to_string(comms.size()) + " communicators") != std::string::npos);
+  // The ones that exist work: two of them (with their peers on host 1) allreduce exactly.
+  for (std::uint32_t k : {0u, static_cast<std::uint32_t>(comms.size() - 1)}) {
+    group g;
+    g.id = k + 1;
+    g.members = {0, 1};
+    g.me = 1;
+    auto peer = communicator::create(*(*c)->host(1), g, o);
+    REQUIRE_MESSAGE(peer.ok(), peer.err().message);
+    std::vector<std::int64_t> a(1000, 2), b(1000, 5), ra(1000), rb(1000);
+    result<void> r0, r1;
+    std::thread t([&] { r1 = peer.value()->allreduce(b.data(), rb.data(), b.size(), dtype::i64, op::sum); });
+    r0 = comms[k]->allreduce(a.data(), ra.data(), a.size(), dtype::i64, op::sum);
+    t.join();
+    REQUIRE_MESSAGE(r0.ok(), r0.err().message);
+    REQUIRE_MESSAGE(r1.ok(), r1.err().message);
+    CHECK(ra == std::vector<std::int64_t>(1000, 7));
+    CHECK(rb == ra);
+  }
+  comms.clear();  // before the cluster's driver stops
+}
+
 TEST_CASE("allreduce is exact under loss, duplication and reordering") {
   for (double loss : {0.0, 0.001, 0.01}) {
     emu::link_model m;

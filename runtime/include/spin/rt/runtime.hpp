@@ -177,7 +177,7 @@ struct runtime_config {
   /// messages (hpu_of()).
   std::uint32_t hpus = 1;
   std::uint64_t nic_memory_bytes = 64ull << 20;  ///< NIC memory arena (handler memory, scratchpads)
-  std::uint32_t max_ecs = 64;
+  std::uint32_t max_ecs = 1024;             ///< ECs installed at once (each communicator of spin::coll takes one)
   /// Packets steered to an HPU from another one that may wait in its inbox (rounded up to a
   /// power of two, 1..65536).
   std::uint32_t inbox_packets = 1024;
