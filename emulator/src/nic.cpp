@@ -192,8 +192,8 @@ struct nic::impl {
   std::deque<port_state> ports;  // deque: port_state holds atomics and never moves
   std::deque<lane_state> lanes;
   rte_mempool* lin_pool = nullptr;  // whole-frame mbufs for linearising chained RX frames
-  rte_mempool* tx_pool = nullptr;   // the first port's pool
-  std::uint32_t tx_room = 0;        // bytes of frame one tx_pool mbuf holds (data room - headroom)
+  rte_mempool* tx_pool = nullptr;   // the first port's pool: loopback frames, injected frames
+  std::uint32_t tx_room = 0;        // bytes of frame one port mbuf holds (data room - headroom; every port alike)
   std::uint32_t max_payload = 0;
   std::uint32_t host_payload = 0;
   tx tx_port{*this};
@@ -250,7 +250,7 @@ struct nic::impl {
       rte_mempool* pool = lin_pool != nullptr && len > tx_room ? lin_pool : tx_pool;
       return frame_to_mbufs(pool, frame, len, false);
     }
-    return frame_to_mbufs(tx_pool, frame, len, ports[pi].p->tx_multi_seg());
+    return frame_to_mbufs(ports[pi].p->pool(), frame, len, ports[pi].p->tx_multi_seg());
   }
   std::uint32_t advance_jobs() noexcept;
   void finish_job(send_job& j, error e) noexcept;
@@ -380,7 +380,9 @@ errc nic::impl::hpu_send(std::uint32_t hpu, std::uint32_t dest, const rt::wire::
   // (spin-bench handlers: pingpong 1 KiB, HPU cycles per packet down by the second copy). A
   // larger one is encoded whole into the lane's buffer, then cut into a chain.
   if (!loop && rt::wire::encoded_len(h, payload.size()) <= tx_room) {
-    m = mbuf_alloc(tx_pool);
+    // From the egress port's own pool: a switch that multicasts to N ports spreads its frames
+    // over N pools (one shared pool ran dry at 16 ports: no_mbuf drops, then repair timeouts).
+    m = mbuf_alloc(ports[static_cast<std::uint32_t>(pi)].p->pool());
     if (m == nullptr) {
       l.no_mbuf.add(1);
       return errc::no_space;

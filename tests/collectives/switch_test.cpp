@@ -10,6 +10,7 @@
 #include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 
 using namespace spin;
 using namespace spin::coll;
@@ -299,6 +300,57 @@ TEST_CASE("allgather and broadcast through the switch: blocks go up once and com
       }
     }
   }
+}
+
+TEST_CASE("a switch multicasting to many hosts takes each frame from its egress port's pool and runs dry on none") {
+  // Small pools of 128 mbufs: the group's 64 slots put up to 64 results towards each host at
+  // once. Taken from one shared pool (as the NIC once did), 8 x 64 frames do not fit: no_mbuf
+  // drops, and without recovery a timeout. From each egress port's own pool they do.
+  constexpr std::uint32_t n = 8;
+  emu::cluster_options co;
+  co.port.pool_mbufs = 128;
+  auto c = emu::cluster::create(emu::star(n, emu::link_model{}), co);
+  REQUIRE_MESSAGE(c.ok(), c.err().message);
+  test::driver d;
+  d.start(**c);
+  auto fab = fabric::create(**c);
+  REQUIRE_MESSAGE(fab.ok(), fab.err().message);
+  options o;
+  o.switches = fab.value().get();
+  o.recovery = false;
+  o.timeout = std::chrono::seconds(20);
+  o.arena_bytes = std::size_t{16} << 20;
+  o.staging_bytes = std::size_t{2} << 20;
+  std::vector<std::unique_ptr<communicator>> comms;
+  group g;
+  g.id = 3;
+  for (std::uint32_t r = 0; r < n; ++r) g.members.push_back(r);
+  for (std::uint32_t r = 0; r < n; ++r) {
+    g.me = r;
+    auto cm = communicator::create(*(*c)->host(r), g, o);
+    REQUIRE_MESSAGE(cm.ok(), cm.err().message);
+    comms.push_back(std::move(cm.value()));
+  }
+  constexpr std::uint64_t count = 512 * 1024;  // 2 MiB of int32 per rank: 512 packets
+  std::vector<std::vector<std::int32_t>> in(n, std::vector<std::int32_t>(count)), out(n, std::vector<std::int32_t>(count));
+  for (std::uint32_t r = 0; r < n; ++r)
+    for (std::uint64_t i = 0; i < count; ++i) in[r][i] = static_cast<std::int32_t>(i % 1000) + static_cast<std::int32_t>(r);
+  std::vector<result<void>> res(n);
+  std::vector<std::thread> th;
+  for (std::uint32_t r = 0; r < n; ++r)
+    th.emplace_back([&, r] { res[r] = comms[r]->allreduce(in[r].data(), out[r].data(), count, dtype::i32, op::sum, algorithm::switch_agg); });
+  for (auto& t : th) t.join();
+  for (std::uint32_t r = 0; r < n; ++r) {
+    REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+    bool exact = true;
+    for (std::uint64_t i = 0; i < count; ++i) exact &= out[r][i] == 8 * static_cast<std::int32_t>(i % 1000) + 28;
+    CHECK(exact);
+  }
+  for (const auto& node : (*c)->stats().nodes) {
+    INFO(node.name);
+    CHECK(node.drops[static_cast<std::size_t>(emu::nic_drop::no_mbuf)] == 0);
+  }
+  comms.clear();
 }
 
 TEST_CASE("switch allreduce without recovery ends in a timeout on every rank when packets are lost") {
