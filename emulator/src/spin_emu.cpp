@@ -80,7 +80,7 @@ int main(int argc, char** argv) {
   std::string mode, topology_file, socket_path = default_socket(), capture, capture_dir, replay, stats_json, name = "nic0";
   std::vector<std::string> port_names;
   std::uint32_t rank = 0, hpus = 1, payload = 1024, burst = 32, max_frame = 9216, mbuf_bytes = 2048, pool = 8191;
-  std::uint32_t nic_mem_mib = 64;
+  std::uint32_t nic_mem_mib = 64, lcores = 0;
   std::uint16_t udp_port = spin::rt::wire::default_udp_port;
   std::vector<int> hpu_cpus;
   double duration_s = 0;
@@ -108,6 +108,8 @@ int main(int argc, char** argv) {
   app.add_option("--hpu-cpus", hpu_cpus, "nic mode: pin the lcore of HPU i to CPU list[i % n]");
   // Removed with the run-to-completion data path: say so instead of "unknown option".
   app.add_flag("--plain-hpu-threads", plain_hpus)->group("");
+  app.add_option("--lcores", lcores, "cluster mode: lcores the nodes' HPUs and the links are spread over (default: every CPU this process may use)")
+      ->check(CLI::Range(1, 1024));
   app.add_option("--nic-memory-mib", nic_mem_mib, "NIC memory per node (MiB): handler memory and scratchpads")->check(CLI::Range(1, 65536));
   app.add_option("--payload-bytes", payload, "payload bytes per packet of host messages")->check(CLI::Range(1, 65000));
   app.add_option("--max-frame", max_frame, "largest frame (bytes); longer ones are dropped as oversize")->check(CLI::Range(128, 65535));
@@ -172,7 +174,7 @@ int main(int argc, char** argv) {
   }
   if (mode == "cluster" && topology_file.empty()) return usage("cluster mode needs --topology FILE");
   // Options of the other mode are refused, not ignored.
-  for (const char* opt : {"--topology", "--capture-dir"})
+  for (const char* opt : {"--topology", "--capture-dir", "--lcores"})
     if (mode == "nic" && app.count(opt) != 0) return usage(std::string(opt) + " is for cluster mode");
   for (const char* opt : {"--port", "--rank", "--name", "--hpus", "--hpu-cpus"})
     if (mode == "cluster" && app.count(opt) != 0)
@@ -222,11 +224,13 @@ int main(int argc, char** argv) {
     spin::emu::cluster_options co;
     if (app.count("--pool-mbufs") != 0) co.port.pool_mbufs = pool;
     co.port.max_frame_bytes = max_frame;
-    co.port.mbuf_data_bytes = static_cast<std::uint16_t>(mbuf_bytes);
+    // The cluster's defaults (4 KiB mbufs and host packets) unless given.
+    if (app.count("--mbuf-bytes") != 0) co.port.mbuf_data_bytes = static_cast<std::uint16_t>(mbuf_bytes);
     co.runtime = rc;
-    co.payload_bytes = payload;
+    if (app.count("--payload-bytes") != 0) co.payload_bytes = payload;
     co.burst = burst;
     co.capture_dir = capture_dir;
+    co.lcores = lcores;
     auto c = spin::emu::cluster::create(*t, co);
     if (!c) return die(c.err().message);
     cluster = std::move(c.value());
