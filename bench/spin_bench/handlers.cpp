@@ -626,6 +626,7 @@ struct row {
   std::uint32_t hpus = 0;
   std::string cpus;
   std::vector<double> mpps, poll_ns, hpu_ns;  // per repeat
+  std::uint32_t ended_at_deadline = 0;  // measurements that --min-packets prolonged up to their deadline
   double ratio_fwd = 0;       // Mpps / io-fwd Mpps
   double ratio_macswap = 0;   // Mpps / macswap Mpps
   double ratio_copy = 0;      // Mpps / fwd+copy Mpps (frames with payload)
@@ -768,12 +769,15 @@ bool run_row(const handlers_options& o, const handler_spec& h, const std::string
   auto measure = [&](double seconds) {
     const emu::nic_stats s0 = nic->stats();
     const double c0 = thread_cpu_seconds();
-    const auto t0 = clock_type::now(), end = deadline(t0, seconds);
+    const auto t0 = clock_type::now(), end = deadline(t0, seconds),
+               last = deadline(t0, std::max(10.0, 100 * seconds));
     auto now = t0;
+    auto received = [&] { return nic->stats().ports.at(rx_index).rx_packets - s0.ports.at(rx_index).rx_packets; };
     do {
       for (int k = 0; k < 64; ++k) nic->poll_lane(0);
       now = clock_type::now();
-    } while (now < end);
+    } while (now < end || (o.min_packets > 0 && now < last && received() < o.min_packets));
+    if (o.min_packets > 0 && received() < o.min_packets) ++r.ended_at_deadline;
     const double cpu = thread_cpu_seconds() - c0;
     const double wall = std::chrono::duration<double>(now - t0).count();
     const emu::nic_stats s1 = nic->stats();
@@ -1070,6 +1074,9 @@ int run_handlers(const handlers_options& o) {
                 median(r.hpu_ns) * cond.tsc_ghz, 100 * busy_share(r), r.ratio_fwd > 0 ? fmt("%.3f", r.ratio_fwd).c_str() : "-", r.hpu_gbs,
                 r.payload > 0 && r.ratio_memcpy > 0 ? fmt("%.3f", r.ratio_memcpy).c_str() : "-", check.c_str());
     for (const auto& f : r.failures) std::printf("    FAIL: %s\n", f.c_str());
+    if (r.ended_at_deadline > 0)
+      std::printf("    %u of its measurements ended at their deadline before --min-packets %llu packets arrived\n",
+                  r.ended_at_deadline, static_cast<unsigned long long>(o.min_packets));
   }
   if (!skipped.empty()) {
     std::printf("\nnot run (the handler cannot take the payload):\n");
@@ -1201,6 +1208,7 @@ int run_handlers(const handlers_options& o) {
                         {"ratio_vs_fadd", r.ratio_fadd},
                         {"mpps_runs", r.mpps},
                         {"check_passed", r.ok},
+                        {"ended_at_deadline", r.ended_at_deadline},
                         {"failures", r.failures}};
     if (!r.aim.empty()) j["aim"] = {{"what", r.aim}, {"met", r.aim_met}};
     jrows.push_back(j);

@@ -20,7 +20,11 @@ struct handlers_options {
   double seconds = 0.5;               ///< one measurement
   std::uint32_t repeats = 3;          ///< measurements per row; the median is reported
   double warmup_seconds = 0.2;
-  int poll_cpu = 0;                   ///< CPU of the poll thread (EAL main lcore) and baselines
+  /// A measurement goes on past `seconds` until the NIC received this many packets, or until
+  /// max(10 s, 100 x seconds) passed (then the row says it ended at that deadline): a row on a
+  /// loaded machine still sees packets (the smoke test under sanitizers).
+  std::uint64_t min_packets = 0;
+  int poll_cpu = 0;                   ///< CPU of HPU 0 (EAL main lcore) and of the baselines
   std::uint32_t pool_mbufs = 8191;    ///< mbufs per port pool (message ids repeat after this many)
   std::string package_dir;            ///< where <handler>.<target>.spkg are
   std::string out_dir = "spin-bench-out";

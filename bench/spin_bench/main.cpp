@@ -70,8 +70,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1u, cpus));
   hc->add_option("--seconds", h.seconds, "duration of one measurement")->capture_default_str()->check(finite_number)->check(CLI::Range(0.01, 600.0));
   hc->add_option("--repeats", h.repeats, "measurements per row (the median is reported)")->capture_default_str()->check(CLI::Range(1u, 1000u));
+  hc->add_option("--min-packets", h.min_packets,
+                 "a measurement goes on past --seconds until the NIC received this many packets, or until max(10 s, 100 x --seconds)")
+      ->capture_default_str();
   hc->add_option("--warmup", h.warmup_seconds, "warm-up run per row (seconds)")->capture_default_str()->check(finite_number)->check(CLI::Range(0.0, 60.0));
-  hc->add_option("--poll-cpu", h.poll_cpu, "CPU of the poll thread and the baselines; HPU i runs on (poll-cpu + 1 + i) mod CPUs")->capture_default_str();
+  hc->add_option("--poll-cpu", h.poll_cpu, "CPU of HPU 0 and the baselines; HPU i runs on (poll-cpu + i) mod CPUs")->capture_default_str();
   hc->add_option("--pool-mbufs", h.pool_mbufs, "mbufs per port pool (message ids repeat after this many frames)")
       ->capture_default_str()
       ->check(CLI::Range(2049u, 1u << 20));
