@@ -137,7 +137,9 @@ bool run_spin(const coll_options& o, const std::vector<std::string>& algos, cons
     std::fprintf(stderr, "spin-bench coll: %s\n", r.err().message.c_str());
     return false;
   }
-  auto cluster = emu::cluster::create(emu::star(o.ranks, emu::link_model{}), {});
+  emu::cluster_options clo;
+  clo.lcores = o.lcores;
+  auto cluster = emu::cluster::create(emu::star(o.ranks, emu::link_model{}), clo);
   if (!cluster) {
     std::fprintf(stderr, "spin-bench coll: %s\n", cluster.err().message.c_str());
     return false;
@@ -196,6 +198,9 @@ bool run_spin(const coll_options& o, const std::vector<std::string>& algos, cons
     for (std::uint32_t r = 0; r < o.ranks; ++r) s += cluster.value()->node(r).stats().ports[0].tx_bytes;
     return s;
   };
+  std::printf("spin::coll: %u hosts and a switch emulated on %u lcores (of %u hardware threads), %u rank threads that sleep while "
+              "their NIC works\n",
+              o.ranks, cluster.value()->lcores(), std::max(1u, std::thread::hardware_concurrency()), o.ranks);
   for (std::size_t ai = 0; ai < algos.size(); ++ai) {
     const std::string& a = algos[ai];
     const coll::algorithm algo = algorithm_of(a);

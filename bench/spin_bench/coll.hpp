@@ -20,6 +20,7 @@ struct coll_options {
   std::uint32_t warmup_iters = 2;                   ///< nccl-tests' -w (for messages up to 8 MiB; 1 above)
   std::uint64_t budget_bytes = std::uint64_t{64} << 20;  ///< data per measurement (sets iterations)
   std::uint32_t packet_bytes = 4096;                ///< spin::coll payload per packet (coll::options' default)
+  std::uint32_t lcores = 0;                         ///< lcores of the emulated cluster; 0: every CPU
   std::string out_dir = "spin-bench-out";
   std::string mpi_peer;                             ///< the spin-bench-mpi binary
   std::string mpirun = "mpirun";

@@ -116,6 +116,9 @@ int main(int argc, char** argv) {
                      std::to_string(spin::coll::fabric_options{}.slot_bytes) + ")")
       ->capture_default_str()
       ->check(CLI::Range(64u, 4096u));
+  cc->add_option("--lcores", c.lcores, "lcores the emulated cluster runs on (0: every CPU this process may use)")
+      ->capture_default_str()
+      ->check(CLI::Range(0u, 1024u));
   cc->add_option("--mpi-peer", c.mpi_peer, "the spin-bench-mpi binary")->capture_default_str();
   cc->add_option("--mpirun", c.mpirun, "MPI launcher and its options, separated by spaces (run without a shell)")->capture_default_str();
   cc->add_option("--out", c.out_dir, "directory for coll.csv, .json, .dat, .gp and .png")->capture_default_str();
