@@ -470,7 +470,7 @@ int main(int argc, char** argv) {
               "%u measured rounds + 1 warm-up, burst %u, %u hardware threads\n",
               static_cast<unsigned long>(o.packets), static_cast<unsigned long>(pool.messages()), o.message_packets,
               payload_bytes, pool.frame_len(), o.reps, o.burst, std::thread::hardware_concurrency());
-  // Other work on the machine competes with the scheduler and HPU threads, which spin: the
+  // Other work on the machine competes with the threads that drive the HPUs, which spin: the
   // conditions (build, CPU, load) print first, with a warning for each that spoils the figures.
   spin::bench::run_conditions cond = spin::bench::measure_conditions();
   cond.print("runtime_dispatch");
@@ -479,7 +479,7 @@ int main(int argc, char** argv) {
   const std::array<variant, 3> variants{{
       {"payload", "payload handler only (empty)", {nullptr, bench_empty_payload, nullptr}},
       {"hdr+pay+cmpl", "header, payload and completion handlers (all empty)", {bench_empty_header, bench_empty_payload, bench_empty_completion}},
-      {"none", "no handlers: packets consumed by the scheduler, no HPU task", {nullptr, nullptr, nullptr}},
+      {"none", "no handlers: the runtime's own per-packet work alone", {nullptr, nullptr, nullptr}},
   }};
   std::vector<std::uint32_t> hpu_counts = o.hpus;
   std::sort(hpu_counts.begin(), hpu_counts.end());

@@ -8,10 +8,9 @@
 // fresh message id into every frame (stamp_ids, below). Every packet is a whole message: header,
 // payload and completion handler all run once per packet, the worst case for per-message costs.
 //
-// Threads. The NIC's poll thread (the scheduler: RX, parse, match, dispatch) is EAL's main lcore
-// on --poll-cpu; HPU i runs on CPU (poll + 1 + i) mod hardware threads, so with as many HPUs as
-// cores one HPU shares the poll thread's core (the poll loop never yields: that HPU runs only
-// when the OS preempts it).
+// Threads (run to completion). HPU 0 is EAL's main lcore on --poll-cpu: it receives every burst
+// (net_null has one RX queue here) and runs its own messages' handlers; HPU i runs on an lcore
+// of its own on CPU (poll + i) mod hardware threads and runs the messages steered to it.
 //
 // Baselines, per frame size, in the same process on the same kind of port:
 // - io-fwd: testpmd's io forwarding (rx_burst on net_null A, tx_burst on net_null B, unsent
@@ -27,8 +26,8 @@
 // Rates. Mpps counts frames taken from the RX port per wall-clock second; Gbit/s is Mpps x frame
 // bytes x 8. hpu ns/pkt is HPU time inside handlers (or deposits) per packet, all HPUs summed
 // (hpu_stats::busy_ns); hpu cyc/pkt is the same in cycles of the cycle counter; busy is the
-// share of wall time each HPU spent in handlers (near 1: the HPUs bound the rate; well below: the
-// poll thread does). The poll thread's CPU time per packet goes to the CSV and JSON.
+// share of wall time each HPU spent in handlers (near 1: the handlers bound the rate; well below:
+// the NIC's own per-packet work does). HPU 0's CPU time per packet goes to the CSV and JSON.
 //
 // Checks. After the runs the runtime is drained and every row checked exactly: the EC accepted
 // every frame handed to it, every message completed, nothing was dropped or rejected anywhere,
@@ -150,7 +149,7 @@ emu::port_options port_opts(std::uint32_t frame_bytes, const handlers_options& o
 // Fresh message ids. A pre-filled pool hands out the same frames again after one cycle; an HPU
 // that the OS keeps off its core for longer than a cycle would then see a message id that is
 // still open (a duplicate). An RX callback (rte_eth_add_rx_callback) therefore writes a new
-// message id into every received frame, on the poll thread, before anyone parses it: one 8-byte
+// message id into every received frame, on HPU 0's lcore, before anyone parses it: one 8-byte
 // store into the header's cache line per packet. The baselines do without it (io-fwd touches no
 // frame byte), so the store counts against the NIC.
 constexpr std::size_t message_id_offset = rt::wire::eth_len + rt::wire::ipv4_min_len + rt::wire::udp_len + 16;
@@ -857,8 +856,8 @@ std::string fmt(const char* f, double v) {
   return b;
 }
 
-// Share of the wall time each HPU spent in handlers: near 1, the HPUs are the bound; well below,
-// the poll thread (or the OS taking an HPU's core) is.
+// Share of the wall time each HPU spent in handlers: near 1, the handlers are the bound; well
+// below, the NIC's own per-packet work (or the OS taking an HPU's core) is.
 double busy_share(const row& r) { return r.hpus > 0 ? median(r.hpu_ns) * median(r.mpps) / 1e3 / r.hpus : 0; }
 
 struct model_row {
@@ -1163,8 +1162,8 @@ int run_handlers(const handlers_options& o) {
     if (!any) std::printf("  (not measured: it needs the pingpong handler at a 1112-byte frame, 1 KiB payload, with 1 HPU)\n");
     else
       std::printf("  The difference: a PsPIN HPU runs the handler on a packet already in its L1 and sends it with a DMA\n"
-                  "  command; here an HPU's packet time also holds the runtime's task, the send (an mbuf, a copy of the frame,\n"
-                  "  a TX ring), the atomic counter and the timing of every invocation (docs/benchmarks.md).\n");
+                  "  command; here an HPU's packet time also holds the send (an mbuf from the pool, the frame encoded into it,\n"
+                  "  the port's stage), the atomic counter and the timing of every invocation (docs/benchmarks.md).\n");
   }
   std::printf("\nload average after: %.2f %.2f %.2f\n", cond.load_after[0], cond.load_after[1], cond.load_after[2]);
 

@@ -38,7 +38,7 @@ std::uint64_t splitmix64(std::uint64_t& x) noexcept {
 
 constexpr std::uint64_t rotl(std::uint64_t x, int k) noexcept { return (x << k) | (x >> (64 - k)); }
 
-// Single writer (the poll thread): a relaxed load and store is enough and avoids a locked add.
+// Single writer (the lcore polling the link): a relaxed load and store is enough and avoids a locked add.
 inline void bump(std::atomic<std::uint64_t>& c, std::uint64_t n = 1) noexcept {
   c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
 }

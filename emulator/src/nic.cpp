@@ -102,7 +102,7 @@ bool mac_rank(const std::byte* frame, std::uint32_t& rank) noexcept {
 }  // namespace
 
 // Frames waiting for a transmit burst (or, for the loopback, for the runtime): a fixed array
-// the scheduler thread owns. Frames leave from the front; the rest move down.
+// one lane's thread owns. Frames leave from the front; the rest move down.
 class mbuf_stage {
 public:
   void init(std::uint32_t capacity) {
@@ -256,7 +256,7 @@ struct nic::impl {
   void finish_job(send_job& j, error e) noexcept;
   bool stage_push(std::uint32_t port_index, rte_mbuf* m) noexcept;
   bool idle() const noexcept;
-  template <class F> auto on_scheduler(const char* what, F&& f) -> decltype(f());
+  template <class F> auto with_lanes_aside(const char* what, F&& f) -> decltype(f());
   void count_drop(nic_drop d, std::uint64_t n = 1) noexcept { drops[static_cast<std::size_t>(d)].add(n); }
   std::uint64_t mbufs_in_use() const noexcept;
 };
@@ -644,7 +644,7 @@ bool nic::impl::idle() const noexcept {
   return true;
 }
 
-template <class F> auto nic::impl::on_scheduler(const char* what, F&& f) -> decltype(f()) {
+template <class F> auto nic::impl::with_lanes_aside(const char* what, F&& f) -> decltype(f()) {
   // Every lane's poller steps aside while ctl_waiting is non-zero, so the try_locks soon
   // succeed. (Plain mutexes and try_lock, not timed_mutex::try_lock_for: ThreadSanitizer does
   // not see the latter.)
@@ -803,7 +803,7 @@ const std::string& nic::name() const noexcept { return _p->cfg.name; }
 std::uint32_t nic::max_payload_bytes() const noexcept { return _p->max_payload; }
 
 result<rt::region_id> nic::register_host_memory(std::span<std::byte> mem) {
-  return _p->on_scheduler("register_host_memory", [&]() -> result<rt::region_id> {
+  return _p->with_lanes_aside("register_host_memory", [&]() -> result<rt::region_id> {
     auto r = _p->rt->register_host_memory(mem);
     if (!r) return r;
     if (_p->regions.size() <= r.value()) _p->regions.resize(r.value() + 1);
@@ -813,7 +813,7 @@ result<rt::region_id> nic::register_host_memory(std::span<std::byte> mem) {
 }
 
 result<void> nic::unregister_host_memory(rt::region_id region) {
-  return _p->on_scheduler("unregister_host_memory", [&]() -> result<void> {
+  return _p->with_lanes_aside("unregister_host_memory", [&]() -> result<void> {
     if (region < _p->regions.size() && _p->regions[region].active_sends > 0)
       return fail(errc::bad_state, "unregister_host_memory: a message from host region " + std::to_string(region) + " is being sent");
     auto r = _p->rt->unregister_host_memory(region);
@@ -823,11 +823,11 @@ result<void> nic::unregister_host_memory(rt::region_id region) {
 }
 
 result<rt::ec_id> nic::install(const rt::ec_config& cfg) {
-  return _p->on_scheduler("install", [&]() { return _p->rt->install(cfg); });
+  return _p->with_lanes_aside("install", [&]() { return _p->rt->install(cfg); });
 }
 
 result<void> nic::uninstall(rt::ec_id ec) {
-  return _p->on_scheduler("uninstall", [&]() { return _p->rt->uninstall(ec); });
+  return _p->with_lanes_aside("uninstall", [&]() { return _p->rt->uninstall(ec); });
 }
 
 std::size_t nic::poll_events(rt::ec_id ec, std::span<rt::host_event> out) noexcept {
@@ -841,7 +841,7 @@ std::size_t nic::wait_events(rt::ec_id ec, std::span<rt::host_event> out, std::c
 result<void> nic::send(const message_send& m, std::chrono::milliseconds timeout) {
   auto job = std::make_shared<send_job>();
   job->m = m;
-  auto queued = _p->on_scheduler("send", [&]() -> result<void> {
+  auto queued = _p->with_lanes_aside("send", [&]() -> result<void> {
     if (m.region >= _p->regions.size() || _p->regions[m.region].mem.empty())
       return fail(errc::not_found, "send: host region " + std::to_string(m.region) + " is not registered");
     auto& reg = _p->regions[m.region];
