@@ -4,12 +4,14 @@
 //   spin-bench handlers [options]   handler throughput of spin-emu's NIC, with the NIC model
 //   spin-bench coll [options]       nccl-tests-style allreduce tables: spin::coll's algorithms,
 //                                   Gloo and Open MPI on the same data
+//   spin-bench groups [options]     many small groups at once: call-time percentiles
 //
 // Exit status: 0 when every check passed; 1 when a check failed (lost, dropped or wrongly handled
 // packets, wrong results); 2 on bad options or set-up errors. Missing an aim is reported, not an
 // error.
 #if SPIN_BENCH_HAVE_COLL
 #include "coll.hpp"
+#include "groups.hpp"
 
 #include <spin/coll/coll.hpp>
 #endif
@@ -123,6 +125,24 @@ int main(int argc, char** argv) {
   cc->add_option("--mpirun", c.mpirun, "MPI launcher and its options, separated by spaces (run without a shell)")->capture_default_str();
   cc->add_option("--out", c.out_dir, "directory for coll.csv, .json, .dat, .gp and .png")->capture_default_str();
   cc->add_flag("!--no-plot", c.plots, "do not run gnuplot");
+  spin::bench::groups_options gr;
+  CLI::App* gc = app.add_subcommand(
+      "groups",
+      "Many small groups at once on one emulated star: each group's members run a few small int32 allreduces together; prints "
+      "p50, p99 and max call time and checks every result. Writes groups.json to --out.");
+  gc->add_option("--hosts", gr.hosts, "hosts of the emulated star, 2 .. " + std::to_string(max_ranks))
+      ->capture_default_str()
+      ->check(CLI::Range(2u, max_ranks));
+  gc->add_option("--groups", gr.groups, "groups running at once")->capture_default_str()->check(CLI::Range(1u, 4096u));
+  gc->add_option("--members", gr.members, "ranks per group (at most --hosts)")->capture_default_str()->check(CLI::Range(2u, 256u));
+  gc->add_option("--calls", gr.calls, "allreduces per group")->capture_default_str()->check(CLI::Range(1u, 100000u));
+  gc->add_option("--bytes", gr.bytes, "message size in bytes (int32 elements)")
+      ->capture_default_str()
+      ->check(CLI::Range(std::uint64_t{4}, std::uint64_t{1} << 24));
+  gc->add_option("--lcores", gr.lcores, "lcores the emulated cluster runs on (0: every CPU this process may use)")
+      ->capture_default_str()
+      ->check(CLI::Range(0u, 1024u));
+  gc->add_option("--out", gr.out_dir, "directory for groups.json")->capture_default_str();
 #endif
 
   try {
@@ -135,6 +155,7 @@ int main(int argc, char** argv) {
   if (cc->parsed()) {
     return spin::bench::run_coll(c);
   }
+  if (gc->parsed()) return spin::bench::run_groups(gr);
 #endif
   return 2;
 }

@@ -1,4 +1,5 @@
 #include <spin/emu/cluster.hpp>
+#include <spin/emu/eal.hpp>
 
 #include "mbuf_sync.hpp"
 
@@ -57,11 +58,7 @@ result<std::unique_ptr<cluster>> cluster::create(const topology& t, const cluste
   std::uint32_t work_items = 0;
   for (const auto& n : t.nodes) work_items += n.kind == node_kind::host ? n.hpus : 1;
   std::uint32_t lcores = o.lcores;
-  if (lcores == 0) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    lcores = sched_getaffinity(0, sizeof set, &set) == 0 ? static_cast<std::uint32_t>(CPU_COUNT(&set)) : 1;
-  }
+  if (lcores == 0) lcores = static_cast<std::uint32_t>(process_cpus().size());
   lcores = std::clamp<std::uint32_t>(lcores, 1, std::max<std::uint32_t>(work_items, 1));
   c->_lcores.resize(lcores);
   for (auto& w : c->_lcores) w.bell = std::make_unique<doorbell>();

@@ -1,3 +1,4 @@
+#include <spin/emu/eal.hpp>
 #include <spin/emu/lcore.hpp>
 
 #include <algorithm>
@@ -88,14 +89,17 @@ result<std::thread> start_lcore(std::function<void()> fn, int cpu) {
     fn();
     if (registered) rte_thread_unregister();
   });
-  if (cpu >= 0) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
+  // Unpinned: on every CPU the process may use, not on the CPU EAL pinned the creating thread to
+  // (a new thread inherits its creator's affinity).
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (cpu >= 0)
     CPU_SET(cpu, &set);
-    if (pthread_setaffinity_np(t.native_handle(), sizeof set, &set) != 0) {
-      // The thread runs already; it is returned anyway so the caller can stop and join it.
-      std::fprintf(stderr, "spin-emu: cannot pin an lcore to CPU %d; it runs unpinned\n", cpu);
-    }
+  else
+    for (int c : process_cpus()) CPU_SET(c, &set);
+  if (pthread_setaffinity_np(t.native_handle(), sizeof set, &set) != 0 && cpu >= 0) {
+    // The thread runs already; it is returned anyway so the caller can stop and join it.
+    std::fprintf(stderr, "spin-emu: cannot pin an lcore to CPU %d; it runs unpinned\n", cpu);
   }
   return t;
 }

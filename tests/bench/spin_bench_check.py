@@ -137,6 +137,17 @@ def main():
         if "mpi" in algos:
             lib = json.load(open(os.path.join(cd, "coll-mpi.json")))["library"]
             check(lib and "\0" not in lib, "the MPI library string has no NUL: %r" % lib[-20:])
+        # ---- groups ----
+        gd = os.path.join(d, "g")
+        rc, out, err = run([exe, "groups", "--hosts", "4", "--groups", "6", "--members", "3", "--calls", "2", "--out", gd], 600)
+        check(rc == 0 and "every result exact" in out and "call time: p50" in out,
+              "spin-bench groups: status %d, stdout %r, stderr %r" % (rc, out[-500:], err[-500:]))
+        if rc == 0:
+            gj = json.load(open(os.path.join(gd, "groups.json")))
+            check(gj["calls"] == 6 * 3 * 2 and gj["wrong"] == 0 and gj["max_us"] >= gj["p50_us"] > 0,
+                  "groups.json: %d calls, %d wrong, p50 %s max %s" % (gj["calls"], gj["wrong"], gj["p50_us"], gj["max_us"]))
+        rc, out, err = run([exe, "groups", "--hosts", "4", "--members", "5", "--out", gd], 60)
+        check(rc == 2 and "--members" in err, "groups with more members than hosts is refused (status %d)" % rc)
         rc, out, err = run([exe, "coll", "--ranks", "1"], 60)
         check(rc == 2, "one rank is refused (status %d)" % rc)
         rc, out, err = run([exe, "coll", "--packet-bytes", "8192", "--algorithm", "switch", "--out", cd], 60)

@@ -50,7 +50,7 @@ struct cluster_options {
   std::uint32_t cable_ring_packets = 1024;  ///< each of the two rings per link direction
   std::uint32_t dup_pool_mbufs = 2047;      ///< mbufs for duplicated packets (all links)
   /// Lcores run() spreads the nodes and links over (at most one per node lane or link); 0: as
-  /// many as CPUs this process may run on (sched_getaffinity).
+  /// many as CPUs this process may run on (emu::process_cpus).
   std::uint32_t lcores = 0;
   /// When non-empty, lcore i is pinned to lcore_cpus[i % size] (lcore 0 is run()'s caller).
   std::vector<int> lcore_cpus;
