@@ -144,16 +144,7 @@ bool run_spin(const coll_options& o, const std::vector<std::string>& algos, cons
     std::fprintf(stderr, "spin-bench coll: %s\n", cluster.err().message.c_str());
     return false;
   }
-  std::atomic<bool> stop{false};
-  std::thread driver([&] { cluster.value()->run(stop); });
-  struct stopper {
-    std::atomic<bool>& s;
-    std::thread& t;
-    ~stopper() {
-      s = true;
-      t.join();
-    }
-  } stop_driver{stop, driver};
+  emu::cluster_runner running(*cluster.value());
   auto fab = coll::fabric::create(*cluster.value());
   if (!fab) {
     std::fprintf(stderr, "spin-bench coll: %s\n", fab.err().message.c_str());

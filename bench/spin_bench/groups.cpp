@@ -61,16 +61,7 @@ int run_groups(const groups_options& o) {
     std::fprintf(stderr, "spin-bench groups: %s\n", cluster.err().message.c_str());
     return 2;
   }
-  std::atomic<bool> stop{false};
-  std::thread driver([&] { cluster.value()->run(stop); });
-  struct stopper {
-    std::atomic<bool>& s;
-    std::thread& t;
-    ~stopper() {
-      s = true;
-      t.join();
-    }
-  } stop_driver{stop, driver};
+  emu::cluster_runner running(*cluster.value());
   auto fab = coll::fabric::create(*cluster.value());
   if (!fab) {
     std::fprintf(stderr, "spin-bench groups: %s\n", fab.err().message.c_str());

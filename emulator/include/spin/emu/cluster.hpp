@@ -25,6 +25,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace spin::emu {
@@ -142,6 +143,24 @@ private:
   std::vector<direction> _dirs;
   std::vector<std::uint16_t> _ports;  // ring ports we created
   rte_mempool* _dup_pool = nullptr;
+};
+
+/// Runs a cluster (cluster::run, on its lcores) from construction until destruction: the
+/// destructor stops it and joins. Destroy it before the cluster, and after everything that
+/// needs the cluster running (communicators uninstall through it).
+class cluster_runner {
+public:
+  explicit cluster_runner(cluster& c) : _t([this, &c] { c.run(_stop); }) {}
+  ~cluster_runner() {
+    _stop.store(true);
+    _t.join();
+  }
+  cluster_runner(const cluster_runner&) = delete;
+  cluster_runner& operator=(const cluster_runner&) = delete;
+
+private:
+  std::atomic<bool> _stop{false};
+  std::thread _t;
 };
 
 } // namespace spin::emu
