@@ -423,6 +423,25 @@ void netns_case(const std::string& pmd) {
 
 TEST_SUITE("emulator") {
 
+TEST_CASE("spin-emu refuses the removed HPU-thread option, the other mode's options and CPUs that are not online, with status 2") {
+  auto run = [](const std::string& args, std::string& out) {
+    FILE* p = ::popen((std::string(SPIN_EMU_BIN) + " " + args + " 2>&1").c_str(), "r");
+    REQUIRE(p != nullptr);
+    char buf[4096];
+    out.clear();
+    while (std::fgets(buf, sizeof buf, p) != nullptr) out += buf;
+    const int st = ::pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  };
+  std::string out;
+  CHECK(run("--plain-hpu-threads --port net_null0", out) == 2);
+  CHECK(out.find("--plain-hpu-threads is gone") != std::string::npos);
+  CHECK(run("--lcores 2 --port net_null0", out) == 2);
+  CHECK(out.find("--lcores is for cluster mode") != std::string::npos);
+  CHECK(run("--hpu-cpus 100000 --port net_null0", out) == 2);
+  CHECK(out.find("--hpu-cpus: CPU 100000 is not online") != std::string::npos);
+}
+
 TEST_CASE("two spin-emu processes joined by memif ping-pong with handlers and deliver a 1 MiB message to host memory") {
   temp_dir dir;
   std::vector<host_node> nodes(2);
