@@ -156,6 +156,8 @@ bool run_spin(const coll_options& o, const std::vector<std::string>& algos, cons
   co.timeout = std::chrono::milliseconds(60'000 + max_bytes / (1 << 20) * 1000);
   co.repair_interval = std::chrono::milliseconds(1000);
   co.packet_bytes = o.packet_bytes;
+  co.window_packets = o.window_packets;
+  co.switch_slots = o.switch_slots;
   // The buffers come from the arena (no staging copy); the staging buffers stay small.
   co.staging_bytes = std::size_t{1} << 20;
   // host_ring keeps its partial sums in the arena too (one more message).
@@ -512,7 +514,8 @@ int run_coll(const coll_options& o) {
                               {"config",
                                {{"ranks", o.ranks}, {"min_bytes", o.min_bytes}, {"max_bytes", o.max_bytes}, {"factor", o.factor},
                                 {"max_iters", o.max_iters}, {"warmup_iters", o.warmup_iters}, {"budget_bytes", o.budget_bytes},
-                                {"packet_bytes", o.packet_bytes}, {"algorithms", o.algorithms}}},
+                                {"packet_bytes", o.packet_bytes}, {"window_packets", o.window_packets},
+                                {"switch_slots", o.switch_slots}, {"algorithms", o.algorithms}}},
                               {"ring_bytes_factor", ring},
                               {"rows", jrows},
                               {"not_run", jn},

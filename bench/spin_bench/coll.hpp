@@ -21,6 +21,8 @@ struct coll_options {
   std::uint64_t budget_bytes = std::uint64_t{64} << 20;  ///< data per measurement (sets iterations)
   std::uint32_t packet_bytes = 4096;                ///< spin::coll payload per packet (coll::options' default)
   std::uint32_t lcores = 0;                         ///< lcores of the emulated cluster; 0: every CPU
+  std::uint32_t window_packets = 32;                ///< packets each rank's NIC keeps in flight (coll::options' default)
+  std::uint32_t switch_slots = 64;                  ///< aggregator slots the group takes on the switch (coll::options' default)
   std::string out_dir = "spin-bench-out";
   std::string mpi_peer;                             ///< the spin-bench-mpi binary
   std::string mpirun = "mpirun";

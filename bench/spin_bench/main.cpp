@@ -121,6 +121,12 @@ int main(int argc, char** argv) {
   cc->add_option("--lcores", c.lcores, "lcores the emulated cluster runs on (0: every CPU this process may use)")
       ->capture_default_str()
       ->check(CLI::Range(0u, 1024u));
+  cc->add_option("--window", c.window_packets, "packets each rank's NIC keeps in flight (spin::coll options::window_packets)")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 256u));
+  cc->add_option("--switch-slots", c.switch_slots, "aggregator slots the group takes on the switch (options::switch_slots)")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 32767u));
   cc->add_option("--mpi-peer", c.mpi_peer, "the spin-bench-mpi binary")->capture_default_str();
   cc->add_option("--mpirun", c.mpirun, "MPI launcher and its options, separated by spaces (run without a shell)")->capture_default_str();
   cc->add_option("--out", c.out_dir, "directory for coll.csv, .json, .dat, .gp and .png")->capture_default_str();

@@ -189,13 +189,36 @@ std::uint32_t cluster::lcore_of_lane(std::uint32_t node, std::uint32_t lane) con
   return node < _lane_lcore.size() && lane < _lane_lcore[node].size() ? _lane_lcore[node][lane] : 0;
 }
 
+std::uint32_t cluster::poll_dir(direction& d, std::uint64_t now) noexcept {
+  std::atomic<bool>& f = *d.polling;
+  if (f.load(std::memory_order_relaxed) || f.exchange(true, std::memory_order_acquire)) return 0;
+  const std::uint32_t work = d.stage->poll(now);
+  f.store(false, std::memory_order_release);
+  return work;
+}
+
 std::uint32_t cluster::round(std::uint32_t lcore) noexcept {
   lcore_work& w = _lcores[lcore];
   std::uint32_t work = 0;
   for (const auto& [node, lane] : w.lanes) work += _nodes[node]->poll_lane(lane);
   if (!w.dirs.empty()) {
     const std::uint64_t now = link::now_ns();
-    for (std::uint32_t d : w.dirs) work += _dirs[d].stage->poll(now);
+    for (std::uint32_t d : w.dirs) work += poll_dir(_dirs[d], now);
+  }
+  return work;
+}
+
+// An lcore whose own round was empty polls the other lcores' lanes and links, each one it finds
+// free (a lane's mutex, a link's flag): a static partition cannot suit every collective (a
+// switch-aggregated allreduce loads the switch as much as all hosts together; an edge ring
+// leaves it nearly idle), so the idle lcore takes whatever work is waiting.
+std::uint32_t cluster::help(std::uint32_t lcore) noexcept {
+  std::uint32_t work = 0;
+  const std::uint64_t now = link::now_ns();
+  for (std::uint32_t k = 1; k < _lcores.size(); ++k) {
+    const lcore_work& w = _lcores[(lcore + k) % _lcores.size()];
+    for (const auto& [node, lane] : w.lanes) work += _nodes[node]->poll_lane(lane);
+    for (std::uint32_t d : w.dirs) work += poll_dir(_dirs[d], now);
   }
   return work;
 }
@@ -214,6 +237,11 @@ void cluster::lcore_loop(std::uint32_t lcore, const std::atomic<bool>& stop) noe
   while (!stop.load(std::memory_order_relaxed)) {
     if (round(lcore) != 0) {
       b.busy();
+      ring_others();
+      continue;
+    }
+    // Help only while spinning, not once backing off (then the others have little to do).
+    if (_opts.help && _lcores.size() > 1 && b.empty_rounds() < 64 && help(lcore) != 0) {
       ring_others();
       continue;
     }

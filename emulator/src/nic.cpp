@@ -252,6 +252,36 @@ struct nic::impl {
     }
     return frame_to_mbufs(ports[pi].p->pool(), frame, len, ports[pi].p->tx_multi_seg());
   }
+  // Frame for egress `pi` with spin header `h` and `payload` to `dst`, in one copy of the payload
+  // when the frame fits one mbuf of the egress pool (the usual case), else encoded whole into
+  // `buf` first and then cut into mbufs by build(). Null: no mbuf, or the frame cannot be
+  // encoded (`bad` set).
+  rte_mbuf* encode_frame(std::uint32_t pi, const rt::wire::endpoint& dst, const rt::wire::header& h,
+                         std::span<const std::byte> payload, std::span<std::byte> buf, bool& bad) noexcept {
+    bad = false;
+    const bool loop = pi == ports.size();
+    if (rt::wire::encoded_len(h, payload.size()) <= tx_room) {
+      // From the egress port's own pool: a switch that multicasts to N ports spreads its frames
+      // over N pools (one shared pool ran dry at 16 ports: no_mbuf drops, then repair timeouts).
+      rte_mbuf* m = mbuf_alloc(loop ? tx_pool : ports[pi].p->pool());
+      if (m == nullptr) return nullptr;
+      const std::size_t len =
+          rt::wire::encode(self, dst, h, payload, std::span<std::byte>(rte_pktmbuf_mtod(m, std::byte*), rte_pktmbuf_tailroom(m)));
+      if (len == 0) {
+        mbuf_free(m);
+        bad = true;
+        return nullptr;
+      }
+      (void)rte_pktmbuf_append(m, static_cast<std::uint16_t>(len));
+      return m;
+    }
+    const std::size_t len = rt::wire::encode(self, dst, h, payload, buf);
+    if (len == 0) {
+      bad = true;
+      return nullptr;
+    }
+    return build(pi, buf.data(), static_cast<std::uint32_t>(len));
+  }
   std::uint32_t advance_jobs() noexcept;
   void finish_job(send_job& j, error e) noexcept;
   bool stage_push(std::uint32_t port_index, rte_mbuf* m) noexcept;
@@ -375,34 +405,14 @@ errc nic::impl::hpu_send(std::uint32_t hpu, std::uint32_t dest, const rt::wire::
   lane_state& l = lanes[hpu];
   const bool loop = static_cast<std::uint32_t>(pi) == ports.size();
   const rt::wire::endpoint dst = rt::wire::rank_endpoint(dest, cfg.runtime.udp_port);
-  rte_mbuf* m = nullptr;
-  // One copy: a frame that fits one mbuf of the transmit pool is encoded straight into it
-  // (spin-bench handlers: pingpong 1 KiB, HPU cycles per packet down by the second copy). A
-  // larger one is encoded whole into the lane's buffer, then cut into a chain.
-  if (!loop && rt::wire::encoded_len(h, payload.size()) <= tx_room) {
-    // From the egress port's own pool: a switch that multicasts to N ports spreads its frames
-    // over N pools (one shared pool ran dry at 16 ports: no_mbuf drops, then repair timeouts).
-    m = mbuf_alloc(ports[static_cast<std::uint32_t>(pi)].p->pool());
-    if (m == nullptr) {
-      l.no_mbuf.add(1);
-      return errc::no_space;
-    }
-    const std::size_t len =
-        rt::wire::encode(self, dst, h, payload, std::span<std::byte>(rte_pktmbuf_mtod(m, std::byte*), rte_pktmbuf_tailroom(m)));
-    if (len == 0) {
-      mbuf_free(m);
-      return errc::invalid_argument;
-    }
-    (void)rte_pktmbuf_append(m, static_cast<std::uint16_t>(len));
-  }
+  // One copy of the payload (spin-bench handlers: pingpong 1 KiB, HPU cycles per packet down by
+  // the second copy).
+  bool bad = false;
+  rte_mbuf* m = encode_frame(static_cast<std::uint32_t>(pi), dst, h, payload, l.buf, bad);
   if (m == nullptr) {
-    const std::size_t len = rt::wire::encode(self, dst, h, payload, l.buf);
-    if (len == 0) return errc::invalid_argument;
-    m = build(static_cast<std::uint32_t>(pi), l.buf.data(), static_cast<std::uint32_t>(len));
-    if (m == nullptr) {
-      l.no_mbuf.add(1);
-      return errc::no_space;
-    }
+    if (bad) return errc::invalid_argument;
+    l.no_mbuf.add(1);
+    return errc::no_space;
   }
   if (loop) {
     if (l.loop.full()) {
@@ -560,6 +570,7 @@ std::uint32_t nic::impl::advance_jobs() noexcept {
   while (!jobs.empty()) {
     send_job& j = *jobs.front();
     bool finished = j.cancelled;
+    bool unencodable = false;
     while (!finished) {
       const std::int32_t pi = route(j.m.dest_rank);
       auto& st = static_cast<std::size_t>(pi) == ports.size() ? lanes[0].loop : ports[static_cast<std::uint32_t>(pi)].stage;
@@ -575,9 +586,14 @@ std::uint32_t nic::impl::advance_jobs() noexcept {
       h.message_len = j.m.len_bytes;
       h.offset = j.next_offset;
       h.flags = static_cast<std::uint16_t>((j.seq == 0 ? rt::wire::flag_start : 0) | (n == left ? rt::wire::flag_end : 0));
-      const std::size_t len = rt::wire::encode(self, rt::wire::rank_endpoint(j.m.dest_rank, cfg.runtime.udp_port), h,
-                                               j.data.subspan(j.next_offset, n), host_frame);
-      rte_mbuf* m = len == 0 ? nullptr : build(static_cast<std::uint32_t>(pi), host_frame.data(), static_cast<std::uint32_t>(len));
+      // Straight from host memory into the frame: the one copy a real NIC's DMA also makes.
+      bool bad = false;
+      rte_mbuf* m = encode_frame(static_cast<std::uint32_t>(pi), rt::wire::rank_endpoint(j.m.dest_rank, cfg.runtime.udp_port),
+                                 h, j.data.subspan(j.next_offset, n), host_frame, bad);
+      if (m == nullptr && bad) {
+        unencodable = true;
+        break;
+      }
       if (m == nullptr) return built;  // no mbuf now: the message waits (nothing is dropped)
       st.push_back(m);
       if (capture && &st != &lanes[0].loop) capture_mbuf(m);
@@ -589,12 +605,17 @@ std::uint32_t nic::impl::advance_jobs() noexcept {
       finished = j.next_offset == j.m.len_bytes;
       if (built >= cfg.burst) break;
     }
-    if (!finished) return built;
-    if (!j.cancelled) host_messages.add(1);
+    if (!finished && !unencodable) return built;
+    if (!j.cancelled && !unencodable) host_messages.add(1);
     regions[j.m.region].active_sends--;
     auto keep = jobs.front();
     jobs.pop_front();
-    if (!keep->cancelled) finish_job(*keep, error{});
+    if (keep->cancelled) continue;
+    if (unencodable)
+      finish_job(*keep, error{errc::invalid_argument, "send: packet " + std::to_string(keep->seq) + " of the message cannot be encoded as a frame (" +
+                                                          std::to_string(host_payload) + " bytes of payload per packet)"});
+    else
+      finish_job(*keep, error{});
   }
   return built;
 }

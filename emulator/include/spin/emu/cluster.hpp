@@ -55,6 +55,11 @@ struct cluster_options {
   std::uint32_t lcores = 0;
   /// When non-empty, lcore i is pinned to lcore_cpus[i % size] (lcore 0 is run()'s caller).
   std::vector<int> lcore_cpus;
+  /// Each node lane and link direction has a home lcore (round-robin). With `help`, an lcore
+  /// whose own round found nothing polls the other lcores' lanes and links that are free (a
+  /// lane's lock, a link's flag) before it backs off, so that the work of any collective
+  /// spreads over every lcore; without it each lcore polls only its own.
+  bool help = true;
   /// Longest sleep of an idle lcore (it wakes earlier when rung or when a link delivery is due).
   std::chrono::microseconds idle_sleep_max{2000};
   /// When non-empty, every node captures its ports to `<capture_dir>/<node name>.pcap`.
@@ -127,6 +132,8 @@ private:
     rte_ring* rx = nullptr;  // receiver's port dequeues here
     std::unique_ptr<link> stage;
     std::uint32_t lcore = 0;
+    // Held by the lcore that polls the link now: its home lcore, or an idle one that helps.
+    std::unique_ptr<std::atomic<bool>> polling = std::make_unique<std::atomic<bool>>(false);
   };
   struct lcore_work {
     std::vector<std::pair<std::uint32_t, std::uint32_t>> lanes;  // (node, lane)
@@ -134,6 +141,8 @@ private:
     std::unique_ptr<doorbell> bell;
   };
   std::uint32_t round(std::uint32_t lcore) noexcept;
+  std::uint32_t help(std::uint32_t lcore) noexcept;
+  std::uint32_t poll_dir(direction& d, std::uint64_t now) noexcept;
   void lcore_loop(std::uint32_t lcore, const std::atomic<bool>& stop) noexcept;
   topology _topo;
   cluster_options _opts;
