@@ -71,6 +71,12 @@ struct rank_ops {
   std::function<std::uint64_t(bool in_place)> check;
 };
 
+std::string fmt_ms(double ms) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.2f ms", ms);
+  return b;
+}
+
 // Runs warm-up and timed calls of one mode on every rank (one thread each); fills `m`.
 // `between` runs on the calling thread after the warm-up and after the timed calls (counters).
 void measure_mode(std::vector<rank_ops>& ranks, bool in_place, std::uint32_t warmup, std::uint32_t iters, std::uint64_t bytes,
@@ -218,8 +224,29 @@ bool run_spin(const coll_options& o, const std::vector<std::string>& algos, cons
         ops[r].check = [=](bool) { return coll_wrong(o.ranks, op, n); };
       }
       std::uint64_t tx0 = 0, tx1 = 0;
-      measure_mode(ops, false, warmup_for(o, bytes), row.iters, bytes, row.oop, [&] { tx0 = tx_bytes(); }, [&] { tx1 = tx_bytes(); });
-      if (row.oop.ran) row.sent_bytes_per_rank = static_cast<double>(tx1 - tx0) / o.ranks / row.iters;
+      std::vector<emu::cluster_lcore_stats> lc0, lc1;
+      measure_mode(
+          ops, false, warmup_for(o, bytes), row.iters, bytes, row.oop,
+          [&] {
+            tx0 = tx_bytes();
+            lc0 = cluster.value()->lcore_stats();
+          },
+          [&] {
+            tx1 = tx_bytes();
+            lc1 = cluster.value()->lcore_stats();
+          });
+      if (row.oop.ran) {
+        row.sent_bytes_per_rank = static_cast<double>(tx1 - tx0) / o.ranks / row.iters;
+        // Where the lcores' time went: busy (rounds that moved something, helping included) per
+        // call, against the call's time.
+        std::string busy;
+        for (std::size_t k = 0; k < lc1.size(); ++k)
+          busy += (k ? " + " : "") + fmt_ms(static_cast<double>(lc1[k].busy_ns - lc0[k].busy_ns) / 1e6 / row.iters) + " (" +
+                  std::to_string((lc1[k].helped_rounds - lc0[k].helped_rounds) / row.iters) + " helping rounds, " +
+                  std::to_string((lc1[k].sleeps - lc0[k].sleeps) / row.iters) + " sleeps)";
+        std::fprintf(stderr, "    out of place: %s per call; lcores busy %s per call\n", fmt_ms(row.oop.time_us / 1e3).c_str(),
+                     busy.c_str());
+      }
       if (row.oop.error.empty()) measure_mode(ops, true, warmup_for(o, bytes), row.iters, bytes, row.ip, {}, {});
       rows.push_back(row);
       if (!row.oop.error.empty() || !row.ip.error.empty()) {

@@ -169,13 +169,10 @@ struct communicator::impl {
     m.region = region;
     m.offset_bytes = off;
     m.len_bytes = sizeof(c);
-    // A full transmit queue (a poll loop starved on a loaded machine) queued nothing of this
-    // one-packet message: try again until the collective's own timeout.
-    const auto deadline = clock::now() + o.timeout;
-    for (;;) {
-      auto r = nic->send(m);
-      if (r.ok() || r.err().code != errc::timeout || clock::now() >= deadline) return r;
-    }
+    // Posted, not waited for (the NIC copies the 64-byte command when it queues it): a call
+    // waits once, for the engine's answer, not also for the command's frame.
+    static_assert(sizeof(c) <= emu::nic::inline_bytes);
+    return nic->post(m);
   }
 
   // Waits for a host event of engine `e` for which `want` returns true; `tick` runs every

@@ -35,6 +35,9 @@ inline void configure_engine_ec(rt::ec_config& cfg, std::uint32_t wire_id, std::
   // sanitizer build on a loaded machine, above the runtime's default budget of 10 ms. The
   // budget still stops a handler that hangs.
   cfg.limits.handler_budget = std::chrono::seconds(1);
+  // Results the switch multicasts (k_down, k_mdown) are only read (copied to the host, to a
+  // slot): each NIC's handler reads the one payload all copies share.
+  cfg.limits.read_only_multicast = true;
 }
 
 } // namespace spin::coll::detail

@@ -72,6 +72,7 @@ public:
     return _nic.wait_events(ec, out, timeout);
   }
   result<void> send(const emu::message_send& m) override { return _nic.send(m, std::chrono::milliseconds(1000)); }
+  result<void> post(const emu::message_send& m) override { return _nic.post(m); }
 
 private:
   emu::nic_control& _nic;

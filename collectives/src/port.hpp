@@ -63,6 +63,9 @@ public:
   virtual std::size_t wait_events(rt::ec_id ec, std::span<rt::host_event> out, std::chrono::nanoseconds timeout) = 0;
   /// Sends a message from the NIC (waits up to 1 s for room in its transmit queue).
   virtual result<void> send(const emu::message_send& m) = 0;
+  /// Queues a message of at most 256 bytes without waiting for it (emu::nic_control::post:
+  /// copied when queued). The default sends it.
+  virtual result<void> post(const emu::message_send& m) { return send(m); }
 };
 
 /// A NIC of this process. `nic` must outlive the port.

@@ -234,17 +234,24 @@ void cluster::lcore_loop(std::uint32_t lcore, const std::atomic<bool>& stop) noe
     for (std::uint32_t k = 0; k < _lcores.size(); ++k)
       if (k != lcore) _lcores[k].bell->ring();
   };
+  rt::detail::counter* ctr = w.ctr.get();  // busy, helped, empty, sleeps, busy_ns
   while (!stop.load(std::memory_order_relaxed)) {
+    const std::uint64_t t0 = link::now_ns();
     if (round(lcore) != 0) {
+      ctr[0].add(1);
+      ctr[4].add(link::now_ns() - t0);
       b.busy();
       ring_others();
       continue;
     }
     // Help only while spinning, not once backing off (then the others have little to do).
     if (_opts.help && _lcores.size() > 1 && b.empty_rounds() < 64 && help(lcore) != 0) {
+      ctr[1].add(1);
+      ctr[4].add(link::now_ns() - t0);
       ring_others();
       continue;
     }
+    ctr[2].add(1);
     if (!b.idle()) continue;
     w.bell->arm();
     if (round(lcore) != 0 || stop.load(std::memory_order_relaxed)) {
@@ -262,9 +269,10 @@ void cluster::lcore_loop(std::uint32_t lcore, const std::atomic<bool>& stop) noe
       const auto until = std::chrono::microseconds(*due > now ? (*due - now) / 1000 : 0);
       sleep = std::min(sleep, until);
     }
-    if (sleep.count() > 0)
+    if (sleep.count() > 0) {
+      ctr[3].add(1);
       w.bell->sleep(sleep);
-    else
+    } else
       w.bell->disarm();
   }
 }
@@ -301,6 +309,20 @@ void cluster::run(const std::atomic<bool>& stop) noexcept {
   }
   lcore_loop(0, stop);
   for (auto& t : threads) t.join();
+}
+
+std::vector<cluster_lcore_stats> cluster::lcore_stats() const {
+  std::vector<cluster_lcore_stats> out;
+  for (const auto& w : _lcores) {
+    cluster_lcore_stats s;
+    s.busy_rounds = w.ctr[0].get();
+    s.helped_rounds = w.ctr[1].get();
+    s.empty_rounds = w.ctr[2].get();
+    s.sleeps = w.ctr[3].get();
+    s.busy_ns = w.ctr[4].get();
+    out.push_back(s);
+  }
+  return out;
 }
 
 bool cluster::quiesce(std::chrono::milliseconds timeout) {

@@ -744,6 +744,7 @@ json control_server_impl::execute(std::uint64_t session, const std::string& op, 
       if (auto b = lf.opt_u64("handler_budget_ns", 1, budget_max)) lim.handler_budget = std::chrono::nanoseconds(*b);
       lim.event_queue_depth =
           static_cast<std::uint32_t>(lf.opt_u64("event_queue_depth", 1, mx::event_queue_depth).value_or(lim.event_queue_depth));
+      lim.read_only_multicast = lf.opt_bool("read_only_multicast", lim.read_only_multicast);
       lf.done();
     }
     rt::load_options lo;

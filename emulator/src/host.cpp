@@ -251,7 +251,8 @@ result<ec> client::install(std::uint32_t node, const install_options& o) {
              {"window_packets", o.limits.window_packets},
              {"max_parked_packets", o.limits.max_parked_packets},
              {"handler_budget_ns", o.limits.handler_budget.count()},
-             {"event_queue_depth", o.limits.event_queue_depth}}},
+             {"event_queue_depth", o.limits.event_queue_depth},
+             {"read_only_multicast", o.limits.read_only_multicast}}},
            {"bpf", o.bpf == rt::bpf_exec::jit ? "jit" : "interpreter"},
            {"persist", o.life == lifetime::persist}};
   if (o.handler_mem_bytes != 0) req["handler_mem_bytes"] = o.handler_mem_bytes;

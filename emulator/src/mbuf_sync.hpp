@@ -52,15 +52,16 @@ inline rte_mbuf* mbuf_alloc(rte_mempool* pool) noexcept {
   return m;
 }
 
-/// rte_pktmbuf_free, segment by segment, with the release after the last access to each.
+/// rte_pktmbuf_free, segment by segment, with the release after the last access to each. A
+/// segment may be shared (a reference count above one, or an indirect mbuf: a clone whose data
+/// is another mbuf's): whichever holder lets go last returns it to its pool, so every holder
+/// releases, and a clone also on the mbuf whose data it shows.
 inline void mbuf_free(rte_mbuf* m) noexcept {
   while (m != nullptr) {
     rte_mbuf* next = m->next;
-    if (rte_mbuf* seg = rte_pktmbuf_prefree_seg(m); seg != nullptr) {
-      rte_mempool* pool = seg->pool;
-      tsan_release(seg);
-      rte_mempool_put(pool, seg);
-    }
+    tsan_release(m);
+    if (RTE_MBUF_CLONED(m)) tsan_release(rte_mbuf_from_indirect(m));
+    if (rte_mbuf* seg = rte_pktmbuf_prefree_seg(m); seg != nullptr) rte_mempool_put(seg->pool, seg);
     m = next;
   }
 }

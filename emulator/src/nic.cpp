@@ -138,6 +138,8 @@ private:
 struct send_job {
   message_send m;
   std::span<const std::byte> data;
+  bool copy_inline = false;                      // post(): small messages are copied at once
+  std::array<std::byte, nic::inline_bytes> inline_data{};
   std::uint64_t next_offset = 0;
   std::uint32_t seq = 0;
   std::uint32_t packets = 0;
@@ -163,6 +165,10 @@ struct nic::impl {
               std::span<const std::byte> payload) noexcept override {
       return _n.hpu_send(hpu, dest_rank, h, payload);
     }
+    std::uint32_t multicast(std::uint32_t hpu, std::span<const std::uint32_t> dests, const rt::wire::header& h,
+                            std::span<const std::byte> payload, errc& last_error) noexcept override {
+      return _n.hpu_multicast(hpu, dests, h, payload, last_error);
+    }
     std::uint32_t max_payload_bytes() const noexcept override { return _n.max_payload; }
 
   private:
@@ -182,7 +188,7 @@ struct nic::impl {
     std::vector<std::unique_ptr<rt::detail::spsc_ring<rte_mbuf*>>> to_port;
     std::vector<std::byte> buf;        // encode buffer for frames that do not fit one mbuf
     std::vector<rt::packet> rx_buf;
-    counter tx_full, no_mbuf, loopback;
+    counter tx_full, no_mbuf, loopback, shared_sends;
     doorbell own_bell;
     doorbell* bell = &own_bell;        // rung when work arrives for a sleeping poller (nic_config::lane_doorbells)
   };
@@ -196,6 +202,9 @@ struct nic::impl {
   std::uint32_t tx_room = 0;        // bytes of frame one port mbuf holds (data room - headroom; every port alike)
   std::uint32_t max_payload = 0;
   std::uint32_t host_payload = 0;
+  // Below this payload a multicast copies the payload per destination: a header mbuf and a
+  // clone cost about as much as copying 256 bytes.
+  static constexpr std::size_t share_min_bytes = 256;
   tx tx_port{*this};
   std::unique_ptr<rt::runtime> rt;
   std::vector<rte_mbuf*> mbuf_buf;
@@ -218,10 +227,30 @@ struct nic::impl {
 
   std::array<counter, nic_drop_count> drops;
   counter host_messages, host_packets, host_bytes;
+  std::atomic<std::uint64_t> unshared{0};  // multicast copies given a private frame (unshare_mbuf, on any HPU's thread)
 
   // Control path.
   std::atomic<int> ctl_waiting{0};
   std::deque<std::shared_ptr<send_job>> jobs;  // lane 0
+  // Host messages queued by send() and post() that lane 0 has not taken into `jobs` yet, and
+  // the registered regions: guarded by post_mu (a queue, not the lanes: a host that sends does
+  // not stop the NIC's lcores).
+  std::mutex post_mu;
+  std::vector<std::shared_ptr<send_job>> posted;
+  std::atomic<bool> has_posted{false};
+  bool stopped = false;  // post_mu: stop() ran; nothing is queued any more
+  result<void> queue_job(const std::shared_ptr<send_job>& job);
+  void take_posted() noexcept {
+    if (!has_posted.load(std::memory_order_acquire)) return;
+    std::lock_guard lk(post_mu);
+    for (auto& j : posted) jobs.push_back(std::move(j));
+    posted.clear();
+    has_posted.store(false, std::memory_order_relaxed);
+  }
+  void region_done(std::uint32_t region) noexcept {
+    std::lock_guard lk(post_mu);
+    if (region < regions.size()) regions[region].active_sends--;
+  }
   struct region_entry {
     std::span<std::byte> mem;
     std::uint32_t active_sends = 0;
@@ -232,6 +261,15 @@ struct nic::impl {
   result<void> init();
   void stop() noexcept;
   errc hpu_send(std::uint32_t hpu, std::uint32_t dest, const rt::wire::header& h, std::span<const std::byte> payload) noexcept;
+  std::uint32_t hpu_multicast(std::uint32_t hpu, std::span<const std::uint32_t> dests, const rt::wire::header& h,
+                              std::span<const std::byte> payload, errc& last_error) noexcept;
+  // Hands frame `m` for egress `pi` (ports.size(): the loopback) to where lane `hpu` sends it
+  // from; frees it and returns no_space when that queue is full.
+  errc enqueue(std::uint32_t hpu, std::uint32_t pi, rte_mbuf* m) noexcept;
+  // The runtime's view of frame `m`: contiguous, or the header segment and a shared payload
+  // segment of a multicast copy; any other chain is first copied into one mbuf (`m` is then
+  // that copy). False: no mbuf for the copy (`m` is freed and the drop counted).
+  bool to_packet(rte_mbuf*& m, rt::packet& out) noexcept;
   // Egress port towards `dest`; ports.size() for this NIC's own rank (loopback); -1: none.
   std::int32_t route(std::uint32_t dest) const noexcept {
     if (dest == cfg.rank) return static_cast<std::int32_t>(ports.size());
@@ -282,6 +320,22 @@ struct nic::impl {
     }
     return build(pi, buf.data(), static_cast<std::uint32_t>(len));
   }
+  // One mbuf holding the whole of chain `m` (from the large-frame pool when it needs one);
+  // null when there is none. `m` is left as it was.
+  rte_mbuf* linear_copy(const rte_mbuf* m) noexcept {
+    rte_mbuf* lin = mbuf_alloc(lin_pool != nullptr && m->pkt_len > tx_room ? lin_pool : tx_pool);
+    if (lin == nullptr || rte_pktmbuf_tailroom(lin) < m->pkt_len) {
+      if (lin != nullptr) mbuf_free(lin);
+      return nullptr;
+    }
+    auto* dst = reinterpret_cast<std::byte*>(rte_pktmbuf_append(lin, static_cast<std::uint16_t>(m->pkt_len)));
+    std::uint32_t off = 0;
+    for (const rte_mbuf* sg = m; sg != nullptr; sg = sg->next) {
+      std::memcpy(dst + off, rte_pktmbuf_mtod(sg, const std::byte*), sg->data_len);
+      off += sg->data_len;
+    }
+    return lin;
+  }
   std::uint32_t advance_jobs() noexcept;
   void finish_job(send_job& j, error e) noexcept;
   bool stage_push(std::uint32_t port_index, rte_mbuf* m) noexcept;
@@ -293,6 +347,17 @@ struct nic::impl {
 
 namespace {
 void release_mbuf(void*, std::uint64_t cookie) noexcept { mbuf_free(reinterpret_cast<rte_mbuf*>(cookie)); }
+// A multicast copy for an EC whose handlers may write their packet: its own contiguous frame.
+bool unshare_mbuf(void* user, rt::packet& p) noexcept {
+  auto* n = static_cast<nic::impl*>(user);
+  auto* m = reinterpret_cast<rte_mbuf*>(p.cookie);
+  rte_mbuf* lin = n->linear_copy(m);
+  if (lin == nullptr) return false;
+  mbuf_free(m);
+  p = rt::packet{rte_pktmbuf_mtod(lin, std::byte*), lin->pkt_len, reinterpret_cast<std::uint64_t>(lin)};
+  n->unshared.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
 }  // namespace
 
 result<void> nic::impl::init() {
@@ -354,7 +419,8 @@ result<void> nic::impl::init() {
   rc.rank = cfg.rank;
   rc.tx = &tx_port;
   rc.release = release_mbuf;
-  rc.release_user = nullptr;
+  rc.unshare = unshare_mbuf;
+  rc.release_user = this;
   rc.wake = [](void* user, std::uint32_t hpu) noexcept { static_cast<impl*>(user)->lanes[hpu].bell->ring(); };
   rc.wake_user = this;
   auto r = rt::runtime::create(rc);
@@ -370,10 +436,15 @@ nic::impl::~impl() {
 }
 
 void nic::impl::stop() noexcept {
+  {
+    std::lock_guard lk(post_mu);
+    stopped = true;
+  }
   rt.reset();  // runs what waits in the HPUs' inboxes and returns every packet it holds
   if (capture) {
     if (auto r = capture->close(); !r) capture_errors.add(1);
   }
+  take_posted();
   for (auto& j : jobs) finish_job(*j, fail(errc::aborted, "the NIC was stopped"));
   jobs.clear();
   for (auto& ps : ports) {
@@ -403,7 +474,6 @@ errc nic::impl::hpu_send(std::uint32_t hpu, std::uint32_t dest, const rt::wire::
     return errc::not_found;
   }
   lane_state& l = lanes[hpu];
-  const bool loop = static_cast<std::uint32_t>(pi) == ports.size();
   const rt::wire::endpoint dst = rt::wire::rank_endpoint(dest, cfg.runtime.udp_port);
   // One copy of the payload (spin-bench handlers: pingpong 1 KiB, HPU cycles per packet down by
   // the second copy).
@@ -414,7 +484,12 @@ errc nic::impl::hpu_send(std::uint32_t hpu, std::uint32_t dest, const rt::wire::
     l.no_mbuf.add(1);
     return errc::no_space;
   }
-  if (loop) {
+  return enqueue(hpu, static_cast<std::uint32_t>(pi), m);
+}
+
+errc nic::impl::enqueue(std::uint32_t hpu, std::uint32_t pi, rte_mbuf* m) noexcept {
+  lane_state& l = lanes[hpu];
+  if (pi == ports.size()) {
     if (l.loop.full()) {
       mbuf_free(m);
       l.tx_full.add(1);
@@ -424,7 +499,7 @@ errc nic::impl::hpu_send(std::uint32_t hpu, std::uint32_t dest, const rt::wire::
     return errc::ok;
   }
   if (hpu != 0) {
-    if (!l.to_port[static_cast<std::uint32_t>(pi)]->try_push(m)) {
+    if (!l.to_port[pi]->try_push(m)) {
       mbuf_free(m);
       l.tx_full.add(1);
       return errc::no_space;
@@ -434,15 +509,107 @@ errc nic::impl::hpu_send(std::uint32_t hpu, std::uint32_t dest, const rt::wire::
   }
   // Lane 0 owns the port's queue: the frame goes into its stage, which is sent a burst at a
   // time (l2fwd's TX buffer) and at the end of every round.
-  port_state& ps = ports[static_cast<std::uint32_t>(pi)];
+  port_state& ps = ports[pi];
   if (ps.stage.full()) tx_flush(ps);
-  if (!stage_push(static_cast<std::uint32_t>(pi), m)) {
+  if (!stage_push(pi, m)) {
     mbuf_free(m);
     l.tx_full.add(1);
     return errc::no_space;
   }
   if (ps.stage.size() >= cfg.burst) tx_flush(ps);
   return errc::ok;
+}
+
+// Multicast with one copy of the payload: the payload goes once into an mbuf, and each
+// destination gets a frame of two segments, its own header mbuf (addresses, message id)
+// chained in front of a clone of that mbuf (DPDK's indirect mbufs: a reference, no copy). Where
+// a copy cannot share (the egress port does not send chains, the payload is small enough that
+// a header mbuf and a clone cost more than copying it), that copy is a whole frame.
+std::uint32_t nic::impl::hpu_multicast(std::uint32_t hpu, std::span<const std::uint32_t> dests, const rt::wire::header& h,
+                                       std::span<const std::byte> payload, errc& last_error) noexcept {
+  lane_state& l = lanes[hpu];
+  rte_mbuf* shared = nullptr;
+  if (dests.size() > 1 && payload.size() >= share_min_bytes && payload.size() <= tx_room) {
+    shared = mbuf_alloc(tx_pool);
+    if (shared != nullptr) {
+      std::memcpy(rte_pktmbuf_append(shared, static_cast<std::uint16_t>(payload.size())), payload.data(), payload.size());
+    } else {
+      l.no_mbuf.add(1);  // the copies go whole (each may still find an mbuf of its port)
+    }
+  }
+  std::uint32_t sent = 0;
+  rt::wire::header one = h;
+  for (std::size_t i = 0; i < dests.size(); ++i) {
+    one.message_id = h.message_id + i;
+    const std::int32_t pi = route(dests[i]);
+    const bool chains = pi >= 0 && (static_cast<std::uint32_t>(pi) == ports.size() || ports[static_cast<std::uint32_t>(pi)].p->tx_multi_seg());
+    if (shared == nullptr || !chains) {
+      const errc e = hpu_send(hpu, dests[i], one, payload);
+      if (e == errc::ok) ++sent;
+      else last_error = e;
+      continue;
+    }
+    const bool loop = static_cast<std::uint32_t>(pi) == ports.size();
+    rte_mempool* pool = loop ? tx_pool : ports[static_cast<std::uint32_t>(pi)].p->pool();
+    rte_mbuf* hdr = mbuf_alloc(pool);
+    rte_mbuf* clone = hdr != nullptr ? rte_pktmbuf_clone(shared, pool) : nullptr;
+    if (clone == nullptr) {
+      if (hdr != nullptr) mbuf_free(hdr);
+      l.no_mbuf.add(1);
+      last_error = errc::no_space;
+      continue;
+    }
+    detail::tsan_acquire(clone);  // allocated inside DPDK, not by mbuf_alloc
+    const std::size_t hl =
+        rt::wire::encode_headers(self, rt::wire::rank_endpoint(dests[i], cfg.runtime.udp_port), one, payload.size(),
+                                 std::span<std::byte>(rte_pktmbuf_mtod(hdr, std::byte*), rte_pktmbuf_tailroom(hdr)));
+    if (hl == 0) {
+      mbuf_free(clone);
+      mbuf_free(hdr);
+      last_error = errc::invalid_argument;
+      continue;
+    }
+    (void)rte_pktmbuf_append(hdr, static_cast<std::uint16_t>(hl));
+    hdr->next = clone;
+    hdr->nb_segs = 2;
+    hdr->pkt_len = hdr->data_len + clone->data_len;
+    const errc e = enqueue(hpu, static_cast<std::uint32_t>(pi), hdr);
+    if (e == errc::ok) {
+      ++sent;
+      l.shared_sends.add(1);
+    } else {
+      last_error = e;
+    }
+  }
+  if (shared != nullptr) mbuf_free(shared);  // the clones still in flight keep it
+  return sent;
+}
+
+bool nic::impl::to_packet(rte_mbuf*& m, rt::packet& out) noexcept {
+  if (m->nb_segs == 1) {
+    out = rt::packet{rte_pktmbuf_mtod(m, std::byte*), m->pkt_len, reinterpret_cast<std::uint64_t>(m)};
+    return true;
+  }
+  rte_mbuf* tail = m->next;
+  if (m->nb_segs == 2 && RTE_MBUF_CLONED(tail) && m->data_len <= rt::wire::min_overhead + rt::wire::spin_coll_len) {
+    out = rt::packet{rte_pktmbuf_mtod(m, std::byte*), m->data_len, reinterpret_cast<std::uint64_t>(m)};
+    out.tail = rte_pktmbuf_mtod(tail, std::byte*);
+    out.tail_len = tail->data_len;
+    out.shared = true;
+    return true;
+  }
+  // Handlers see one contiguous frame: copy the chain into one large mbuf. Without scatter
+  // configured (a PMD that passes chains through, like net_ring) the frame still fits one
+  // mbuf of the port's size.
+  rte_mbuf* lin = linear_copy(m);
+  mbuf_free(m);
+  m = lin;
+  if (lin == nullptr) {
+    count_drop(nic_drop::no_mbuf);
+    return false;
+  }
+  out = rt::packet{rte_pktmbuf_mtod(lin, std::byte*), lin->pkt_len, reinterpret_cast<std::uint64_t>(lin)};
+  return true;
 }
 
 bool nic::impl::stage_push(std::uint32_t port_index, rte_mbuf* m) noexcept {
@@ -488,26 +655,8 @@ std::uint32_t nic::impl::rx(port_state& ps, std::uint32_t index) noexcept {
       mbuf_free(m);
       continue;
     }
-    if (m->nb_segs > 1) {
-      // Handlers see one contiguous frame: copy the chain into one large mbuf.
-      // Without scatter configured (a PMD that passes chains through, like net_ring) the frame
-      // still fits one mbuf of the port's size.
-      rte_mbuf* lin = mbuf_alloc(lin_pool != nullptr ? lin_pool : tx_pool);
-      if (lin == nullptr || rte_pktmbuf_tailroom(lin) < m->pkt_len) {
-        if (lin != nullptr) mbuf_free(lin);
-        count_drop(nic_drop::no_mbuf);
-        mbuf_free(m);
-        continue;
-      }
-      auto* dst = reinterpret_cast<std::byte*>(rte_pktmbuf_append(lin, static_cast<std::uint16_t>(m->pkt_len)));
-      std::uint32_t off = 0;
-      for (rte_mbuf* s = m; s != nullptr; s = s->next) {
-        std::memcpy(dst + off, rte_pktmbuf_mtod(s, const std::byte*), s->data_len);
-        off += s->data_len;
-      }
-      mbuf_free(m);
-      m = lin;
-    }
+    rt::packet pk;
+    if (!to_packet(m, pk)) continue;
     auto* frame = rte_pktmbuf_mtod(m, std::byte*);
     std::uint32_t dest = 0;
     if (m->pkt_len >= 14 && mac_rank(frame, dest) && dest != cfg.rank) {
@@ -521,7 +670,7 @@ std::uint32_t nic::impl::rx(port_state& ps, std::uint32_t index) noexcept {
       }
       continue;
     }
-    lanes[0].rx_buf[out++] = rt::packet{frame, m->pkt_len, reinterpret_cast<std::uint64_t>(m)};
+    lanes[0].rx_buf[out++] = pk;
   }
   const std::uint32_t k = out == 0 ? 0 : rt->rx_burst(0, lanes[0].rx_buf.data(), out);
   if (k < out) {
@@ -607,7 +756,7 @@ std::uint32_t nic::impl::advance_jobs() noexcept {
     }
     if (!finished && !unencodable) return built;
     if (!j.cancelled && !unencodable) host_messages.add(1);
-    regions[j.m.region].active_sends--;
+    region_done(j.m.region);
     auto keep = jobs.front();
     jobs.pop_front();
     if (keep->cancelled) continue;
@@ -623,12 +772,21 @@ std::uint32_t nic::impl::advance_jobs() noexcept {
 std::uint32_t nic::impl::loop_drain(lane_state& l) noexcept {
   if (l.loop.empty()) return 0;
   const std::uint32_t n = std::min<std::uint32_t>(l.loop.size(), static_cast<std::uint32_t>(l.rx_buf.size()));
-  for (std::uint32_t i = 0; i < n; ++i)
-    l.rx_buf[i] = rt::packet{rte_pktmbuf_mtod(l.loop[i], std::byte*), l.loop[i]->pkt_len, reinterpret_cast<std::uint64_t>(l.loop[i])};
-  const std::uint32_t k = rt->rx_burst(l.index, l.rx_buf.data(), n);
+  std::uint32_t got = 0;
+  for (std::uint32_t i = 0; i < n; ++i) {
+    rte_mbuf* m = l.loop[i];
+    if (to_packet(m, l.rx_buf[got])) ++got;
+  }
+  // A frame that failed to_packet is freed and counted; the runtime takes the others.
+  std::uint32_t k = rt->rx_burst(l.index, l.rx_buf.data(), got);
+  // The runtime may keep some back (another HPU's inbox is full): they stay at the front of the
+  // loop, as the frames (perhaps linearised copies) the runtime was given.
+  const std::uint32_t kept = got - k;
+  rte_mbuf** a = l.loop.data();
+  for (std::uint32_t i = 0; i < kept; ++i) a[n - kept + i] = reinterpret_cast<rte_mbuf*>(l.rx_buf[k + i].cookie);
+  l.loop.drop_front(n - kept);
   l.loopback.add(k);
-  l.loop.drop_front(k);
-  return k;
+  return k + (n - got);
 }
 
 std::uint32_t nic::impl::poll_lane_locked(lane_state& l) noexcept {
@@ -645,6 +803,7 @@ std::uint32_t nic::impl::poll_lane_locked(lane_state& l) noexcept {
   }
   for (std::uint32_t i = 0; i < ports.size(); ++i) work += rx(ports[i], i);
   if (work == 0) work += rt->poll(0);
+  take_posted();
   if (!jobs.empty()) work += advance_jobs();
   for (std::uint32_t i = 0; i < ports.size(); ++i) work += tx_drain(ports[i], i);
   work += loop_drain(l);
@@ -652,7 +811,7 @@ std::uint32_t nic::impl::poll_lane_locked(lane_state& l) noexcept {
 }
 
 bool nic::impl::idle() const noexcept {
-  if (!jobs.empty()) return false;
+  if (!jobs.empty() || has_posted.load(std::memory_order_acquire)) return false;
   for (const auto& ps : ports) {
     if (!ps.stage.empty()) return false;
     if (ps.rx_head < ps.rx_pending.size() && ps.rx_pending[ps.rx_head].frame != nullptr) return false;
@@ -734,8 +893,9 @@ void nic::stop() noexcept {
 
 void nic::cancel_sends() noexcept {
   std::unique_lock lk(_p->lanes[0].mu);
+  _p->take_posted();
   for (auto& j : _p->jobs) {
-    if (j->m.region < _p->regions.size()) _p->regions[j->m.region].active_sends--;
+    _p->region_done(j->m.region);
     _p->finish_job(*j, fail(errc::aborted, "send: the NIC is shutting down; " + std::to_string(j->next_offset) + " of " +
                                                std::to_string(j->m.len_bytes) + " bytes were queued"));
   }
@@ -827,6 +987,7 @@ result<rt::region_id> nic::register_host_memory(std::span<std::byte> mem) {
   return _p->with_lanes_aside("register_host_memory", [&]() -> result<rt::region_id> {
     auto r = _p->rt->register_host_memory(mem);
     if (!r) return r;
+    std::lock_guard lk(_p->post_mu);
     if (_p->regions.size() <= r.value()) _p->regions.resize(r.value() + 1);
     _p->regions[r.value()] = {mem, 0};
     return r;
@@ -835,6 +996,7 @@ result<rt::region_id> nic::register_host_memory(std::span<std::byte> mem) {
 
 result<void> nic::unregister_host_memory(rt::region_id region) {
   return _p->with_lanes_aside("unregister_host_memory", [&]() -> result<void> {
+    std::lock_guard lk(_p->post_mu);
     if (region < _p->regions.size() && _p->regions[region].active_sends > 0)
       return fail(errc::bad_state, "unregister_host_memory: a message from host region " + std::to_string(region) + " is being sent");
     auto r = _p->rt->unregister_host_memory(region);
@@ -859,32 +1021,48 @@ std::size_t nic::wait_events(rt::ec_id ec, std::span<rt::host_event> out, std::c
   return _p->rt ? _p->rt->wait_events(ec, out, timeout) : 0;
 }
 
+result<void> nic::impl::queue_job(const std::shared_ptr<send_job>& job) {
+  const message_send& m = job->m;
+  std::lock_guard lk(post_mu);
+  if (stopped) return fail(errc::bad_state, "send: the NIC was stopped");
+  if (m.region >= regions.size() || regions[m.region].mem.empty())
+    return fail(errc::not_found, "send: host region " + std::to_string(m.region) + " is not registered");
+  auto& reg = regions[m.region];
+  if (m.offset_bytes > reg.mem.size() || m.len_bytes > reg.mem.size() - m.offset_bytes)
+    return fail(errc::out_of_bounds, "send: bytes [" + std::to_string(m.offset_bytes) + ", +" + std::to_string(m.len_bytes) +
+                                         ") lie outside host region " + std::to_string(m.region) + " of " + std::to_string(reg.mem.size()) + " bytes");
+  if (route(m.dest_rank) < 0) return fail(errc::not_found, "send: no route from " + cfg.name + " to rank " + std::to_string(m.dest_rank));
+  if (m.len_bytes / host_payload >= (1ull << 32)) return fail(errc::invalid_argument, "send: message needs more than 2^32 packets");
+  const std::uint32_t pi = static_cast<std::uint32_t>(route(m.dest_rank));
+  rt::wire::header probe;
+  const std::size_t frame = rt::wire::encoded_len(probe, std::min<std::uint64_t>(m.len_bytes, host_payload));
+  if (pi < ports.size() && frame > tx_room && !ports[pi].p->tx_multi_seg())
+    return fail(errc::invalid_argument, "send: frames of " + std::to_string(frame) + " bytes do not fit one " + std::to_string(tx_room) +
+                                            "-byte mbuf and port " + ports[pi].p->name() +
+                                            " cannot send chained mbufs: lower the payload per packet or raise the mbuf size");
+  job->data = reg.mem.subspan(m.offset_bytes, m.len_bytes);
+  if (job->copy_inline && m.len_bytes <= job->inline_data.size()) {
+    std::memcpy(job->inline_data.data(), job->data.data(), job->data.size());
+    job->data = std::span<const std::byte>(job->inline_data.data(), job->data.size());
+  }
+  reg.active_sends++;
+  posted.push_back(job);
+  has_posted.store(true, std::memory_order_release);
+  lanes[0].bell->ring();
+  return {};
+}
+
+result<void> nic::post(const message_send& m) {
+  auto job = std::make_shared<send_job>();
+  job->m = m;
+  job->copy_inline = true;
+  return _p->queue_job(job);
+}
+
 result<void> nic::send(const message_send& m, std::chrono::milliseconds timeout) {
   auto job = std::make_shared<send_job>();
   job->m = m;
-  auto queued = _p->with_lanes_aside("send", [&]() -> result<void> {
-    if (m.region >= _p->regions.size() || _p->regions[m.region].mem.empty())
-      return fail(errc::not_found, "send: host region " + std::to_string(m.region) + " is not registered");
-    auto& reg = _p->regions[m.region];
-    if (m.offset_bytes > reg.mem.size() || m.len_bytes > reg.mem.size() - m.offset_bytes)
-      return fail(errc::out_of_bounds, "send: bytes [" + std::to_string(m.offset_bytes) + ", +" + std::to_string(m.len_bytes) +
-                                           ") lie outside host region " + std::to_string(m.region) + " of " + std::to_string(reg.mem.size()) + " bytes");
-    if (_p->route(m.dest_rank) < 0) return fail(errc::not_found, "send: no route from " + _p->cfg.name + " to rank " + std::to_string(m.dest_rank));
-    if (m.len_bytes / _p->host_payload >= (1ull << 32)) return fail(errc::invalid_argument, "send: message needs more than 2^32 packets");
-    const std::uint32_t pi = static_cast<std::uint32_t>(_p->route(m.dest_rank));
-    rt::wire::header probe;
-    const std::size_t frame = rt::wire::encoded_len(probe, std::min<std::uint64_t>(m.len_bytes, _p->host_payload));
-    const std::size_t room = _p->tx_room;
-    if (pi < _p->ports.size() && frame > room && !_p->ports[pi].p->tx_multi_seg())
-      return fail(errc::invalid_argument, "send: frames of " + std::to_string(frame) + " bytes do not fit one " + std::to_string(room) +
-                                              "-byte mbuf and port " + _p->ports[pi].p->name() +
-                                              " cannot send chained mbufs: lower the payload per packet or raise the mbuf size");
-    job->data = reg.mem.subspan(m.offset_bytes, m.len_bytes);
-    reg.active_sends++;
-    _p->jobs.push_back(job);
-    _p->lanes[0].bell->ring();
-    return {};
-  });
+  auto queued = _p->queue_job(job);
   if (!queued) return queued;
   std::unique_lock lk(job->mu);
   if (job->cv.wait_for(lk, timeout, [&] { return job->done; })) return job->err.code == errc::ok ? result<void>() : result<void>(job->err);
@@ -922,7 +1100,9 @@ nic_stats nic::stats() const {
     s.drops[static_cast<std::size_t>(nic_drop::tx_queue_full)] += l.tx_full.get();
     s.drops[static_cast<std::size_t>(nic_drop::no_mbuf)] += l.no_mbuf.get();
     s.loopback_packets += l.loopback.get();
+    s.multicast_shared += l.shared_sends.get();
   }
+  s.unshared = p.unshared.load(std::memory_order_relaxed);
   if (p.rt) s.runtime = p.rt->stats();
   std::uint64_t rejected = 0;
   for (auto v : s.runtime.frames_rejected) rejected += v;
@@ -966,6 +1146,8 @@ std::string to_json(const nic_stats& s) {
   j["host_packets_sent"] = s.host_packets_sent;
   j["host_bytes_sent"] = s.host_bytes_sent;
   j["loopback_packets"] = s.loopback_packets;
+  j["multicast_shared"] = s.multicast_shared;
+  j["unshared"] = s.unshared;
   j["mbufs_in_use"] = s.mbufs_in_use;
   j["capture_frames"] = s.capture_frames;
   j["capture_errors"] = s.capture_errors;

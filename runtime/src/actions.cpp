@@ -130,26 +130,20 @@ std::int32_t api_dma_wait(spin::ctx* c, dma_handle h) {
   return 0;
 }
 
-std::int32_t api_send(spin::ctx* c, const send_desc* d) {
-  invocation& i = inv_of(c);
-  api_guard g(i);
+// Checks a send descriptor and builds the spin header of the packet it describes. Errors as
+// ctx::send's.
+errc send_header(invocation& i, const send_desc* d, wire::header& h) {
   // A handler built before send_desc::coll existed passes the older, smaller size.
-  if (d == nullptr || d->size_bytes < offsetof(send_desc, coll)) return err(i, errc::invalid_argument);
+  if (d == nullptr || d->size_bytes < offsetof(send_desc, coll)) return errc::invalid_argument;
   const bool coll = (d->flags & msg_coll) != 0;
-  if (coll && d->size_bytes < sizeof(send_desc)) return err(i, errc::invalid_argument);
-  if (!local_ok(i, d->data, d->len_bytes)) return err(i, errc::out_of_bounds);
-  tx_port* tx = i.rt->cfg.tx;
-  if (tx == nullptr) {
-    i.t->send_failed.add(1);
-    return err(i, errc::not_supported);
-  }
-  if (d->len_bytes > tx->max_payload_bytes()) return err(i, errc::out_of_bounds);
+  if (coll && d->size_bytes < sizeof(send_desc)) return errc::invalid_argument;
+  if (!local_ok(i, d->data, d->len_bytes)) return errc::out_of_bounds;
   if (d->offset_bytes > d->message_len_bytes || d->len_bytes > d->message_len_bytes - d->offset_bytes ||
       ((d->flags & msg_start) != 0 && d->packet_index != 0) ||
       ((d->flags & msg_end) != 0 && d->offset_bytes + d->len_bytes != d->message_len_bytes) ||
       (d->flags & ~static_cast<std::uint32_t>(msg_start | msg_end | msg_retransmit | msg_coll)) != 0)
-    return err(i, errc::invalid_argument);
-  wire::header h;
+    return errc::invalid_argument;
+  h = wire::header{};
   h.type = wire::packet_type::data;
   h.flags = static_cast<std::uint16_t>(((d->flags & msg_start) ? wire::flag_start : 0) |
                                        ((d->flags & msg_end) ? wire::flag_end : 0) |
@@ -164,6 +158,20 @@ std::int32_t api_send(spin::ctx* c, const send_desc* d) {
   h.payload_len = d->len_bytes;
   h.message_len = d->message_len_bytes;
   h.offset = d->offset_bytes;
+  return errc::ok;
+}
+
+std::int32_t api_send(spin::ctx* c, const send_desc* d) {
+  invocation& i = inv_of(c);
+  api_guard g(i);
+  wire::header h;
+  if (const errc e = send_header(i, d, h); e != errc::ok) return err(i, e);
+  tx_port* tx = i.rt->cfg.tx;
+  if (tx == nullptr) {
+    i.t->send_failed.add(1);
+    return err(i, errc::not_supported);
+  }
+  if (d->len_bytes > tx->max_payload_bytes()) return err(i, errc::out_of_bounds);
   const errc r = tx->send(i.l->index, d->dest_rank, h,
                           std::span<const std::byte>(static_cast<const std::byte*>(d->data), d->len_bytes));
   if (r != errc::ok) {
@@ -173,6 +181,28 @@ std::int32_t api_send(spin::ctx* c, const send_desc* d) {
   i.t->sends.add(1);
   i.t->send_bytes.add(d->len_bytes);
   return 0;
+}
+
+std::int32_t api_multicast(spin::ctx* c, const send_desc* d, const std::uint32_t* dests, std::uint32_t count) {
+  invocation& i = inv_of(c);
+  api_guard g(i);
+  if (count == 0 || count > max_multicast) return err(i, errc::invalid_argument);
+  if (!local_ok(i, dests, std::uint64_t{count} * sizeof(std::uint32_t))) return err(i, errc::out_of_bounds);
+  wire::header h;
+  if (const errc e = send_header(i, d, h); e != errc::ok) return err(i, e);
+  tx_port* tx = i.rt->cfg.tx;
+  if (tx == nullptr) {
+    i.t->send_failed.add(count);
+    return err(i, errc::not_supported);
+  }
+  if (d->len_bytes > tx->max_payload_bytes()) return err(i, errc::out_of_bounds);
+  errc last = errc::ok;
+  const std::uint32_t sent = tx->multicast(i.l->index, std::span<const std::uint32_t>(dests, count), h,
+                                           std::span<const std::byte>(static_cast<const std::byte*>(d->data), d->len_bytes), last);
+  i.t->sends.add(sent);
+  i.t->send_bytes.add(std::uint64_t{sent} * d->len_bytes);
+  if (sent < count) i.t->send_failed.add(count - sent);
+  return static_cast<std::int32_t>(sent);
 }
 
 std::int32_t api_post_event(spin::ctx* c, std::uint64_t value) {
@@ -260,6 +290,7 @@ void fill_api(api_table& api) noexcept {
   api.post_event = api_post_event;
   api.lock = api_lock;
   api.unlock = api_unlock;
+  api.multicast = api_multicast;
 }
 
 } // namespace spin::rt::detail

@@ -160,6 +160,14 @@ SPIN_BRIDGE std::int64_t bridge_send(spin::ctx* c, const spin::send_desc* d) {
   local.data = reinterpret_cast<const void*>(packet_addr(*k, reinterpret_cast<std::uint64_t>(d->data)));
   return k->trusted->api->send(k->trusted, &local);
 }
+SPIN_BRIDGE std::int64_t bridge_multicast(spin::ctx* c, const spin::send_desc* d, const std::uint32_t* dests, std::uint64_t count) {
+  bpf_call* k = current(c);
+  if (k == nullptr || count > spin::max_multicast) return bad;
+  spin::send_desc local = *d;
+  local.data = reinterpret_cast<const void*>(packet_addr(*k, reinterpret_cast<std::uint64_t>(d->data)));
+  const auto* to = reinterpret_cast<const std::uint32_t*>(packet_addr(*k, reinterpret_cast<std::uint64_t>(dests)));
+  return k->trusted->api->multicast(k->trusted, &local, to, static_cast<std::uint32_t>(count));
+}
 SPIN_BRIDGE std::int64_t bridge_post_event(spin::ctx* c, std::uint64_t v) {
   bpf_call* k = current(c);
   if (k == nullptr) return bad;
@@ -292,6 +300,7 @@ std::vector<rte_bpf_xsym> bridge_symbols() {
       func("spin_bpf_dma_test", reinterpret_cast<void*>(&bridge_dma_test), {c, raw()}, raw()),
       func("spin_bpf_dma_wait", reinterpret_cast<void*>(&bridge_dma_wait), {c, raw()}, raw()),
       func("spin_bpf_send", reinterpret_cast<void*>(&bridge_send), {c, ptr(sizeof(spin::send_desc))}, raw()),
+      func("spin_bpf_multicast", reinterpret_cast<void*>(&bridge_multicast), {c, ptr(sizeof(spin::send_desc)), raw(), raw()}, raw()),
       func("spin_bpf_post_event", reinterpret_cast<void*>(&bridge_post_event), {c, raw()}, raw()),
       func("spin_bpf_lock", reinterpret_cast<void*>(&bridge_lock), {c, raw()}, raw()),
       func("spin_bpf_unlock", reinterpret_cast<void*>(&bridge_unlock), {c, raw()}, raw()),

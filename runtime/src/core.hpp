@@ -123,6 +123,12 @@ struct tally {
   counter dma_to, dma_from, dma_ops, sends, send_bytes, send_failed, events, events_lost, api_errors, deposit;
 };
 
+/// Where the payload of `p` starts: its tail when it has one (runtime_core::handle made sure
+/// the payload is exactly the tail), else `payload_off` bytes into the frame.
+inline std::byte* payload_of(const packet& p, std::uint32_t payload_off) noexcept {
+  return p.tail != nullptr ? p.tail : p.frame + payload_off;
+}
+
 struct parked {
   packet pkt;
   std::uint16_t spin_off, payload_off;

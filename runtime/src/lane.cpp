@@ -68,7 +68,7 @@ std::int32_t runtime_core::invoke(lane& l, ec& e, lane_ec& le, const handler_ref
   i.nlocks = 0;
   const message& m = le.table[msg_idx];
   spin::ctx& c = i.c;
-  c.packet = p != nullptr ? byte_view{reinterpret_cast<u8*>(p->frame + payload_off), payload_len} : byte_view{nullptr, 0};
+  c.packet = p != nullptr ? byte_view{reinterpret_cast<u8*>(payload_of(*p, payload_off)), payload_len} : byte_view{nullptr, 0};
   c.msg = desc_of(e.id, hdr, m.packet_count);
   c.handler_mem = byte_view{reinterpret_cast<u8*>(e.mem), e.cfg.handler_mem_bytes};
   std::byte* scratch = m.scratch_slot != none ? e.scratch_of(m.scratch_slot) : nullptr;
@@ -172,7 +172,7 @@ void runtime_core::run_payload(lane& l, ec& e, lane_ec& le, std::uint32_t idx, c
     }
   } else if (e.host != nullptr) {
     const std::uint64_t t0 = ticks();
-    if (!deposit(e, le, p.frame + payload_off, len, h.offset))
+    if (!deposit(e, le, payload_of(p, payload_off), len, h.offset))
       le.ctr.drops[static_cast<std::size_t>(drop_reason::host_window)].add(1);
     l.tasks.add(1);
     l.busy_ns.add(ticks_to_ns(ticks() - t0));
@@ -281,11 +281,13 @@ void runtime_core::check_done(lane& l, ec& e, lane_ec& le, std::uint32_t idx) no
 
 // Returns false only when the frame belongs to another HPU whose inbox is full (the caller
 // keeps it).
-bool runtime_core::handle(lane& l, const packet& p, bool may_steer) noexcept {
+bool runtime_core::handle(lane& l, const packet& in, bool may_steer) noexcept {
   wire::parsed ps;
   wire::reject why;
   lane_counters& lc = lane_ctr[l.index];
-  if (!wire::parse(std::span<const std::byte>(p.frame, p.frame_len), cfg.udp_port, ps, why)) {
+  packet p = in;
+  const wire::segment segs[2] = {{p.frame, p.frame_len}, {p.tail, p.tail_len}};
+  if (!wire::parse(std::span<const wire::segment>(segs, p.tail != nullptr ? 2 : 1), cfg.udp_port, ps, why)) {
     lc.parser.rejected[static_cast<std::size_t>(why)].store(
         lc.parser.rejected[static_cast<std::size_t>(why)].load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     l.frames.add(1);
@@ -320,6 +322,13 @@ bool runtime_core::handle(lane& l, const packet& p, bool may_steer) noexcept {
   lane_ec& le = *l.ecs[slot];
   if (h.type != wire::packet_type::data && h.type != wire::packet_type::result) {
     drop(le, p, drop_reason::not_data);
+    return true;
+  }
+  // A payload in a second buffer reaches the handlers in place only when it is exactly that
+  // buffer and, if other packets share it, the EC's handlers do not write such packets.
+  if (p.tail != nullptr && (ps.payload_offset != p.frame_len || (p.shared && !e.cfg.limits.read_only_multicast)) &&
+      (cfg.unshare == nullptr || !cfg.unshare(cfg.release_user, p))) {
+    drop(le, p, drop_reason::no_private_copy);
     return true;
   }
 

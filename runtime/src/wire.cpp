@@ -215,8 +215,16 @@ std::size_t encoded_len(const header& h, std::size_t payload_len) {
 
 std::size_t encode(const endpoint& src, const endpoint& dst, header h, std::span<const std::byte> payload,
                    std::span<std::byte> out) noexcept {
-  const std::size_t len = encoded_len(h, payload.size());
-  if (len > out.size() || len - eth_len > 65535) return 0;
+  const std::size_t hl = encode_headers(src, dst, h, payload.size(), out);
+  if (hl == 0 || out.size() - hl < payload.size()) return 0;
+  if (!payload.empty()) std::memcpy(out.data() + hl, payload.data(), payload.size());
+  return hl + payload.size();
+}
+
+std::size_t encode_headers(const endpoint& src, const endpoint& dst, header h, std::size_t payload_len,
+                           std::span<std::byte> out) noexcept {
+  const std::size_t len = encoded_len(h, payload_len);
+  if (len - payload_len > out.size() || len - eth_len > 65535) return 0;
   auto* f = reinterpret_cast<std::uint8_t*>(out.data());
   std::memcpy(f, dst.mac.data(), 6);
   std::memcpy(f + 6, src.mac.data(), 6);
@@ -237,7 +245,7 @@ std::size_t encode(const endpoint& src, const endpoint& dst, header h, std::span
   put16(udp + 4, static_cast<std::uint16_t>(len - eth_len - ipv4_min_len));
   put16(udp + 6, 0);
   std::uint8_t* s = udp + udp_len;
-  h.payload_len = static_cast<std::uint32_t>(payload.size());
+  h.payload_len = static_cast<std::uint32_t>(payload_len);
   s[0] = h.version;
   s[1] = static_cast<std::uint8_t>(h.type);
   put16(s + 2, h.flags);
@@ -259,8 +267,7 @@ std::size_t encode(const endpoint& src, const endpoint& dst, header h, std::span
     put32(c + 12, h.coll.aux);
     hl += spin_coll_len;
   }
-  if (!payload.empty()) std::memcpy(s + hl, payload.data(), payload.size());
-  return len;
+  return static_cast<std::size_t>(s + hl - f);
 }
 
 } // namespace spin::rt::wire

@@ -198,7 +198,14 @@ struct api_table {
   i32 (*lock)(ctx* c, u64 off);
   /// Releases the spin lock at `off`; the caller must hold it.
   i32 (*unlock)(ctx* c, u64 off);
+  /// Sends the packet `d` describes to each of `dests[0..count)` (copy i with message id
+  /// d->message_id + i); returns the copies sent or a negative error. Appended after `unlock`:
+  /// `ctx::multicast` checks `size_bytes` and falls back to one `send` per destination.
+  i32 (*multicast)(ctx* c, const send_desc* d, const u32* dests, u32 count);
 };
+
+/// Most destinations one `ctx::multicast` takes.
+inline constexpr u32 max_multicast = 256;
 
 /// Memory a handler source declares with SPIN_MEMORY; spinc copies it into the package
 /// manifest and the loader gives an EC at least this much.
@@ -245,6 +252,7 @@ i64 spin_bpf_dma_from_host_nb(ctx* c, u64 dst, u64 host_off, u64 len, dma_handle
 i64 spin_bpf_dma_test(ctx* c, u64 handle) SPIN_BPF_EXTERN_;
 i64 spin_bpf_dma_wait(ctx* c, u64 handle) SPIN_BPF_EXTERN_;
 i64 spin_bpf_send(ctx* c, const send_desc* d) SPIN_BPF_EXTERN_;
+i64 spin_bpf_multicast(ctx* c, const send_desc* d, const u32* dests, u64 count) SPIN_BPF_EXTERN_;
 i64 spin_bpf_post_event(ctx* c, u64 value) SPIN_BPF_EXTERN_;
 i64 spin_bpf_lock(ctx* c, u64 off) SPIN_BPF_EXTERN_;
 i64 spin_bpf_unlock(ctx* c, u64 off) SPIN_BPF_EXTERN_;
@@ -468,6 +476,34 @@ struct ctx {
     return static_cast<errc>(spin_bpf_send(this, &d));
 #else
     return static_cast<errc>(api->send(this, &d));
+#endif
+  }
+  /// Sends the packet `d` describes to every rank of `dests[0..count)`: copy i goes to
+  /// dests[i] with message id `d.message_id + i` (every other field as `d`). The payload is
+  /// read once; where the NIC can, the copies share it (the emulator chains a header mbuf per
+  /// destination in front of one clone of the payload mbuf: DPDK's indirect mbufs) instead of
+  /// copying it per destination. `dests` must lie in local memory like `d.data`.
+  /// Returns the number of copies sent (0..count; a destination whose TX queue is full or that
+  /// has no route is skipped and counted as a failed send, as `send` does), or a negative
+  /// errc: invalid_argument (count 0 or above `max_multicast`, a malformed `d`),
+  /// out_of_bounds (data or dests outside local memory, a payload above the MTU).
+  i32 multicast(const send_desc& d, const u32* dests, u32 count) {
+#if SPIN_BPF
+    return static_cast<i32>(spin_bpf_multicast(this, &d, dests, count));
+#else
+    if (api->size_bytes >= __builtin_offsetof(api_table, multicast) + sizeof(api->multicast))
+      return api->multicast(this, &d, dests, count);
+    if (count == 0 || count > max_multicast) return static_cast<i32>(errc::invalid_argument);
+    i32 sent = 0;
+    for (u32 i = 0; i < count; ++i) {  // a runtime from before multicast: one send each
+      send_desc one = d;
+      one.dest_rank = dests[i];
+      one.message_id = d.message_id + i;
+      const i32 r = api->send(this, &one);
+      if (r == 0) ++sent;
+      else if (r != static_cast<i32>(errc::no_space) && r != static_cast<i32>(errc::not_found)) return r;
+    }
+    return sent;
 #endif
   }
   /// Put from device: sends `len` bytes at local `src` to `dest_rank`, to land at byte

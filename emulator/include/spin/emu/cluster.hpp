@@ -66,6 +66,16 @@ struct cluster_options {
   std::string capture_dir;
 };
 
+/// What one lcore of a running cluster did (cluster::lcore_stats). Busy time is the wall-clock
+/// time of rounds that moved something (its own or, helping, another lcore's work).
+struct cluster_lcore_stats {
+  std::uint64_t busy_rounds = 0;   ///< rounds of its own lanes and links that moved something
+  std::uint64_t helped_rounds = 0; ///< rounds over other lcores' lanes and links that moved something
+  std::uint64_t empty_rounds = 0;  ///< rounds that found nothing to do
+  std::uint64_t sleeps = 0;        ///< times it slept on its doorbell
+  std::uint64_t busy_ns = 0;       ///< time in rounds that moved something
+};
+
 /// Counters of one link direction.
 struct cluster_link_stats {
   std::string from, to;  ///< node names
@@ -110,6 +120,8 @@ public:
   /// (2 x link + 0 for a -> b, + 1 for b -> a).
   std::uint32_t lcore_of_lane(std::uint32_t node, std::uint32_t lane) const noexcept;
   std::uint32_t lcore_of_link(std::uint32_t dir) const noexcept { return _dirs[dir].lcore; }
+  /// Counters of each lcore since the cluster was built (any thread, any time).
+  std::vector<cluster_lcore_stats> lcore_stats() const;
   /// Polls until every node is idle and no packet is in a cable or link, or `timeout` passes.
   /// Returns true when quiet. Only while no other thread polls.
   bool quiesce(std::chrono::milliseconds timeout);
@@ -139,6 +151,8 @@ private:
     std::vector<std::pair<std::uint32_t, std::uint32_t>> lanes;  // (node, lane)
     std::vector<std::uint32_t> dirs;
     std::unique_ptr<doorbell> bell;
+    // Written by the lcore's thread only.
+    std::unique_ptr<rt::detail::counter[]> ctr = std::make_unique<rt::detail::counter[]>(5);
   };
   std::uint32_t round(std::uint32_t lcore) noexcept;
   std::uint32_t help(std::uint32_t lcore) noexcept;

@@ -62,6 +62,12 @@ struct nic_stats {
   std::array<std::uint64_t, nic_drop_count> drops{};
   std::uint64_t host_messages_sent = 0, host_packets_sent = 0, host_bytes_sent = 0;
   std::uint64_t loopback_packets = 0;  ///< packets to this NIC's own rank, handed back to its runtime
+  /// Multicast copies (ctx::multicast) sent as a header mbuf chained to a shared clone of the
+  /// payload, not as a copy of it.
+  std::uint64_t multicast_shared = 0;
+  /// Received multicast copies given their own contiguous copy before their handlers ran (the
+  /// EC's handlers may write their packet: ec_limits::read_only_packets is false).
+  std::uint64_t unshared = 0;
   std::uint64_t mbufs_in_use = 0;  ///< mbufs of the NIC's pools not in their pool right now
   std::uint64_t capture_frames = 0;  ///< frames written to the capture file
   std::uint64_t capture_errors = 0;  ///< frames the capture could not write (disk full, > 16 segments)
@@ -166,6 +172,9 @@ public:
   std::size_t poll_events(rt::ec_id ec, std::span<rt::host_event> out) noexcept override;
   std::size_t wait_events(rt::ec_id ec, std::span<rt::host_event> out, std::chrono::nanoseconds timeout) noexcept override;
   result<void> send(const message_send& m, std::chrono::milliseconds timeout) override;
+  result<void> post(const message_send& m) override;
+  /// Messages up to this size post() copies when it queues them (nic_control::post).
+  static constexpr std::size_t inline_bytes = 256;
   rt::runtime_stats runtime_stats() const override;
   std::string stats_json() const override;
 

@@ -61,6 +61,15 @@ public:
   /// outside the region), invalid_argument (length above 2^32 packets), timeout (the transmit
   /// queue stayed full for `timeout`; packets already queued are sent, the rest are not).
   virtual result<void> send(const message_send& m, std::chrono::milliseconds timeout) = 0;
+  /// Queues a message for sending and returns at once, without waiting for its packets (a
+  /// real NIC's doorbell: the descriptor is posted, the NIC reads the host buffer later). A
+  /// message of at most 256 bytes is copied when posted (an RDMA NIC's inline send), so its
+  /// buffer may be reused at once; of a larger one the caller must leave the bytes alone until
+  /// it knows, from the receiver's answer, that they were read. A queued message waits for room in the transmit queue as long as it takes, and
+  /// is dropped only when the NIC stops. Takes no lock the NIC's lcores hold while polling.
+  /// Errors: those of `send` found up front (not_found, out_of_bounds, invalid_argument). The
+  /// default sends and waits (`send` with a one-second timeout).
+  virtual result<void> post(const message_send& m) { return send(m, std::chrono::milliseconds(1000)); }
   /// Snapshot of the runtime's counters.
   virtual rt::runtime_stats runtime_stats() const = 0;
   /// Every counter of the NIC (port, drops by reason, runtime) as one JSON object.

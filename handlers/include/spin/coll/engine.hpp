@@ -259,6 +259,24 @@ template <class Red> struct engine {
     else add(&s->sent[kind & 15], 1);
     return e;
   }
+  /// As send_to_rank, to every NIC rank of `to[0..count)` at once: the NIC reads the payload
+  /// once and, where it can, its copies share it instead of copying it per destination.
+  static void send_all(spin::ctx* ctx, state* s, const u32* to, u32 count, u32 kind, u32 epoch, u32 aux, u32 elems,
+                       const void* data, u32 len, const params& p, u16 slot) {
+    send_desc d{};
+    d.size_bytes = sizeof(send_desc);
+    d.match_bits = match_bits(s->comm_id, kind);
+    d.message_id = add(&s->send_seq, count);  // one id per copy: message_id .. + count - 1
+    d.offset_bytes = 0;
+    d.message_len_bytes = len;
+    d.data = data;
+    d.len_bytes = len;
+    d.flags = msg_start | msg_end | msg_coll;
+    d.coll = coll_desc{p.op, p.dtype, slot, elems, epoch, aux};
+    const i32 sent = ctx->multicast(d, to, count);
+    if (sent > 0) add(&s->sent[kind & 15], static_cast<u64>(sent));
+    for (u32 i = sent > 0 ? static_cast<u32>(sent) : 0; i < count; ++i) drop(s, dr_send);
+  }
   /// A control packet (k_hello_req, k_done, k_done_req, k_ack): aux is the packet index for
   /// k_ack, else the sender.
   static void send_ctl(spin::ctx* ctx, state* s, u32 to, u32 kind, u32 epoch, const params& p, u32 aux, u16 slot = 0) {
@@ -328,6 +346,20 @@ template <class Red> struct engine {
     const void* acc;
     u32 n;
     template <class R> void operator()() const { narrow_n<R>(elem, acc, n); }
+  };
+  struct widen_fold_fn {
+    void* acc;
+    const void* first;
+    const void* second;
+    u32 n;
+    template <class R> void operator()() const { widen_fold_n<R>(acc, first, second, n); }
+  };
+  struct fold_narrow_fn {
+    void* elem;
+    const void* acc;
+    const void* last;
+    u32 n;
+    template <class R> void operator()() const { fold_narrow_n<R>(elem, acc, last, n); }
   };
   struct size_fn {
     u32* elem;
@@ -708,23 +740,38 @@ template <class Red> struct engine {
                      h_params(ctx), ctx->coll.slot);
       return drop(s, dr_duplicate), ret::drop;
     }
-    for (u64 i = 0; i < u64{n} * eb; ++i) mine[i] = in[i];
     h->bits[sender >> 6] |= bit;
     bool done = ++h->count == n_in;
+    // The contribution that completes the slot is read from its packet; the others wait in
+    // the slot.
+    if (!done) for (u64 i = 0; i < u64{n} * eb; ++i) mine[i] = in[i];
     if (done) {
       u8* acc = ctx->scratchpad<u8>(max_packet_bytes, max_packet_bytes);
       if (acc == nullptr) {
         ctx->unlock(lk);
         return ret::drop;
       }
-      // The fixed order of the flat case; a hierarchy's reductions do not depend on it.
+      // The fixed order of the flat case; a hierarchy's reductions do not depend on it. The
+      // result is narrow(combine(...combine(widen(c0), widen(c1))..., widen(cn-1))) in that
+      // order, the first two and the last steps fused with their neighbours (three passes over
+      // the data for four contributions, not five).
       const u32 first = from_leaf || leaf ? 0 : (c + 1 >= n_in ? 0 : c + 1);
-      Red::dispatch(h->op, h->dtype, widen_fn{acc, slot_data(ctx, s, slot, shadow, first, s->slot_bytes), n});
-      for (u32 k = 1; k < n_in; ++k) {
+      auto contribution = [&](u32 k) -> const u8* {
         const u32 from = first + k >= n_in ? first + k - n_in : first + k;
-        Red::dispatch(h->op, h->dtype, fold_fn{acc, slot_data(ctx, s, slot, shadow, from, s->slot_bytes), n});
+        return from == sender ? in : slot_data(ctx, s, slot, shadow, from, s->slot_bytes);
+      };
+      if (n_in == 1) {
+        Red::dispatch(h->op, h->dtype, widen_fn{acc, contribution(0), n});
+        Red::dispatch(h->op, h->dtype, narrow_fn{result, acc, n});
+      } else {
+        const u32 last = n_in - 1;
+        if (n_in == 2)
+          Red::dispatch(h->op, h->dtype, widen_fn{acc, contribution(0), n});
+        else
+          Red::dispatch(h->op, h->dtype, widen_fold_fn{acc, contribution(0), contribution(1), n});
+        for (u32 k = 2; k < last; ++k) Red::dispatch(h->op, h->dtype, fold_fn{acc, contribution(k), n});
+        Red::dispatch(h->op, h->dtype, fold_narrow_fn{result, acc, contribution(last), n});
       }
-      Red::dispatch(h->op, h->dtype, narrow_fn{result, acc, n});
       h->complete = 1;
     }
     ctx->unlock(lk);
@@ -733,9 +780,7 @@ template <class Red> struct engine {
     if (done && leaf) {
       send_to_rank(ctx, s, s->parent, k_up2, epoch, ctx->coll.aux, n, result, n * eb, h_params(ctx), ctx->coll.slot);
     } else if (done) {
-      for (u32 i = 0; i < n_in; ++i)
-        send_to_rank(ctx, s, who[i], from_leaf ? k_down2 : k_down, epoch, ctx->coll.aux, n, result, n * eb, h_params(ctx),
-                     ctx->coll.slot);
+      send_all(ctx, s, who, n_in, from_leaf ? k_down2 : k_down, epoch, ctx->coll.aux, n, result, n * eb, h_params(ctx), ctx->coll.slot);
     }
     return ret::success;
   }
@@ -763,8 +808,7 @@ template <class Red> struct engine {
     }
     ctx->unlock(lk);
     if (!fresh) return drop(s, dr_duplicate), ret::drop;
-    for (u32 i = 0; i < s->nranks; ++i)
-      send_to_rank(ctx, s, s->members[i], k_down, ctx->coll.epoch, ctx->coll.aux, n, result, n * eb, h_params(ctx), ctx->coll.slot);
+    send_all(ctx, s, s->members, s->nranks, k_down, ctx->coll.epoch, ctx->coll.aux, n, result, n * eb, h_params(ctx), ctx->coll.slot);
     return ret::success;
   }
 
@@ -777,8 +821,8 @@ template <class Red> struct engine {
     const u8* data = ctx->payload<u8>(0, ctx->packet.size());
     if (data == nullptr && ctx->packet.size() > 0) return drop(s, dr_malformed), ret::drop;
     const u32 len = static_cast<u32>(ctx->packet.size());
-    for (u32 i = 0; i < s->nranks; ++i)
-      send(ctx, s, i, k_mdown, ctx->coll.epoch, ctx->coll.aux, ctx->coll.elem_count, data, len, h_params(ctx), ctx->coll.slot);
+    send_all(ctx, s, s->members, s->nranks, k_mdown, ctx->coll.epoch, ctx->coll.aux, ctx->coll.elem_count, data, len, h_params(ctx),
+             ctx->coll.slot);
     return ret::success;
   }
 

@@ -255,6 +255,20 @@ template <class R> void fold_n(void* acc, const void* elem, u32 n) {
   const auto* e = static_cast<const typename R::elem*>(elem);
   for (u32 i = 0; i < n; ++i) a[i] = R::combine(a[i], R::widen(e[i]));
 }
+/// acc[i] = combine(widen(first[i]), widen(second[i])): widen_n then fold_n in one pass.
+template <class R> void widen_fold_n(void* acc, const void* first, const void* second, u32 n) {
+  auto* a = static_cast<typename R::acc*>(acc);
+  const auto* x = static_cast<const typename R::elem*>(first);
+  const auto* y = static_cast<const typename R::elem*>(second);
+  for (u32 i = 0; i < n; ++i) a[i] = R::combine(R::widen(x[i]), R::widen(y[i]));
+}
+/// elem[i] = narrow(combine(acc[i], widen(last[i]))): fold_n then narrow_n in one pass.
+template <class R> void fold_narrow_n(void* elem, const void* acc, const void* last, u32 n) {
+  auto* e = static_cast<typename R::elem*>(elem);
+  const auto* a = static_cast<const typename R::acc*>(acc);
+  const auto* l = static_cast<const typename R::elem*>(last);
+  for (u32 i = 0; i < n; ++i) e[i] = R::narrow(R::combine(a[i], R::widen(l[i])));
+}
 /// acc[i] = combine(acc[i], later[i])
 template <class R> void combine_n(void* acc, const void* later, u32 n) {
   auto* a = static_cast<typename R::acc*>(acc);

@@ -112,6 +112,14 @@ struct ec_limits {
   std::chrono::nanoseconds handler_budget{std::chrono::milliseconds(10)};
   /// Capacity of the EC's host event queue (events), rounded up to a power of two.
   std::uint32_t event_queue_depth = 4096;
+  /// The EC's handlers never write to a packet that reached them as a multicast copy
+  /// (`ctx::multicast` of another NIC): the runtime may then run them on the copy in place,
+  /// its payload shared with the other copies (`packet::shared`). False (the default): every
+  /// packet a handler sees is its own (a shared one is copied first, counted as `unshared` in
+  /// the emulator's NIC statistics). A handler of an EC that sets it and writes such a packet
+  /// changes what the other copies' handlers read: set it only for handlers that provably do
+  /// not (spin::coll's engine: its multicast results are only read).
+  bool read_only_multicast = false;
 };
 
 /// Upper bounds of ec_limits that install accepts (they keep every table size and budget
@@ -155,12 +163,29 @@ struct dma_model {
 
 /// A frame handed to the runtime. The runtime owns it from rx_burst until it calls
 /// `runtime_config::release` with `cookie`, exactly once per accepted frame, from the thread
-/// driving an HPU (or a control call). Handlers may modify the bytes in place.
+/// driving an HPU (or a control call). Handlers may modify the bytes in place, unless the
+/// packet is `shared`.
 struct packet {
   std::byte* frame = nullptr;
   std::uint32_t frame_len = 0;
   std::uint64_t cookie = 0;
+  /// Non-null: the frame continues here (a second buffer, `tail_len` bytes), and the frame's
+  /// payload should be exactly this tail: a header buffer chained in front of a payload (a
+  /// multicast copy). A packet whose payload is not exactly the tail is made contiguous by
+  /// `runtime_config::unshare` before its handlers run.
+  std::byte* tail = nullptr;
+  std::uint32_t tail_len = 0;
+  /// The tail's bytes are shared with other packets (DPDK's indirect mbufs): only ECs whose
+  /// handlers do not write such packets (ec_limits::read_only_multicast) see them in place; any
+  /// other EC gets a private copy from `runtime_config::unshare`.
+  bool shared = false;
 };
+
+/// Replaces `p` by a private, contiguous copy of its frame (tail == null, shared == false) and
+/// releases the original; returns false, leaving `p` as it was, when there is no buffer for the
+/// copy (the runtime then drops the packet as no_private_copy). Called on the thread driving an
+/// HPU; `user` is runtime_config::release_user.
+using unshare_fn = bool (*)(void* user, packet& p) noexcept;
 
 /// Called when the runtime is done with a packet (`user` is runtime_config::release_user).
 using release_fn = void (*)(void* user, std::uint64_t cookie) noexcept;
@@ -186,6 +211,9 @@ struct runtime_config {
   dma_model dma;
   tx_port* tx = nullptr;                    ///< where handler sends go; null: sends fail (not_supported)
   release_fn release = nullptr;             ///< null: packets are not returned to anyone
+  /// Makes a packet with a tail contiguous and private (see `packet`). Null: such packets are
+  /// dropped as no_private_copy where they would need it.
+  unshare_fn unshare = nullptr;
   void* release_user = nullptr;
   wake_fn wake = nullptr;                   ///< null: whoever drives an HPU polls its inbox anyway
   void* wake_user = nullptr;

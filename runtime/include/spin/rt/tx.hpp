@@ -25,6 +25,23 @@ public:
                     std::span<const std::byte> payload) noexcept = 0;
   /// Largest payload (bytes) of one packet this port carries.
   virtual std::uint32_t max_payload_bytes() const noexcept = 0;
+  /// Transmits `h` with `payload` to every rank of `dests`: copy i goes to dests[i] with
+  /// message id h.message_id + i. Same thread rule as `send`; must not block or allocate.
+  /// Returns the copies sent; `last_error` gets the error of the last copy that failed (it is
+  /// left alone when all went). The default calls `send` once per destination; a port that can
+  /// share the payload between the copies (the emulator's NIC) overrides it.
+  virtual std::uint32_t multicast(std::uint32_t hpu, std::span<const std::uint32_t> dests, const wire::header& h,
+                                  std::span<const std::byte> payload, errc& last_error) noexcept {
+    std::uint32_t sent = 0;
+    wire::header one = h;
+    for (std::size_t i = 0; i < dests.size(); ++i) {
+      one.message_id = h.message_id + i;
+      const errc e = send(hpu, dests[i], one, payload);
+      if (e == errc::ok) ++sent;
+      else last_error = e;
+    }
+    return sent;
+  }
 };
 
 /// In-memory TX port: each HPU appends encoded frames (wire format v1, addresses from

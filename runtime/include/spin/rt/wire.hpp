@@ -147,4 +147,12 @@ std::size_t encoded_len(const header& h, std::size_t payload_len);
 std::size_t encode(const endpoint& src, const endpoint& dst, header h, std::span<const std::byte> payload,
                    std::span<std::byte> out) noexcept;
 
+/// Writes the headers of the frame `encode` would write for a payload of `payload_len` bytes
+/// (lengths and checksum included), without the payload: for a frame whose payload lies in
+/// another buffer (a header mbuf chained in front of a shared payload). Returns the header
+/// bytes (encoded_len(h, payload_len) - payload_len), or 0 when `out` is too small or the
+/// frame would exceed 65535 bytes of IP datagram.
+std::size_t encode_headers(const endpoint& src, const endpoint& dst, header h, std::size_t payload_len,
+                           std::span<std::byte> out) noexcept;
+
 } // namespace spin::rt::wire
