@@ -5,8 +5,10 @@
 #include <spin/emu/cluster.hpp>
 #include <spin/handler.hpp>
 
+#include <array>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -96,6 +98,58 @@ struct all_to_all {
     return ok;
   }
 };
+
+// Multicast source: handler memory [0] the match bits of the copies, [8] their number, [16..]
+// the destination ranks (u32), [48] copies sent so far. Each packet of message m goes to
+// destination i as a packet of message m * 16 + i, its payload shared by the copies where the
+// NIC can.
+SPIN_PAYLOAD_HANDLER(mcast_ph) {
+  const u64* bits = ctx->mem<u64>(0);
+  const u32* count = ctx->mem<u32>(8);
+  const u32* dests = ctx->mem<u32>(16, 8);
+  if (bits == nullptr || count == nullptr || dests == nullptr) return ret::drop;
+  send_desc d{};
+  d.size_bytes = sizeof d;
+  d.match_bits = *bits;
+  d.message_id = ctx->msg.message_id * 16;
+  d.offset_bytes = ctx->msg.offset_bytes;
+  d.message_len_bytes = ctx->msg.message_len_bytes;
+  d.data = ctx->packet.data;
+  d.len_bytes = static_cast<u32>(ctx->packet.size());
+  d.flags = ctx->msg.flags & (msg_start | msg_end);
+  d.packet_index = ctx->msg.packet_index;
+  const i32 sent = ctx->multicast(d, dests, *count);
+  ctx->fetch_add<u64>(48, sent > 0 ? static_cast<u64>(sent) : 0);
+  return ret::success;
+}
+
+// A receiver that writes into its packet (the first byte inverted) before depositing it: an EC
+// that must get its own copy of a multicast packet.
+SPIN_PAYLOAD_HANDLER(scribble_ph) {
+  u8* data = ctx->payload<u8>(0, ctx->packet.size());
+  if (data == nullptr) return ret::drop;
+  data[0] = static_cast<u8>(data[0] ^ 0xff);
+  return ctx->dma_to_host(ctx->msg.offset_bytes, data, ctx->packet.size()) == errc::ok ? ret::success : ret::drop;
+}
+
+// Host 0's multicast EC of the tests below: copies with match bits 0x3000 to hosts 1..3.
+rt::ec_id install_mcast(emu::cluster& cl) {
+  rt::ec_config sender;
+  sender.name = "mcast";
+  sender.match = {0x2000, 0};
+  sender.handlers = rt::handler_set(nullptr, mcast_ph, nullptr);
+  sender.handler_mem_bytes = 64;
+  auto se = cl.host(0)->install(sender);
+  REQUIRE(se.ok());
+  std::span<std::byte> mem = cl.host(0)->runtime().handler_memory(*se);
+  REQUIRE(mem.size() >= 64);
+  const std::uint64_t bits = 0x3000;
+  const std::uint32_t count = 3, dests[3] = {1, 2, 3};
+  std::memcpy(mem.data(), &bits, 8);
+  std::memcpy(mem.data() + 8, &count, 4);
+  std::memcpy(mem.data() + 16, dests, 12);
+  return *se;
+}
 
 }  // namespace
 
@@ -288,6 +342,113 @@ TEST_CASE("an idle cluster on two lcores uses almost no CPU over a second and wa
     CHECK(dst == src);
     CHECK(ms < 200);
   }
+}
+
+// Host 0 multicasts every packet of a 64 KiB message to hosts 1..3 through the switch. `mode`:
+// 0 the receivers deposit with a default EC (a private copy each), 1 they set
+// read_only_multicast (the copies' payload shared in place), 2 they write their packet.
+static void run_multicast(int mode) {
+  auto c = emu::cluster::create(emu::star(4, emu::link_model{}), emu::cluster_options{});
+  REQUIRE_MESSAGE(c.ok(), c.err().message);
+  emu::cluster& cl = **c;
+  const std::size_t len = 64 * 1024;  // 16 packets of 4 KiB
+  std::vector<std::uint64_t> base;
+  for (std::uint32_t i = 0; i < cl.node_count(); ++i) base.push_back(cl.node(i).stats().mbufs_in_use);
+  std::vector<std::byte> src = bytes_of(0, 9, len);
+  auto rs = cl.host(0)->register_host_memory(src);
+  REQUIRE(rs.ok());
+  install_mcast(cl);
+  std::vector<std::vector<std::byte>> dst(4, std::vector<std::byte>(len));
+  std::vector<rt::ec_id> ecs(4);
+  for (std::uint32_t h = 1; h < 4; ++h) {
+    auto rd = cl.host(h)->register_host_memory(dst[h]);
+    REQUIRE(rd.ok());
+    rt::ec_config ec;
+    ec.name = "copy";
+    ec.match = {0x3000, 0};
+    ec.handlers = rt::handler_set(nullptr, mode == 2 ? scribble_ph : nullptr, done_ch);
+    ec.window = rt::host_window{*rd, 0, len};
+    ec.limits.read_only_multicast = mode == 1;
+    auto e = cl.host(h)->install(ec);
+    REQUIRE(e.ok());
+    ecs[h] = *e;
+  }
+  {
+    driver d(cl);
+    auto r = cl.host(0)->send(emu::message_send{0, 0x2000, 1, *rs, 0, len}, 5000ms);
+    REQUIRE_MESSAGE(r.ok(), r.err().message);
+    for (std::uint32_t h = 1; h < 4; ++h) {
+      std::array<rt::host_event, 4> ev;
+      const auto deadline = std::chrono::steady_clock::now() + 10s;
+      std::size_t got = 0;
+      while (got == 0 && std::chrono::steady_clock::now() < deadline) got = cl.host(h)->wait_events(ecs[h], ev, 100ms);
+      REQUIRE_MESSAGE(got == 1, "host " << h << " saw no completion");
+      CHECK(ev[0].value == 16 + h - 1);  // message 1 * 16 + its index among the destinations
+    }
+  }
+  REQUIRE(cl.quiesce(3000ms));
+  std::vector<std::byte> want = src;
+  if (mode == 2)
+    for (std::size_t off = 0; off < len; off += 4096) want[off] ^= std::byte{0xff};  // each packet's first byte
+  for (std::uint32_t h = 1; h < 4; ++h) CHECK_MESSAGE(dst[h] == want, "host " << h);
+  CHECK(cl.node(0).stats().multicast_shared == 48);  // 16 packets x 3 copies, none copied whole
+  for (std::uint32_t h = 1; h < 4; ++h) CHECK(cl.node(h).stats().unshared == (mode == 1 ? 0u : 16u));
+  // Every mbuf is back in its pool: the payload goes back with whichever copy is freed last.
+  for (std::uint32_t i = 0; i < cl.node_count(); ++i) CHECK_MESSAGE(cl.node(i).stats().mbufs_in_use == base[i], "node " << i);
+}
+
+TEST_CASE("a multicast copies its payload once, shares it between the copies, and every receiver gets the same bytes and returns every mbuf") {
+  SUBCASE("receivers that may write their packets get a private copy each") { run_multicast(0); }
+  SUBCASE("receivers that only read use the shared payload in place") { run_multicast(1); }
+  SUBCASE("receivers that write their packets do not change what the others receive") { run_multicast(2); }
+}
+
+TEST_CASE("a multicast that runs out of mbufs counts the copies it could not send and returns every mbuf") {
+  emu::cluster_options o;
+  o.port.pool_mbufs = 127;  // a few bursts: 3 copies of 256 packets run the pools dry
+  o.port.rx_desc = 32;
+  o.port.tx_desc = 32;
+  auto c = emu::cluster::create(emu::star(4, emu::link_model{}), o);
+  REQUIRE_MESSAGE(c.ok(), c.err().message);
+  emu::cluster& cl = **c;
+  std::vector<std::uint64_t> base;
+  for (std::uint32_t i = 0; i < cl.node_count(); ++i) base.push_back(cl.node(i).stats().mbufs_in_use);
+  const std::size_t len = 1024 * 1024;  // 256 packets
+  std::vector<std::byte> src = bytes_of(0, 9, len);
+  auto rs = cl.host(0)->register_host_memory(src);
+  REQUIRE(rs.ok());
+  const rt::ec_id se = install_mcast(cl);
+  std::vector<std::vector<std::byte>> dst(4, std::vector<std::byte>(len));
+  for (std::uint32_t h = 1; h < 4; ++h) {
+    auto rd = cl.host(h)->register_host_memory(dst[h]);
+    REQUIRE(rd.ok());
+    rt::ec_config ec;
+    ec.name = "copy";
+    ec.match = {0x3000, 0};
+    ec.window = rt::host_window{*rd, 0, len};
+    ec.limits.read_only_multicast = true;
+    REQUIRE(cl.host(h)->install(ec).ok());
+  }
+  {
+    driver d(cl);
+    auto r = cl.host(0)->send(emu::message_send{0, 0x2000, 1, *rs, 0, len}, 5000ms);
+    REQUIRE_MESSAGE(r.ok(), r.err().message);
+    std::this_thread::sleep_for(200ms);
+  }
+  REQUIRE(cl.quiesce(3000ms));
+  const auto s0 = cl.node(0).stats();
+  REQUIRE(s0.runtime.ecs.size() == 1);
+  const auto& e0 = s0.runtime.ecs[0];
+  // Every copy was sent or failed, and each failure was counted.
+  CHECK(e0.sends + e0.send_failed == 3 * 256);
+  CHECK(e0.send_failed > 0);  // the pools did run dry (the case this test is about)
+  std::uint64_t counted = 0;
+  std::memcpy(&counted, cl.host(0)->runtime().handler_memory(se).data() + 48, 8);
+  CHECK(counted == e0.sends);
+  std::uint64_t delivered = 0;
+  for (std::uint32_t h = 1; h < 4; ++h) delivered += cl.node(h).stats().runtime.ecs.at(0).packets_in;
+  CHECK(delivered <= e0.sends);
+  for (std::uint32_t i = 0; i < cl.node_count(); ++i) CHECK_MESSAGE(cl.node(i).stats().mbufs_in_use == base[i], "node " << i);
 }
 
 }  // TEST_SUITE

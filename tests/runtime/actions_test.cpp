@@ -5,6 +5,7 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -142,6 +143,54 @@ SPIN_PAYLOAD_HANDLER(coll_echo_ph) {
   seen[3] = (static_cast<u64>(static_cast<u32>(e1)) << 40) | (static_cast<u64>(static_cast<u32>(e2)) << 20) |
             static_cast<u32>(-static_cast<i32>(e3));
   return ret::success;
+}
+
+// Multicasts its packet to the ranks at handler memory [16..] (u32, [8] of them) as message
+// 100 + i; [24] gets the result, and [32.. ] the results of calls that must be refused: no
+// destination, too many, a destination list outside local memory.
+SPIN_PAYLOAD_HANDLER(mcast_ph) {
+  const u32* count = ctx->mem<u32>(8);
+  const u32* dests = ctx->mem<u32>(16, 2);
+  if (count == nullptr || dests == nullptr) return ret::drop;
+  send_desc d{};
+  d.size_bytes = sizeof d;
+  d.match_bits = 77;
+  d.message_id = 100;
+  d.message_len_bytes = ctx->packet.size();
+  d.data = ctx->packet.data;
+  d.len_bytes = static_cast<u32>(ctx->packet.size());
+  d.flags = msg_start | msg_end;
+  ctx->store<i64>(24, ctx->multicast(d, dests, *count));
+  const u32 on_stack[2] = {1, 2};
+  ctx->store<i64>(32, ctx->multicast(d, dests, 0));
+  ctx->store<i64>(40, ctx->multicast(d, dests, max_multicast + 1));
+  ctx->store<i64>(48, ctx->multicast(d, on_stack, 2));
+  return ret::success;
+}
+
+// Records where its payload lies ([0]) and a checksum of it ([8]).
+SPIN_PAYLOAD_HANDLER(where_ph) {
+  const u8* data = ctx->payload<u8>(0, ctx->packet.size());
+  if (data == nullptr) return ret::drop;
+  u64 sum = 0;
+  for (u64 i = 0; i < ctx->packet.size(); ++i) sum = sum * 31 + data[i];
+  ctx->store<u64>(0, reinterpret_cast<u64>(data));
+  ctx->store<u64>(8, sum);
+  return ret::success;
+}
+
+std::atomic<int> unshare_calls{0};
+// runtime_config::unshare for a packet_pool: the frame and its tail, copied into a new frame of
+// the pool; the original is released.
+bool pool_unshare(void* user, rt::packet& p) noexcept {
+  auto* pool = static_cast<packet_pool*>(user);
+  std::vector<std::byte> b(p.frame, p.frame + p.frame_len);
+  b.insert(b.end(), p.tail, p.tail + p.tail_len);
+  const rt::packet q = pool->add_raw(std::move(b));
+  packet_pool::release(user, p.cookie);
+  p = q;
+  unshare_calls.fetch_add(1);
+  return true;
 }
 
 SPIN_COMPLETION_HANDLER(event_ch) {
@@ -366,6 +415,141 @@ TEST_CASE("handlers read a packet's collective fields and send their own; a hand
   CHECK(f.word(ec, 0) == 0);
   CHECK(f.word(ec, 8) == 0);
   CHECK(f.word(ec, 16) == 0);
+}
+
+TEST_CASE("a multicast sends one frame per destination with consecutive message ids, and refuses bad destination lists") {
+  rt::memory_tx_port tx(1, 1 << 20, 5);
+  rt::runtime_config cfg;
+  cfg.hpus = 1;
+  cfg.tx = &tx;
+  cfg.rank = 5;
+  fixture f(cfg);
+  rt::ec_config c;
+  c.handlers.payload = mcast_ph;
+  c.handler_mem_bytes = 64;
+  const rt::ec_id ec = f.install(c);
+  auto mem = f.rt->handler_memory(ec);
+  const std::uint32_t count = 2, dests[2] = {3, 9};
+  std::memcpy(mem.data() + 8, &count, 4);
+  std::memcpy(mem.data() + 16, dests, 8);
+  const auto pk = message_packet(f.pool, 0, 2, 7, 300, 300, 0);
+  REQUIRE(feed(*f.rt, std::span<const rt::packet>(&pk, 1)));
+  CHECK(static_cast<std::int64_t>(f.word(ec, 24)) == 2);
+  CHECK(static_cast<std::int64_t>(f.word(ec, 32)) == static_cast<std::int64_t>(errc::invalid_argument));
+  CHECK(static_cast<std::int64_t>(f.word(ec, 40)) == static_cast<std::int64_t>(errc::invalid_argument));
+  CHECK(static_cast<std::int64_t>(f.word(ec, 48)) == static_cast<std::int64_t>(errc::out_of_bounds));
+  auto frames = tx.take_frames();
+  REQUIRE(frames.size() == 2);
+  for (std::size_t i = 0; i < 2; ++i) {
+    rt::wire::parsed p;
+    rt::wire::reject why;
+    REQUIRE(rt::wire::parse(std::span<const std::byte>(frames[i].bytes), rt::wire::default_udp_port, p, why));
+    CHECK(frames[i].dest_rank == dests[i]);
+    CHECK(p.hdr.message_id == 100 + i);
+    CHECK(p.hdr.match_bits == 77);
+    REQUIRE(p.hdr.payload_len == 300);
+    for (std::uint32_t k = 0; k < 300; ++k) REQUIRE(frames[i].bytes[p.payload_offset + k] == pattern(2, 7, k));
+  }
+  const auto s = f.ec_stats(ec);
+  CHECK(s.sends == 2);
+  CHECK(s.send_bytes == 600);
+}
+
+TEST_CASE("a multicast whose TX queue fills part-way returns the copies sent and counts the others as failed sends") {
+  rt::memory_tx_port tx(1, 900, 5);  // room for two frames of 300 bytes of payload (396 bytes each)
+  rt::runtime_config cfg;
+  cfg.hpus = 1;
+  cfg.tx = &tx;
+  fixture f(cfg);
+  rt::ec_config c;
+  c.handlers.payload = mcast_ph;
+  c.handler_mem_bytes = 64;
+  const rt::ec_id ec = f.install(c);
+  auto mem = f.rt->handler_memory(ec);
+  const std::uint32_t count = 3, dests[3] = {3, 4, 5};
+  std::memcpy(mem.data() + 8, &count, 4);
+  std::memcpy(mem.data() + 16, dests, 12);
+  const auto pk = message_packet(f.pool, 0, 2, 7, 300, 300, 0);
+  REQUIRE(feed(*f.rt, std::span<const rt::packet>(&pk, 1)));
+  CHECK(f.word(ec, 24) == 2);
+  const auto s = f.ec_stats(ec);
+  CHECK(s.sends == 2);
+  CHECK(s.send_failed == 1);  // the third copy (refused calls send nothing: api errors, not failed sends)
+  CHECK(s.api_errors == 3);
+}
+
+// A frame in two buffers, as the emulator hands a multicast copy over: the headers of `whole`
+// up to `split`, then the rest in `tail`.
+rt::packet split_packet(rt::packet whole, std::uint32_t split, std::vector<std::byte>& tail, bool shared) {
+  tail.assign(whole.frame + split, whole.frame + whole.frame_len);
+  rt::packet p = whole;
+  p.frame_len = split;
+  p.tail = tail.data();
+  p.tail_len = static_cast<std::uint32_t>(tail.size());
+  p.shared = shared;
+  return p;
+}
+
+TEST_CASE("a payload in a second, shared buffer reaches read-only ECs in place and every other EC as its own copy") {
+  for (const bool read_only : {true, false}) {
+    CAPTURE(read_only);
+    rt::runtime_config cfg;
+    cfg.hpus = 1;
+    cfg.unshare = pool_unshare;
+    fixture f(cfg);
+    rt::ec_config c;
+    c.handlers.payload = where_ph;
+    c.handler_mem_bytes = 16;
+    c.limits.read_only_multicast = read_only;
+    const rt::ec_id ec = f.install(c);
+    const rt::packet whole = message_packet(f.pool, 0, 2, 7, 500, 500, 0);
+    rt::wire::parsed ps;
+    rt::wire::reject why;
+    REQUIRE(rt::wire::parse(std::span<const std::byte>(whole.frame, whole.frame_len), rt::wire::default_udp_port, ps, why));
+    std::uint64_t want = 0;
+    for (std::uint32_t i = 0; i < 500; ++i) want = want * 31 + static_cast<std::uint8_t>(pattern(2, 7, i));
+    std::vector<std::byte> tail;
+    const rt::packet p = split_packet(whole, ps.payload_offset, tail, true);
+    unshare_calls = 0;
+    REQUIRE(feed(*f.rt, std::span<const rt::packet>(&p, 1)));
+    CHECK(f.word(ec, 8) == want);
+    if (read_only) {
+      CHECK(f.word(ec, 0) == reinterpret_cast<std::uint64_t>(tail.data()));
+      CHECK(unshare_calls == 0);
+    } else {
+      CHECK(f.word(ec, 0) != reinterpret_cast<std::uint64_t>(tail.data()));
+      CHECK(unshare_calls == 1);
+    }
+  }
+}
+
+TEST_CASE("a two-buffer frame whose payload does not start the second buffer is made contiguous first, and dropped with a reason when it cannot be") {
+  for (const bool can_copy : {true, false}) {
+    CAPTURE(can_copy);
+    rt::runtime_config cfg;
+    cfg.hpus = 1;
+    if (can_copy) cfg.unshare = pool_unshare;
+    fixture f(cfg);
+    rt::ec_config c;
+    c.handlers.payload = where_ph;
+    c.handler_mem_bytes = 16;
+    c.limits.read_only_multicast = true;
+    const rt::ec_id ec = f.install(c);
+    const rt::packet whole = message_packet(f.pool, 0, 2, 7, 500, 500, 0);
+    std::vector<std::byte> tail;
+    const rt::packet p = split_packet(whole, 60, tail, false);  // cut inside the headers
+    unshare_calls = 0;
+    REQUIRE(feed(*f.rt, std::span<const rt::packet>(&p, 1)));
+    std::uint64_t want = 0;
+    for (std::uint32_t i = 0; i < 500; ++i) want = want * 31 + static_cast<std::uint8_t>(pattern(2, 7, i));
+    if (can_copy) {
+      CHECK(unshare_calls == 1);
+      CHECK(f.word(ec, 8) == want);
+    } else {
+      CHECK(f.word(ec, 8) == 0);
+      CHECK(f.drops(ec, rt::drop_reason::no_private_copy) == 1);
+    }
+  }
 }
 
 TEST_CASE("a send with no TX port or a full TX queue fails with an error code and is counted") {

@@ -454,6 +454,42 @@ TEST_CASE("packet changes an eBPF handler makes in place are sent and reach the 
   CHECK(frames_after[0] == frames_after[2]);
 }
 
+TEST_CASE("a handler's multicast sends the same frames natively, JIT-compiled and interpreted") {
+  std::vector<std::vector<rt::memory_tx_port::frame>> sent;
+  for (const variant& v : variants) {
+    CAPTURE(std::string(v.name));
+    rt::loaded_package lp = load(std::string("mcast.") + v.package, v.exec);
+    rt::memory_tx_port tx(1, 1 << 20, 0);
+    rt::runtime_config cfg;
+    cfg.hpus = 1;
+    cfg.tx = &tx;
+    fixture f(cfg);
+    rt::ec_config c;
+    c.name = "mcast";
+    REQUIRE(lp.bind(c).ok());
+    const rt::ec_id ec = f.install(c);
+    const std::uint32_t dests[3] = {4, 5, 6};
+    std::memcpy(f.rt->handler_memory(ec).data(), dests, sizeof dests);
+    auto pkts = message_packets(f.pool, 0, 2, 5, 1000, 1024);
+    REQUIRE(feed(*f.rt, pkts));
+    CHECK(f.word(ec, 16) == 3);
+    auto out = tx.take_frames();
+    REQUIRE(out.size() == 3);
+    for (std::uint32_t i = 0; i < 3; ++i) {
+      rt::wire::parsed p;
+      rt::wire::reject why;
+      REQUIRE(rt::wire::parse(std::span<const std::byte>(out[i].bytes), rt::wire::default_udp_port, p, why));
+      CHECK(out[i].dest_rank == dests[i]);
+      CHECK(p.hdr.message_id == 1000 + 16 * 5 + i);
+      REQUIRE(p.hdr.payload_len == 1000);
+      for (std::uint32_t k = 0; k < 1000; ++k) REQUIRE(out[i].bytes[p.payload_offset + k] == pattern(2, 5, k));
+    }
+    sent.push_back(std::move(out));
+  }
+  for (std::size_t v = 1; v < sent.size(); ++v)
+    for (std::size_t i = 0; i < 3; ++i) CHECK(sent[v][i].bytes == sent[0][i].bytes);
+}
+
 TEST_CASE("runtime calls from JIT-compiled handlers do not fault, whatever the handler's stack frame") {
   for (const variant& v : variants) {
     if (std::string(v.package) != "ebpf") continue;
