@@ -262,8 +262,17 @@ void cluster::lcore_loop(std::uint32_t lcore, const std::atomic<bool>& stop) noe
     }
     auto sleep = b.sleep_step();
     std::optional<std::uint64_t> due;
-    for (std::uint32_t d : w.dirs)
-      if (auto t = _dirs[d].stage->next_due_ns(); t && (!due || *t < *due)) due = t;
+    for (std::uint32_t d : w.dirs) {
+      // Under the link's flag: a helping lcore may be polling it (then it is not idle anyway).
+      std::atomic<bool>& f = *_dirs[d].polling;
+      if (f.exchange(true, std::memory_order_acquire)) {
+        due = link::now_ns();
+        continue;
+      }
+      const auto t = _dirs[d].stage->next_due_ns();
+      f.store(false, std::memory_order_release);
+      if (t && (!due || *t < *due)) due = t;
+    }
     if (due) {
       const std::uint64_t now = link::now_ns();
       const auto until = std::chrono::microseconds(*due > now ? (*due - now) / 1000 : 0);

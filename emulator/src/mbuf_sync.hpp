@@ -53,15 +53,35 @@ inline rte_mbuf* mbuf_alloc(rte_mempool* pool) noexcept {
 }
 
 /// rte_pktmbuf_free, segment by segment, with the release after the last access to each. A
-/// segment may be shared (a reference count above one, or an indirect mbuf: a clone whose data
-/// is another mbuf's): whichever holder lets go last returns it to its pool, so every holder
-/// releases, and a clone also on the mbuf whose data it shows.
+/// segment may be a clone (an indirect mbuf showing another mbuf's data, `ctx::multicast`):
+/// whichever holder lets go of the data last returns the mbuf that owns it. Every holder
+/// releases on that mbuf before it lets go, and the last acquires before it frees it, so that
+/// ThreadSanitizer sees every reader of the shared data before the mbuf's next user. DPDK's own
+/// detach would free that mbuf inside the library, where ThreadSanitizer sees nothing: the
+/// reference taken around it keeps the freeing here.
 inline void mbuf_free(rte_mbuf* m) noexcept {
   while (m != nullptr) {
     rte_mbuf* next = m->next;
-    tsan_release(m);
-    if (RTE_MBUF_CLONED(m)) tsan_release(rte_mbuf_from_indirect(m));
-    if (rte_mbuf* seg = rte_pktmbuf_prefree_seg(m); seg != nullptr) rte_mempool_put(seg->pool, seg);
+    rte_mbuf* owner = RTE_MBUF_CLONED(m) ? rte_mbuf_from_indirect(m) : nullptr;
+    if (owner != nullptr) {
+      tsan_release(owner);
+      rte_mbuf_refcnt_update(owner, 1);
+    } else {
+      tsan_release(m);  // a shared direct mbuf: the holder that frees it last acquires this
+    }
+    if (rte_mbuf* seg = rte_pktmbuf_prefree_seg(m); seg != nullptr) {
+      tsan_acquire(seg);
+      tsan_release(seg);
+      rte_mempool_put(seg->pool, seg);
+    }
+    if (owner != nullptr && rte_mbuf_refcnt_update(owner, -1) == 0) {
+      tsan_acquire(owner);
+      owner->next = nullptr;
+      owner->nb_segs = 1;
+      rte_mbuf_refcnt_set(owner, 1);
+      tsan_release(owner);
+      rte_mempool_put(owner->pool, owner);
+    }
     m = next;
   }
 }

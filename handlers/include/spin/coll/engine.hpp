@@ -756,7 +756,9 @@ template <class Red> struct engine {
       // order, the first two and the last steps fused with their neighbours (three passes over
       // the data for four contributions, not five).
       const u32 first = from_leaf || leaf ? 0 : (c + 1 >= n_in ? 0 : c + 1);
-      auto contribution = [&](u32 k) -> const u8* {
+      // By value: a reference would put `in` in memory, where every byte the copy loops store
+      // may alias it (the loops then reload it per byte instead of vectorising).
+      auto contribution = [ctx, s, slot, shadow, first, n_in, sender, in](u32 k) -> const u8* {
         const u32 from = first + k >= n_in ? first + k - n_in : first + k;
         return from == sender ? in : slot_data(ctx, s, slot, shadow, from, s->slot_bytes);
       };
