@@ -660,8 +660,19 @@ std::uint32_t nic::impl::rx(port_state& ps, std::uint32_t index) noexcept {
     auto* frame = rte_pktmbuf_mtod(m, std::byte*);
     std::uint32_t dest = 0;
     if (m->pkt_len >= 14 && mac_rank(frame, dest) && dest != cfg.rank) {
-      // Transit frame (a multi-port NIC on the path between two other ranks).
+      // Transit frame (a multi-port NIC on the path between two other ranks). A multicast copy
+      // (a header mbuf and a clone) leaves whole by a port that cannot send chains.
       const std::int32_t pi = route(dest);
+      if (m->nb_segs > 1 && pi >= 0 && static_cast<std::uint32_t>(pi) < ports.size() &&
+          !ports[static_cast<std::uint32_t>(pi)].p->tx_multi_seg()) {
+        rte_mbuf* lin = linear_copy(m);
+        mbuf_free(m);
+        m = lin;
+        if (lin == nullptr) {
+          count_drop(nic_drop::no_mbuf);
+          continue;
+        }
+      }
       if (pi < 0 || static_cast<std::uint32_t>(pi) == index || !stage_push(static_cast<std::uint32_t>(pi), m)) {
         count_drop(pi < 0 || static_cast<std::uint32_t>(pi) == index ? nic_drop::unroutable : nic_drop::tx_queue_full);
         mbuf_free(m);

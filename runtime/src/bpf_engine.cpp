@@ -257,8 +257,10 @@ std::int32_t run_bpf(const void* prog, spin::ctx* c) noexcept {
   tls_call = &k;
   const std::uint64_t r = p.jit != nullptr ? p.jit(&k.view) : rte_bpf_exec(p.bpf, &k.view);
   tls_call = nullptr;
-  // In-place packet changes reach the received frame, as for native handlers.
-  if (k.bounced && len > 0) std::memcpy(frame_view.data, bb.data, len);
+  // In-place packet changes reach the received frame, as for native handlers. Only changes: a
+  // payload that multicast copies share (ec_limits::read_only_multicast) is not written when
+  // the program left it alone.
+  if (k.bounced && len > 0 && std::memcmp(frame_view.data, bb.data, len) != 0) std::memcpy(frame_view.data, bb.data, len);
   c->packet = frame_view;
   return static_cast<std::int32_t>(static_cast<std::int64_t>(r));
 }
