@@ -170,9 +170,15 @@ struct communicator::impl {
     m.offset_bytes = off;
     m.len_bytes = sizeof(c);
     // Posted, not waited for (the NIC copies the 64-byte command when it queues it): a call
-    // waits once, for the engine's answer, not also for the command's frame.
+    // waits once, for the engine's answer, not also for the command's frame. A port that sends
+    // and waits instead (a NIC in another process) may find its transmit queue full for a while
+    // on a loaded machine: try again until the collective's own timeout.
     static_assert(sizeof(c) <= emu::nic::inline_bytes);
-    return nic->post(m);
+    const auto deadline = clock::now() + o.timeout;
+    for (;;) {
+      auto r = nic->post(m);
+      if (r.ok() || r.err().code != errc::timeout || clock::now() >= deadline) return r;
+    }
   }
 
   // Waits for a host event of engine `e` for which `want` returns true; `tick` runs every

@@ -245,7 +245,8 @@ void cluster::lcore_loop(std::uint32_t lcore, const std::atomic<bool>& stop) noe
       continue;
     }
     // Help only while spinning, not once backing off (then the others have little to do).
-    if (_opts.help && _lcores.size() > 1 && b.empty_rounds() < 64 && help(lcore) != 0) {
+    if (_opts.help && _lcores.size() > 1 && b.empty_rounds() < 64 && _partition_final.load(std::memory_order_acquire) &&
+        help(lcore) != 0) {
       ctr[1].add(1);
       ctr[4].add(link::now_ns() - t0);
       ring_others();
@@ -316,7 +317,9 @@ void cluster::run(const std::atomic<bool>& stop) noexcept {
     if (pthread_setaffinity_np(pthread_self(), sizeof set, &set) != 0)
       std::fprintf(stderr, "cluster: cannot pin lcore 0 to CPU %d; it runs unpinned\n", _opts.lcore_cpus[0]);
   }
+  _partition_final.store(true, std::memory_order_release);
   lcore_loop(0, stop);
+  _partition_final.store(false, std::memory_order_relaxed);
   for (auto& t : threads) t.join();
 }
 

@@ -188,7 +188,7 @@ struct nic::impl {
     std::vector<std::unique_ptr<rt::detail::spsc_ring<rte_mbuf*>>> to_port;
     std::vector<std::byte> buf;        // encode buffer for frames that do not fit one mbuf
     std::vector<rt::packet> rx_buf;
-    counter tx_full, no_mbuf, loopback, shared_sends;
+    counter tx_full, no_mbuf, unroutable, loopback, shared_sends;
     doorbell own_bell;
     doorbell* bell = &own_bell;        // rung when work arrives for a sleeping poller (nic_config::lane_doorbells)
   };
@@ -269,7 +269,7 @@ struct nic::impl {
   // The runtime's view of frame `m`: contiguous, or the header segment and a shared payload
   // segment of a multicast copy; any other chain is first copied into one mbuf (`m` is then
   // that copy). False: no mbuf for the copy (`m` is freed and the drop counted).
-  bool to_packet(rte_mbuf*& m, rt::packet& out) noexcept;
+  bool to_packet(lane_state& l, rte_mbuf*& m, rt::packet& out) noexcept;
   // Egress port towards `dest`; ports.size() for this NIC's own rank (loopback); -1: none.
   std::int32_t route(std::uint32_t dest) const noexcept {
     if (dest == cfg.rank) return static_cast<std::int32_t>(ports.size());
@@ -468,12 +468,12 @@ void nic::impl::stop() noexcept {
 
 errc nic::impl::hpu_send(std::uint32_t hpu, std::uint32_t dest, const rt::wire::header& h,
                          std::span<const std::byte> payload) noexcept {
+  lane_state& l = lanes[hpu];
   const std::int32_t pi = route(dest);
   if (pi < 0) {
-    count_drop(nic_drop::unroutable);
+    l.unroutable.add(1);  // the lane's own counter: any lane's handlers send
     return errc::not_found;
   }
-  lane_state& l = lanes[hpu];
   const rt::wire::endpoint dst = rt::wire::rank_endpoint(dest, cfg.runtime.udp_port);
   // One copy of the payload (spin-bench handlers: pingpong 1 KiB, HPU cycles per packet down by
   // the second copy).
@@ -523,19 +523,19 @@ errc nic::impl::enqueue(std::uint32_t hpu, std::uint32_t pi, rte_mbuf* m) noexce
 // Multicast with one copy of the payload: the payload goes once into an mbuf, and each
 // destination gets a frame of two segments, its own header mbuf (addresses, message id)
 // chained in front of a clone of that mbuf (DPDK's indirect mbufs: a reference, no copy). Where
-// a copy cannot share (the egress port does not send chains, the payload is small enough that
-// a header mbuf and a clone cost more than copying it), that copy is a whole frame.
+// a copy cannot share (one destination; the payload small enough that a header mbuf and a
+// clone cost more than copying it, or larger than one mbuf; no mbuf for it; an egress port that
+// does not send chains), that copy is a whole frame.
 std::uint32_t nic::impl::hpu_multicast(std::uint32_t hpu, std::span<const std::uint32_t> dests, const rt::wire::header& h,
                                        std::span<const std::byte> payload, errc& last_error) noexcept {
   lane_state& l = lanes[hpu];
   rte_mbuf* shared = nullptr;
   if (dests.size() > 1 && payload.size() >= share_min_bytes && payload.size() <= tx_room) {
     shared = mbuf_alloc(tx_pool);
-    if (shared != nullptr) {
+    // Without it the copies go whole (each may still find an mbuf of its port; one that does
+    // not is counted there).
+    if (shared != nullptr)
       std::memcpy(rte_pktmbuf_append(shared, static_cast<std::uint16_t>(payload.size())), payload.data(), payload.size());
-    } else {
-      l.no_mbuf.add(1);  // the copies go whole (each may still find an mbuf of its port)
-    }
   }
   std::uint32_t sent = 0;
   rt::wire::header one = h;
@@ -585,7 +585,7 @@ std::uint32_t nic::impl::hpu_multicast(std::uint32_t hpu, std::span<const std::u
   return sent;
 }
 
-bool nic::impl::to_packet(rte_mbuf*& m, rt::packet& out) noexcept {
+bool nic::impl::to_packet(lane_state& l, rte_mbuf*& m, rt::packet& out) noexcept {
   if (m->nb_segs == 1) {
     out = rt::packet{rte_pktmbuf_mtod(m, std::byte*), m->pkt_len, reinterpret_cast<std::uint64_t>(m)};
     return true;
@@ -605,7 +605,7 @@ bool nic::impl::to_packet(rte_mbuf*& m, rt::packet& out) noexcept {
   mbuf_free(m);
   m = lin;
   if (lin == nullptr) {
-    count_drop(nic_drop::no_mbuf);
+    l.no_mbuf.add(1);  // the lane's own counter (counted as no_mbuf): any lane may get here
     return false;
   }
   out = rt::packet{rte_pktmbuf_mtod(lin, std::byte*), lin->pkt_len, reinterpret_cast<std::uint64_t>(lin)};
@@ -656,7 +656,7 @@ std::uint32_t nic::impl::rx(port_state& ps, std::uint32_t index) noexcept {
       continue;
     }
     rt::packet pk;
-    if (!to_packet(m, pk)) continue;
+    if (!to_packet(lanes[0], m, pk)) continue;
     auto* frame = rte_pktmbuf_mtod(m, std::byte*);
     std::uint32_t dest = 0;
     if (m->pkt_len >= 14 && mac_rank(frame, dest) && dest != cfg.rank) {
@@ -786,7 +786,7 @@ std::uint32_t nic::impl::loop_drain(lane_state& l) noexcept {
   std::uint32_t got = 0;
   for (std::uint32_t i = 0; i < n; ++i) {
     rte_mbuf* m = l.loop[i];
-    if (to_packet(m, l.rx_buf[got])) ++got;
+    if (to_packet(l, m, l.rx_buf[got])) ++got;
   }
   // A frame that failed to_packet is freed and counted; the runtime takes the others.
   std::uint32_t k = rt->rx_burst(l.index, l.rx_buf.data(), got);
@@ -1110,6 +1110,7 @@ nic_stats nic::stats() const {
   for (const auto& l : p.lanes) {
     s.drops[static_cast<std::size_t>(nic_drop::tx_queue_full)] += l.tx_full.get();
     s.drops[static_cast<std::size_t>(nic_drop::no_mbuf)] += l.no_mbuf.get();
+    s.drops[static_cast<std::size_t>(nic_drop::unroutable)] += l.unroutable.get();
     s.loopback_packets += l.loopback.get();
     s.multicast_shared += l.shared_sends.get();
   }

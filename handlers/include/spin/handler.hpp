@@ -483,10 +483,11 @@ struct ctx {
   /// read once; where the NIC can, the copies share it (the emulator chains a header mbuf per
   /// destination in front of one clone of the payload mbuf: DPDK's indirect mbufs) instead of
   /// copying it per destination. `dests` must lie in local memory like `d.data`.
-  /// Returns the number of copies sent (0..count; a destination whose TX queue is full or that
-  /// has no route is skipped and counted as a failed send, as `send` does), or a negative
-  /// errc: invalid_argument (count 0 or above `max_multicast`, a malformed `d`),
-  /// out_of_bounds (data or dests outside local memory, a payload above the MTU).
+  /// Returns the number of copies sent (0..count; a copy that cannot go, for a full TX queue,
+  /// no route or no buffer, is skipped and counted as a failed send), or a negative errc for
+  /// the call as a whole: invalid_argument (count 0 or above `max_multicast`, a malformed `d`),
+  /// out_of_bounds (data or dests outside local memory, a payload above the MTU),
+  /// not_supported (the NIC has no TX port).
   i32 multicast(const send_desc& d, const u32* dests, u32 count) {
 #if SPIN_BPF
     return static_cast<i32>(spin_bpf_multicast(this, &d, dests, count));
@@ -501,7 +502,8 @@ struct ctx {
       one.message_id = d.message_id + i;
       const i32 r = api->send(this, &one);
       if (r == 0) ++sent;
-      else if (r != static_cast<i32>(errc::no_space) && r != static_cast<i32>(errc::not_found)) return r;
+      // An error of the descriptor itself comes with the first copy: the call fails as a whole.
+      else if (sent == 0 && i == 0 && r != static_cast<i32>(errc::no_space) && r != static_cast<i32>(errc::not_found)) return r;
     }
     return sent;
 #endif

@@ -166,6 +166,9 @@ private:
   std::vector<direction> _dirs;
   std::vector<std::uint16_t> _ports;  // ring ports we created
   rte_mempool* _dup_pool = nullptr;
+  // Set by run() once the work of lcores that could not start has moved to lcore 0: before it,
+  // no lcore helps (it would read lists run() still changes).
+  std::atomic<bool> _partition_final{false};
 };
 
 /// Runs a cluster (cluster::run, on its lcores) from construction until destruction: the

@@ -18,7 +18,8 @@
 //   install    node, package, name, match {bits, ignore_mask}
 //              [handler_mem_bytes, scratchpad_bytes, window {region, offset_bytes, len_bytes},
 //               limits {max_messages, retired_history, window_packets, max_parked_packets,
-//               handler_budget_ns, event_queue_depth}, bpf ("jit"|"interpreter"), persist (bool)]
+//               handler_budget_ns, event_queue_depth, read_only_multicast (bool)},
+//               scratchpad ("zeroed"|"undefined"), bpf ("jit"|"interpreter"), persist (bool)]
 //                                          -> ec
 //   uninstall  node, ec                    -> {}
 //   events     node, ec, capacity          -> capacity, bytes  + 1 fd (the event ring memfd)

@@ -66,7 +66,7 @@ struct nic_stats {
   /// payload, not as a copy of it.
   std::uint64_t multicast_shared = 0;
   /// Received multicast copies given their own contiguous copy before their handlers ran (the
-  /// EC's handlers may write their packet: ec_limits::read_only_packets is false).
+  /// EC's handlers may write their packet: ec_limits::read_only_multicast is false).
   std::uint64_t unshared = 0;
   std::uint64_t mbufs_in_use = 0;  ///< mbufs of the NIC's pools not in their pool right now
   std::uint64_t capture_frames = 0;  ///< frames written to the capture file

@@ -57,18 +57,23 @@ public:
   /// futex the NIC wakes when it posts one). Any thread.
   virtual std::size_t wait_events(rt::ec_id ec, std::span<rt::host_event> out, std::chrono::nanoseconds timeout) noexcept = 0;
   /// Sends a message. Returns once every packet was copied into the NIC's transmit queue (the
-  /// host buffer may then be reused). Errors: not_found (unknown region), out_of_bounds (range
-  /// outside the region), invalid_argument (length above 2^32 packets), timeout (the transmit
-  /// queue stayed full for `timeout`; packets already queued are sent, the rest are not).
+  /// host buffer may then be reused). Errors: those of `post`, aborted (the NIC stopped or
+  /// cancelled its sends meanwhile), invalid_argument (a packet could not be encoded as a
+  /// frame), timeout (the transmit queue stayed full for `timeout`; packets already queued are
+  /// sent, the rest are not).
   virtual result<void> send(const message_send& m, std::chrono::milliseconds timeout) = 0;
   /// Queues a message for sending and returns at once, without waiting for its packets (a
   /// real NIC's doorbell: the descriptor is posted, the NIC reads the host buffer later). A
   /// message of at most 256 bytes is copied when posted (an RDMA NIC's inline send), so its
   /// buffer may be reused at once; of a larger one the caller must leave the bytes alone until
-  /// it knows, from the receiver's answer, that they were read. A queued message waits for room in the transmit queue as long as it takes, and
-  /// is dropped only when the NIC stops. Takes no lock the NIC's lcores hold while polling.
-  /// Errors: those of `send` found up front (not_found, out_of_bounds, invalid_argument). The
-  /// default sends and waits (`send` with a one-second timeout).
+  /// it knows, from the receiver's answer, that they were read. A queued message waits for room
+  /// in the transmit queue as long as it takes; it is dropped only when the NIC stops or
+  /// cancels its sends. The queue has a lock of its own, which lane 0 takes once per round to
+  /// empty it: posting never waits for the lanes' locks. Errors (found up front): not_found
+  /// (unknown region, no route), out_of_bounds (range outside the region), invalid_argument
+  /// (length above 2^32 packets, frames that do not fit the port), bad_state (the NIC was
+  /// stopped). The default sends and waits (`send` with a one-second timeout, whose errors it
+  /// returns).
   virtual result<void> post(const message_send& m) { return send(m, std::chrono::milliseconds(1000)); }
   /// Snapshot of the runtime's counters.
   virtual rt::runtime_stats runtime_stats() const = 0;

@@ -673,7 +673,8 @@ template <class Red> struct engine {
   /// ring's: chunk c starts at rank c+1), keep the result and multicast it to every member.
   /// A contribution the slot already holds gets the result again when the slot is complete
   /// (the worker lost it), else nothing. SwitchML (NSDI 2021) algorithm 3, with the bitmap
-  /// and shadow copies, and contributions kept instead of added so the order is fixed.
+  /// and shadow copies, and contributions kept instead of added so the order is fixed (all but
+  /// the one that completes the slot, which is read from its packet).
   ///
   /// In a hierarchy (docs/collectives.md, "Hierarchies") the same slot logic runs twice: a leaf
   /// combines its local members' contributions and sends the partial up (k_up2) instead of

@@ -113,7 +113,7 @@ struct ec_limits {
   /// Capacity of the EC's host event queue (events), rounded up to a power of two.
   std::uint32_t event_queue_depth = 4096;
   /// The EC's handlers never write to a packet that reached them as a multicast copy
-  /// (`ctx::multicast` of another NIC): the runtime may then run them on the copy in place,
+  /// (`ctx::multicast` of any NIC, this one included): the runtime may then run them on the copy in place,
   /// its payload shared with the other copies (`packet::shared`). False (the default): every
   /// packet a handler sees is its own (a shared one is copied first, counted as `unshared` in
   /// the emulator's NIC statistics). A handler of an EC that sets it and writes such a packet

@@ -29,7 +29,7 @@ enum class drop_reason : std::uint8_t {
   not_data,         ///< packet type other than data/result (ack, nack, control): not for handlers in v1
   ec_removed,       ///< the EC was uninstalled while the packet waited
   host_window,      ///< default deposit (no payload handler) outside the EC's host window
-  no_private_copy,  ///< a shared packet (multicast copy) for an EC that may write its packets, and no buffer for its own copy
+  no_private_copy,  ///< a two-buffer frame (a multicast copy) that had to be made contiguous (shared and the EC may write its packets, or its payload not exactly the second buffer) and could not be (no buffer, or no runtime_config::unshare)
   count_
 };
 inline constexpr std::size_t drop_reason_count = static_cast<std::size_t>(drop_reason::count_);
