@@ -551,16 +551,6 @@ std::uint32_t nic::impl::hpu_multicast(std::uint32_t hpu, std::span<const std::u
     }
     const bool loop = static_cast<std::uint32_t>(pi) == ports.size();
     rte_mempool* pool = loop ? tx_pool : ports[static_cast<std::uint32_t>(pi)].p->pool();
-    // A shared copy takes two mbufs of the egress pool (header and clone), a whole frame one:
-    // under pressure (less than half the pool free) the copy goes whole, so that multicast
-    // does not drain the pool its port also receives into (spin::coll's test "a switch
-    // multicasting to many hosts ..." with 128-mbuf pools timed out on a loaded machine).
-    if (rte_mempool_avail_count(pool) < pool->size / 2) {
-      const errc e = hpu_send(hpu, dests[i], one, payload);
-      if (e == errc::ok) ++sent;
-      else last_error = e;
-      continue;
-    }
     rte_mbuf* hdr = mbuf_alloc(pool);
     rte_mbuf* clone = hdr != nullptr ? rte_pktmbuf_clone(shared, pool) : nullptr;
     if (clone == nullptr) {
