@@ -54,15 +54,14 @@ inline rte_mbuf* mbuf_alloc(rte_mempool* pool) noexcept {
 
 /// rte_pktmbuf_free, segment by segment, with the release after the last access to each. A
 /// segment may be a clone (an indirect mbuf showing another mbuf's data, `ctx::multicast`):
-/// whichever holder lets go of the data last returns the mbuf that owns it. In ThreadSanitizer
-/// builds every holder releases on that mbuf before it lets go and the last acquires before it
-/// frees it; DPDK's detach would free it inside the library, where ThreadSanitizer sees
-/// nothing, so a reference taken around the detach keeps the freeing here. Other builds leave
-/// it to DPDK (two atomics fewer per clone).
+/// whichever holder lets go of the data last returns the mbuf that owns it. Every holder
+/// releases on that mbuf before it lets go, and the last acquires before it frees it, so that
+/// ThreadSanitizer sees every reader of the shared data before the mbuf's next user. DPDK's own
+/// detach would free that mbuf inside the library, where ThreadSanitizer sees nothing: the
+/// reference taken around it keeps the freeing here.
 inline void mbuf_free(rte_mbuf* m) noexcept {
   while (m != nullptr) {
     rte_mbuf* next = m->next;
-#if defined(SPIN_TSAN)
     rte_mbuf* owner = RTE_MBUF_CLONED(m) ? rte_mbuf_from_indirect(m) : nullptr;
     if (owner != nullptr) {
       tsan_release(owner);
@@ -70,13 +69,11 @@ inline void mbuf_free(rte_mbuf* m) noexcept {
     } else {
       tsan_release(m);  // a shared direct mbuf: the holder that frees it last acquires this
     }
-#endif
     if (rte_mbuf* seg = rte_pktmbuf_prefree_seg(m); seg != nullptr) {
       tsan_acquire(seg);
       tsan_release(seg);
       rte_mempool_put(seg->pool, seg);
     }
-#if defined(SPIN_TSAN)
     if (owner != nullptr && rte_mbuf_refcnt_update(owner, -1) == 0) {
       tsan_acquire(owner);
       owner->next = nullptr;
@@ -85,7 +82,6 @@ inline void mbuf_free(rte_mbuf* m) noexcept {
       tsan_release(owner);
       rte_mempool_put(owner->pool, owner);
     }
-#endif
     m = next;
   }
 }
