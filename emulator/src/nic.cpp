@@ -198,6 +198,13 @@ struct nic::impl {
   std::deque<port_state> ports;  // deque: port_state holds atomics and never moves
   std::deque<lane_state> lanes;
   rte_mempool* lin_pool = nullptr;  // whole-frame mbufs for linearising chained RX frames
+  // Multicast's own pools (as DPDK's ipv4_multicast example): shared payloads, the header mbufs
+  // chained in front of them and the clones that reference them. A shared copy takes nothing
+  // from the pools ports receive into, so a switch replicating results cannot starve its own
+  // RX; when these run dry, copies go whole from their egress port's pool as before.
+  rte_mempool* mc_payload_pool = nullptr;
+  rte_mempool* mc_header_pool = nullptr;
+  rte_mempool* mc_clone_pool = nullptr;
   rte_mempool* tx_pool = nullptr;   // the first port's pool: loopback frames, injected frames
   std::uint32_t tx_room = 0;        // bytes of frame one port mbuf holds (data room - headroom; every port alike)
   std::uint32_t max_payload = 0;
@@ -205,6 +212,7 @@ struct nic::impl {
   // Below this payload a multicast copies the payload per destination: a header mbuf and a
   // clone cost about as much as copying 256 bytes.
   static constexpr std::size_t share_min_bytes = 256;
+  static constexpr std::uint16_t mc_header_room = 128;  // Ethernet, IPv4, UDP, spin and collective headers: 104 bytes
   tx tx_port{*this};
   std::unique_ptr<rt::runtime> rt;
   std::vector<rte_mbuf*> mbuf_buf;
@@ -401,6 +409,23 @@ result<void> nic::impl::init() {
     if (lin_pool == nullptr)
       return fail(errc::no_memory, "nic " + cfg.name + ": cannot create the pool for chained frames: " + rte_strerror(rte_errno));
   }
+  {
+    // Sizes: an eighth of a port's pool in shared payloads, and a header and a clone for each
+    // of them towards up to 8 ports at once; beyond that copies go whole.
+    static std::atomic<unsigned> seq{0};
+    const std::string tag = "spin_mc" + std::to_string(seq.fetch_add(1));
+    const std::uint32_t payloads = std::max<std::uint32_t>(cfg.port.pool_mbufs / 8, 63);
+    const std::uint32_t copies = payloads * std::min<std::uint32_t>(nports, 8);
+    const auto cache = [](std::uint32_t n) { return n >= 1024 ? 32u : 0u; };
+    mc_payload_pool = rte_pktmbuf_pool_create((tag + "p").c_str(), payloads, cache(payloads), 0,
+                                              rte_pktmbuf_data_room_size(tx_pool), SOCKET_ID_ANY);
+    mc_header_pool = rte_pktmbuf_pool_create((tag + "h").c_str(), copies, cache(copies), 0,
+                                             static_cast<std::uint16_t>(RTE_PKTMBUF_HEADROOM + mc_header_room), SOCKET_ID_ANY);
+    mc_clone_pool = rte_pktmbuf_pool_create((tag + "c").c_str(), copies, cache(copies), 0, 0, SOCKET_ID_ANY);
+    if (mc_payload_pool == nullptr || mc_header_pool == nullptr || mc_clone_pool == nullptr)
+      return fail(errc::no_memory, "nic " + cfg.name + ": cannot create the multicast pools (" + std::to_string(payloads) +
+                                       " payloads, " + std::to_string(copies) + " headers and clones): " + rte_strerror(rte_errno));
+  }
   const std::uint32_t hpus = cfg.runtime.hpus;
   for (std::uint32_t h = 0; h < hpus; ++h) {
     lane_state& l = lanes.emplace_back();
@@ -432,7 +457,8 @@ result<void> nic::impl::init() {
 nic::impl::~impl() {
   stop();
   ports.clear();
-  if (lin_pool != nullptr) rte_mempool_free(lin_pool);
+  for (rte_mempool* mp : {lin_pool, mc_payload_pool, mc_header_pool, mc_clone_pool})
+    if (mp != nullptr) rte_mempool_free(mp);
 }
 
 void nic::impl::stop() noexcept {
@@ -522,16 +548,17 @@ errc nic::impl::enqueue(std::uint32_t hpu, std::uint32_t pi, rte_mbuf* m) noexce
 
 // Multicast with one copy of the payload: the payload goes once into an mbuf, and each
 // destination gets a frame of two segments, its own header mbuf (addresses, message id)
-// chained in front of a clone of that mbuf (DPDK's indirect mbufs: a reference, no copy). Where
-// a copy cannot share (one destination; the payload small enough that a header mbuf and a
-// clone cost more than copying it, or larger than one mbuf; no mbuf for it; an egress port that
-// does not send chains), that copy is a whole frame.
+// chained in front of a clone of that mbuf (DPDK's indirect mbufs: a reference, no copy), all
+// three from the multicast pools. Where a copy cannot share (one destination; the payload small
+// enough that a header mbuf and a clone cost more than copying it, or larger than one mbuf; the
+// multicast pools dry; an egress port that does not send chains), that copy is a whole frame
+// from its egress port's pool.
 std::uint32_t nic::impl::hpu_multicast(std::uint32_t hpu, std::span<const std::uint32_t> dests, const rt::wire::header& h,
                                        std::span<const std::byte> payload, errc& last_error) noexcept {
   lane_state& l = lanes[hpu];
   rte_mbuf* shared = nullptr;
   if (dests.size() > 1 && payload.size() >= share_min_bytes && payload.size() <= tx_room) {
-    shared = mbuf_alloc(tx_pool);
+    shared = mbuf_alloc(mc_payload_pool);
     // Without it the copies go whole (each may still find an mbuf of its port; one that does
     // not is counted there).
     if (shared != nullptr)
@@ -549,14 +576,13 @@ std::uint32_t nic::impl::hpu_multicast(std::uint32_t hpu, std::span<const std::u
       else last_error = e;
       continue;
     }
-    const bool loop = static_cast<std::uint32_t>(pi) == ports.size();
-    rte_mempool* pool = loop ? tx_pool : ports[static_cast<std::uint32_t>(pi)].p->pool();
-    rte_mbuf* hdr = mbuf_alloc(pool);
-    rte_mbuf* clone = hdr != nullptr ? rte_pktmbuf_clone(shared, pool) : nullptr;
-    if (clone == nullptr) {
+    rte_mbuf* hdr = mbuf_alloc(mc_header_pool);
+    rte_mbuf* clone = hdr != nullptr ? rte_pktmbuf_clone(shared, mc_clone_pool) : nullptr;
+    if (clone == nullptr) {  // the multicast pools are dry: this copy goes whole
       if (hdr != nullptr) mbuf_free(hdr);
-      l.no_mbuf.add(1);
-      last_error = errc::no_space;
+      const errc e = hpu_send(hpu, dests[i], one, payload);
+      if (e == errc::ok) ++sent;
+      else last_error = e;
       continue;
     }
     detail::tsan_acquire(clone);  // allocated inside DPDK, not by mbuf_alloc
@@ -867,7 +893,8 @@ template <class F> auto nic::impl::with_lanes_aside(const char* what, F&& f) -> 
 std::uint64_t nic::impl::mbufs_in_use() const noexcept {
   std::uint64_t n = 0;
   for (const auto& ps : ports) n += rte_mempool_in_use_count(ps.p->pool());
-  if (lin_pool != nullptr) n += rte_mempool_in_use_count(lin_pool);
+  for (const rte_mempool* mp : {lin_pool, mc_payload_pool, mc_header_pool, mc_clone_pool})
+    if (mp != nullptr) n += rte_mempool_in_use_count(mp);
   return n;
 }
 

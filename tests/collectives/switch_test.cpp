@@ -341,6 +341,7 @@ TEST_CASE("a switch multicasting to many hosts takes each frame from its egress 
     th.emplace_back([&, r] { res[r] = comms[r]->allreduce(in[r].data(), out[r].data(), count, dtype::i32, op::sum, algorithm::switch_agg); });
   for (auto& t : th) t.join();
   for (std::uint32_t r = 0; r < n; ++r) {
+    if (!res[r].ok()) MESSAGE(emu::to_text((*c)->stats()));
     REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
     bool exact = true;
     for (std::uint64_t i = 0; i < count; ++i) exact &= out[r][i] == 8 * static_cast<std::int32_t>(i % 1000) + 28;

@@ -12,6 +12,9 @@
 #include <thread>
 #include <vector>
 
+#include <rte_mbuf.h>
+#include <rte_mempool.h>
+
 #include <sys/resource.h>
 
 using namespace spin;
@@ -403,11 +406,80 @@ TEST_CASE("a multicast copies its payload once, shares it between the copies, an
   SUBCASE("receivers that write their packets do not change what the others receive") { run_multicast(2); }
 }
 
+TEST_CASE("a multicast shares its copies through the multicast pools, not the pool its port receives into") {
+  // Host 0's port pool keeps only 24 free mbufs: enough for the frames of the message it sends
+  // itself, not for a header and a clone per copy (96). A shared copy must not draw on it (a
+  // switch replicating results once starved its own RX so, and lost frames).
+  auto c = emu::cluster::create(emu::star(4, emu::link_model{}), emu::cluster_options{});
+  REQUIRE_MESSAGE(c.ok(), c.err().message);
+  emu::cluster& cl = **c;
+  const std::size_t len = 64 * 1024;  // 16 packets of 4 KiB, 3 copies each
+  std::vector<std::uint64_t> base;
+  for (std::uint32_t i = 0; i < cl.node_count(); ++i) base.push_back(cl.node(i).stats().mbufs_in_use);
+  std::vector<std::byte> src = bytes_of(0, 5, len);
+  auto rs = cl.host(0)->register_host_memory(src);
+  REQUIRE(rs.ok());
+  const rt::ec_id se = install_mcast(cl);
+  std::vector<std::vector<std::byte>> dst(4, std::vector<std::byte>(len));
+  std::vector<rt::ec_id> ecs(4);
+  for (std::uint32_t h = 1; h < 4; ++h) {
+    auto rd = cl.host(h)->register_host_memory(dst[h]);
+    REQUIRE(rd.ok());
+    rt::ec_config ec;
+    ec.name = "copy";
+    ec.match = {0x3000, 0};
+    ec.handlers = rt::handler_set(nullptr, nullptr, done_ch);
+    ec.window = rt::host_window{*rd, 0, len};
+    ec.limits.read_only_multicast = true;
+    auto e = cl.host(h)->install(ec);
+    REQUIRE(e.ok());
+    ecs[h] = *e;
+  }
+  rte_mempool* pool = cl.host(0)->port_pool(0);
+  REQUIRE(pool != nullptr);
+  std::vector<rte_mbuf*> held;
+  while (rte_mempool_avail_count(pool) > 24) {
+    rte_mbuf* m = rte_pktmbuf_alloc(pool);
+    REQUIRE(m != nullptr);
+    held.push_back(m);
+  }
+  {
+    driver d(cl);
+    auto r = cl.host(0)->send(emu::message_send{0, 0x2000, 1, *rs, 0, len}, 5000ms);
+    REQUIRE_MESSAGE(r.ok(), r.err().message);
+    for (std::uint32_t h = 1; h < 4; ++h) {
+      std::array<rt::host_event, 4> ev;
+      const auto deadline = std::chrono::steady_clock::now() + 10s;
+      std::size_t got = 0;
+      while (got == 0 && std::chrono::steady_clock::now() < deadline) got = cl.host(h)->wait_events(ecs[h], ev, 100ms);
+      REQUIRE_MESSAGE(got == 1, "host " << h << " saw no completion");
+    }
+  }
+  REQUIRE(cl.quiesce(3000ms));
+  for (rte_mbuf* m : held) rte_pktmbuf_free(m);
+  for (std::uint32_t h = 1; h < 4; ++h) CHECK_MESSAGE(dst[h] == src, "host " << h);
+  const auto s0 = cl.node(0).stats();
+  CHECK(s0.multicast_shared == 48);
+  CHECK(s0.runtime.ecs.at(0).sends == 48);
+  CHECK(s0.runtime.ecs.at(0).send_failed == 0);
+  CHECK(s0.drops[static_cast<std::size_t>(emu::nic_drop::no_mbuf)] == 0);
+  std::uint64_t counted = 0;
+  std::memcpy(&counted, cl.host(0)->runtime().handler_memory(se).data() + 48, 8);
+  CHECK(counted == 48);
+  for (std::uint32_t i = 0; i < cl.node_count(); ++i) CHECK_MESSAGE(cl.node(i).stats().mbufs_in_use == base[i], "node " << i);
+}
+
 TEST_CASE("a multicast that runs out of mbufs counts the copies it could not send and returns every mbuf") {
+  // Host 1 sends host 0 a message of 256 packets (its frames come from host 1's pools); host 0
+  // multicasts each to hosts 1..3. Host 0's port pool has no free mbuf at all (the test holds
+  // them), so only shared copies can go, and its multicast pools (63 payloads, 63 headers and
+  // clones for 127-mbuf port pools) hold 21 packets' copies: on one lcore a burst of 32 packets
+  // needs 96 at once, and the rest fail.
   emu::cluster_options o;
-  o.port.pool_mbufs = 127;  // a few bursts: 3 copies of 256 packets run the pools dry
+  o.port.pool_mbufs = 127;
   o.port.rx_desc = 32;
   o.port.tx_desc = 32;
+  o.lcores = 1;
   auto c = emu::cluster::create(emu::star(4, emu::link_model{}), o);
   REQUIRE_MESSAGE(c.ok(), c.err().message);
   emu::cluster& cl = **c;
@@ -415,7 +487,7 @@ TEST_CASE("a multicast that runs out of mbufs counts the copies it could not sen
   for (std::uint32_t i = 0; i < cl.node_count(); ++i) base.push_back(cl.node(i).stats().mbufs_in_use);
   const std::size_t len = 1024 * 1024;  // 256 packets
   std::vector<std::byte> src = bytes_of(0, 9, len);
-  auto rs = cl.host(0)->register_host_memory(src);
+  auto rs = cl.host(1)->register_host_memory(src);
   REQUIRE(rs.ok());
   const rt::ec_id se = install_mcast(cl);
   std::vector<std::vector<std::byte>> dst(4, std::vector<std::byte>(len));
@@ -429,13 +501,22 @@ TEST_CASE("a multicast that runs out of mbufs counts the copies it could not sen
     ec.limits.read_only_multicast = true;
     REQUIRE(cl.host(h)->install(ec).ok());
   }
+  rte_mempool* pool = cl.host(0)->port_pool(0);
+  REQUIRE(pool != nullptr);
+  std::vector<rte_mbuf*> held;
+  while (rte_mempool_avail_count(pool) > 0) {
+    rte_mbuf* m = rte_pktmbuf_alloc(pool);
+    REQUIRE(m != nullptr);
+    held.push_back(m);
+  }
   {
     driver d(cl);
-    auto r = cl.host(0)->send(emu::message_send{0, 0x2000, 1, *rs, 0, len}, 5000ms);
+    auto r = cl.host(1)->send(emu::message_send{0, 0x2000, 1, *rs, 0, len}, 5000ms);
     REQUIRE_MESSAGE(r.ok(), r.err().message);
     std::this_thread::sleep_for(200ms);
   }
   REQUIRE(cl.quiesce(3000ms));
+  for (rte_mbuf* m : held) rte_pktmbuf_free(m);
   const auto s0 = cl.node(0).stats();
   REQUIRE(s0.runtime.ecs.size() == 1);
   const auto& e0 = s0.runtime.ecs[0];
