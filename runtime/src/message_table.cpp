@@ -15,47 +15,75 @@ void message_table::init(std::uint32_t open_max, std::uint32_t retired_history, 
   _free.clear();
   _free.reserve(entries);
   for (std::uint32_t i = entries; i-- > 0;) _free.push_back(i);
-  _index.assign(std::bit_ceil(std::uint64_t{entries} * 2), 0);
-  _index_mask = static_cast<std::uint32_t>(_index.size() - 1);
+  // At most half the slots in use: a group overflows rarely.
+  const std::uint64_t groups = std::bit_ceil((std::uint64_t{entries} * 2 + group_slots - 1) / group_slots);
+  _index_store.assign(groups * group_slots + group_slots, 0);
+  const auto addr = reinterpret_cast<std::uintptr_t>(_index_store.data());
+  _slots = _index_store.data() + ((64 - addr % 64) % 64) / sizeof(std::uint64_t);
+  _overflow.assign(groups, 0);
+  _group_mask = static_cast<std::uint32_t>(groups - 1);
   _retired.assign(retired_history, 0);
   _retired_head = _retired_count = 0;
 }
 
+namespace {
+
+// Bit k set when slot k of the group holds a key of hash `hash` (never an empty slot: hashes are
+// non-zero).
+inline std::uint32_t match_hash(const std::uint64_t* g, std::uint32_t hash) noexcept {
+  std::uint32_t m = 0;
+  for (std::uint32_t k = 0; k < 8; ++k) m |= static_cast<std::uint32_t>(static_cast<std::uint32_t>(g[k] >> 32) == hash) << k;
+  return m;
+}
+// Bit k set when slot k holds exactly `v`.
+inline std::uint32_t match_value(const std::uint64_t* g, std::uint64_t v) noexcept {
+  std::uint32_t m = 0;
+  for (std::uint32_t k = 0; k < 8; ++k) m |= static_cast<std::uint32_t>(g[k] == v) << k;
+  return m;
+}
+
+} // namespace
+
 std::uint32_t message_table::find(std::uint32_t hash, std::uint32_t source, std::uint64_t id) const noexcept {
-  for (std::uint32_t p = hash & _index_mask;; p = (p + 1) & _index_mask) {
-    const std::uint64_t v = _index[p];
-    if (v == 0) return none;
-    if (static_cast<std::uint32_t>(v >> 32) != hash) continue;
-    const auto idx = static_cast<std::uint32_t>(v) - 1;
-    const message& m = _msgs[idx];
-    if (m.source == source && m.id == id) return idx;
+  for (std::uint32_t g = hash & _group_mask;; g = (g + 1) & _group_mask) {
+    for (std::uint32_t m = match_hash(group(g), hash); m != 0; m &= m - 1) {
+      const auto idx = static_cast<std::uint32_t>(group(g)[std::countr_zero(m)]) - 1;
+      const message& e = _msgs[idx];
+      if (e.source == source && e.id == id) return idx;
+    }
+    if (_overflow[g] == 0) return none;
   }
 }
 
-void message_table::index_erase(std::uint32_t idx) noexcept {
-  std::uint32_t p = _msgs[idx].hash & _index_mask;
-  while (static_cast<std::uint32_t>(_index[p]) != idx + 1) p = (p + 1) & _index_mask;
-  // Backward-shift deletion keeps linear probing free of tombstones.
-  std::uint32_t hole = p;
-  for (std::uint32_t q = (p + 1) & _index_mask; _index[q] != 0; q = (q + 1) & _index_mask) {
-    const std::uint32_t home = static_cast<std::uint32_t>(_index[q] >> 32) & _index_mask;
-    // Move q into the hole when its home does not lie cyclically in (hole, q].
-    const bool stays = hole <= q ? (home > hole && home <= q) : (home > hole || home <= q);
-    if (!stays) {
-      _index[hole] = _index[q];
-      hole = q;
+void message_table::index_insert(std::uint32_t hash, std::uint32_t idx) noexcept {
+  // The table holds at most half as many keys as slots: some group has room.
+  for (std::uint32_t g = hash & _group_mask;; g = (g + 1) & _group_mask) {
+    if (const std::uint32_t room = match_value(group(g), 0); room != 0) {
+      group(g)[std::countr_zero(room)] = (std::uint64_t{hash} << 32) | (idx + 1);
+      return;
     }
+    ++_overflow[g];
   }
-  _index[hole] = 0;
+}
+
+void message_table::index_erase(std::uint32_t idx, std::uint32_t hash) noexcept {
+  const std::uint64_t v = (std::uint64_t{hash} << 32) | (idx + 1);
+  for (std::uint32_t g = hash & _group_mask;; g = (g + 1) & _group_mask) {
+    if (const std::uint32_t m = match_value(group(g), v); m != 0) {
+      group(g)[std::countr_zero(m)] = 0;
+      return;
+    }
+    --_overflow[g];  // the key passed this group on insertion
+  }
 }
 
 // The ring wraps by comparison: a division per packet would cost more than the rest of the
 // bookkeeping.
-std::uint32_t message_table::pop_retired() noexcept {
+void message_table::evict_oldest() noexcept {
   const std::uint64_t old = _retired[_retired_head];
   if (++_retired_head == _retired.size()) _retired_head = 0;
   --_retired_count;
-  return static_cast<std::uint32_t>(old);
+  release(static_cast<std::uint32_t>(old), static_cast<std::uint32_t>(old >> 32));
 }
 
 // Starts loading what evicting the oldest retired message will touch (its entry and its index
@@ -65,24 +93,35 @@ void message_table::prefetch_victim() const noexcept {
   if (_retired_count == 0 || (!_free.empty() && _retired_count < _retired.size())) return;
   const std::uint64_t v = _retired[_retired_head];
   __builtin_prefetch(&_msgs[static_cast<std::uint32_t>(v)], 1);
-  __builtin_prefetch(&_index[static_cast<std::uint32_t>(v >> 32) & _index_mask], 1);
+  __builtin_prefetch(group(static_cast<std::uint32_t>(v >> 32) & _group_mask), 1);
+}
+
+// Bits stay set only for packets received ahead of base (seq in (base, highest)): cleared when
+// the message leaves the open state, while its entry is still in the cache, so that an entry
+// opens with a clean window and an evicted one is never read.
+void message_table::clear_window(std::uint32_t idx) noexcept {
+  const message& m = _msgs[idx];
+  if (m.highest > m.base)
+    std::fill_n(_bitmaps.begin() + static_cast<std::ptrdiff_t>(std::uint64_t{idx} * _window_words), _window_words, 0);
+}
+
+// The key's hash comes from the caller (the retired FIFO keeps it), so that evicting the oldest
+// retired message writes its entry but does not wait to read it.
+void message_table::release(std::uint32_t idx, std::uint32_t hash) noexcept {
+  index_erase(idx, hash);
+  _msgs[idx].state = msg_state::free;  // open() initialises every field
+  _free.push_back(idx);
 }
 
 void message_table::free(std::uint32_t idx) noexcept {
-  index_erase(idx);
-  message& m = _msgs[idx];
-  // Bits stay set only for packets received ahead of base (seq in (base, highest)): clear them
-  // here, so that a message opens with a clean window without touching it.
-  if (m.highest > m.base)
-    std::fill_n(_bitmaps.begin() + static_cast<std::ptrdiff_t>(std::uint64_t{idx} * _window_words), _window_words, 0);
-  m.state = msg_state::free;  // open() initialises every field
-  _free.push_back(idx);
+  if (_msgs[idx].state != msg_state::retired) clear_window(idx);
+  release(idx, _msgs[idx].hash);
 }
 
 std::uint32_t message_table::open(std::uint32_t hash, std::uint32_t source, std::uint64_t id) noexcept {
   if (_free.empty()) {
     if (_retired_count == 0) return none;
-    free(pop_retired());
+    evict_oldest();
   }
   const std::uint32_t idx = _free.back();
   _free.pop_back();
@@ -92,9 +131,7 @@ std::uint32_t message_table::open(std::uint32_t hash, std::uint32_t source, std:
   m.hash = hash;
   m.id = id;
   m.state = msg_state::open;
-  std::uint32_t p = hash & _index_mask;
-  while (_index[p] != 0) p = (p + 1) & _index_mask;
-  _index[p] = (std::uint64_t{hash} << 32) | (idx + 1);
+  index_insert(hash, idx);
   return idx;
 }
 
@@ -105,7 +142,7 @@ seq_verdict message_table::check(std::uint32_t idx, std::uint32_t seq, bool end)
   if (seq < m.base) return seq_verdict::duplicate;
   if (seq - m.base >= _window) return seq_verdict::out_of_window;
   // In-order arrival with nothing received ahead (every one-packet message, most streams) needs
-  // no bitmap: all its bits are clear (see free()).
+  // no bitmap: all its bits are clear (see clear_window()).
   if (seq == m.base && m.highest <= m.base) return seq_verdict::in_order;
   const std::uint64_t* bits = _bitmaps.data() + std::uint64_t{idx} * _window_words;
   const std::uint32_t bit = seq & _bit_mask;
@@ -135,12 +172,13 @@ void message_table::mark(std::uint32_t idx, std::uint32_t seq, bool end, seq_ver
 }
 
 void message_table::settle(std::uint32_t idx) noexcept {
+  clear_window(idx);
   _msgs[idx].state = msg_state::retired;
   if (_retired.empty()) {
     free(idx);
     return;
   }
-  if (_retired_count == _retired.size()) free(pop_retired());
+  if (_retired_count == _retired.size()) evict_oldest();
   std::uint32_t tail = _retired_head + _retired_count;
   if (tail >= _retired.size()) tail -= static_cast<std::uint32_t>(_retired.size());
   _retired[tail] = std::uint64_t{_msgs[idx].hash} << 32 | idx;

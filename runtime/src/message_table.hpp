@@ -13,14 +13,16 @@ namespace spin::rt::detail {
 
 inline constexpr std::uint32_t none = UINT32_MAX;
 
-/// A message key's hash: its index slot is hash & mask, and hpu_of() takes its HPU from the
-/// high bits. Computed once per packet, kept in the message and in the retired FIFO.
+/// A message key's hash, never 0 (the index's empty slot): its index group is taken from the low
+/// bits, and hpu_of_hash() takes its HPU from the high bits. Computed once per packet, kept in
+/// the message and in the retired FIFO.
 inline std::uint32_t key_hash(std::uint32_t source, std::uint64_t id) noexcept {
   std::uint64_t x = id ^ (std::uint64_t{source} * 0x9e3779b97f4a7c15ull);
   x ^= x >> 31;
   x *= 0xbf58476d1ce4e5b9ull;
   x ^= x >> 29;
-  return static_cast<std::uint32_t>(x);
+  const auto h = static_cast<std::uint32_t>(x);
+  return h + (h == 0);
 }
 
 /// The HPU of a key hash among `hpus` (multiply-shift: no division).
@@ -65,7 +67,8 @@ public:
   const message& operator[](std::uint32_t idx) const noexcept { return _msgs[idx]; }
   std::uint32_t entries() const noexcept { return static_cast<std::uint32_t>(_msgs.size()); }
 
-  /// The entry of (source, id) in any state but free, or none.
+  /// The entry of (source, id) in any state but free, or none. `hash` is key_hash(source, id)
+  /// here and in open() (any non-zero value in tests).
   std::uint32_t find(std::uint32_t hash, std::uint32_t source, std::uint64_t id) const noexcept;
   /// A new open entry for (source, id), evicting the oldest retired key when no entry is free;
   /// none when every entry is open or held. The caller fills the message's other fields.
@@ -80,18 +83,32 @@ public:
   void free(std::uint32_t idx) noexcept;
 
 private:
-  void index_erase(std::uint32_t idx) noexcept;
-  std::uint32_t pop_retired() noexcept;
+  static constexpr std::uint32_t group_slots = 8;  // one 64-byte cache line of slots
+  const std::uint64_t* group(std::uint32_t g) const noexcept { return _slots + std::size_t{g} * group_slots; }
+  std::uint64_t* group(std::uint32_t g) noexcept { return _slots + std::size_t{g} * group_slots; }
+  void index_insert(std::uint32_t hash, std::uint32_t idx) noexcept;
+  void index_erase(std::uint32_t idx, std::uint32_t hash) noexcept;
+  void clear_window(std::uint32_t idx) noexcept;
+  void release(std::uint32_t idx, std::uint32_t hash) noexcept;
+  void evict_oldest() noexcept;
   void prefetch_victim() const noexcept;
 
   std::vector<message> _msgs;
   std::vector<std::uint64_t> _bitmaps;  // _window_words per message
   std::uint32_t _window = 0, _window_words = 0, _bit_mask = 0;
   std::vector<std::uint32_t> _free;
-  // Open addressing with linear probing: (hash << 32) | (idx + 1), 0 = empty. The stored hash
-  // lets probes and deletions skip other messages' entries without reading them.
-  std::vector<std::uint64_t> _index;
-  std::uint32_t _index_mask = 0;
+  // The index: groups of 8 slots, one cache line each, a slot (hash << 32) | (idx + 1) or 0 when
+  // empty. A key lives in its home group (hash & _group_mask) or, when that was full at its
+  // insertion, in the first later group with room; _overflow[g] counts the keys that passed group
+  // g so, and a lookup goes on past g only while it is non-zero. A group is compared as a whole
+  // into a bit mask (no branch per slot), and deletion only clears a slot: the table's cost per
+  // message is a few predictable branches, where linear probing's backward-shift deletion and
+  // probe loops mispredicted several times per message (measured: 25 ns per open + settle +
+  // lookup before, see docs/benchmarks.md).
+  std::vector<std::uint64_t> _index_store;  // the groups, with room to align them to 64 bytes
+  std::uint64_t* _slots = nullptr;
+  std::vector<std::uint32_t> _overflow;
+  std::uint32_t _group_mask = 0;
   std::vector<std::uint64_t> _retired;  // FIFO of retired messages: hash << 32 | idx
   std::uint32_t _retired_head = 0, _retired_count = 0;
 };

@@ -77,6 +77,61 @@ TEST_CASE("keys that collide in the index stay findable after others are deleted
   }
 }
 
+TEST_CASE("keys of one index group overflow into the next groups and stay findable in any deletion order") {
+  // 64 entries: 16 groups of 8 slots. Forty keys share one hash (as an attacker choosing ids
+  // could make them), so they fill their home group and four more; keys of the groups they
+  // pass through must stay findable, and deleting in any order must leave every other key
+  // findable and keep lookups of absent keys ending.
+  message_table t;
+  t.init(64, 0, 64);
+  constexpr std::uint32_t same = 0x35;  // group 5
+  std::vector<std::uint32_t> idx;
+  for (std::uint64_t id = 0; id < 40; ++id) {
+    idx.push_back(t.open(same, 1, id));
+    REQUIRE(idx.back() != none);
+  }
+  // Keys whose home is a group the overflow filled: they go further on, and are found.
+  std::vector<std::uint32_t> other;
+  for (std::uint32_t g = 5; g < 11; ++g) {
+    other.push_back(t.open(g, 2, g));
+    REQUIRE(other.back() != none);
+  }
+  for (std::uint64_t id = 0; id < 40; ++id) CHECK(t.find(same, 1, id) == idx[id]);
+  for (std::uint32_t g = 5; g < 11; ++g) CHECK(t.find(g, 2, g) == other[g - 5]);
+  CHECK(t.find(same, 1, 40) == none);
+  // Delete every third, then the rest from the far end.
+  std::set<std::uint64_t> live;
+  for (std::uint64_t id = 0; id < 40; ++id) live.insert(id);
+  for (std::uint64_t id = 0; id < 40; id += 3) {
+    t.free(idx[id]);
+    live.erase(id);
+    for (std::uint64_t k : live) REQUIRE(t.find(same, 1, k) == idx[k]);
+    for (std::uint32_t g = 5; g < 11; ++g) REQUIRE(t.find(g, 2, g) == other[g - 5]);
+  }
+  while (!live.empty()) {
+    const std::uint64_t id = *live.rbegin();
+    t.free(idx[id]);
+    live.erase(id);
+    CHECK(t.find(same, 1, id) == none);
+    for (std::uint64_t k : live) REQUIRE(t.find(same, 1, k) == idx[k]);
+  }
+  for (std::uint32_t g = 5; g < 11; ++g) CHECK(t.find(g, 2, g) == other[g - 5]);
+  // The freed entries open again, under the same crowded hash.
+  for (std::uint64_t id = 100; id < 140; ++id) CHECK(t.open(same, 1, id) != none);
+  for (std::uint64_t id = 100; id < 140; ++id) CHECK(t.find(same, 1, id) != none);
+}
+
+TEST_CASE("a key hash is never 0, the index's empty slot") {
+  // The mix of (0, 0) is 0: the key would match every empty slot without the correction.
+  CHECK(key_hash(0, 0) != 0);
+  message_table t;
+  t.init(8, 0, 64);
+  const std::uint32_t a = open_msg(t, 0, 0);
+  REQUIRE(a != none);
+  CHECK(find_msg(t, 0, 0) == a);
+  CHECK(find_msg(t, 0, 1) == none);
+}
+
 TEST_CASE("the reorder window accepts each sequence number once and slides over the received prefix") {
   message_table t;
   t.init(4, 4, 100);  // rounded up to 128 packets
