@@ -720,10 +720,17 @@ std::uint32_t nic::impl::rx(port_state& ps, std::uint32_t index) noexcept {
 std::uint32_t nic::impl::tx_flush(port_state& ps) noexcept {
   auto& st = ps.stage;
   if (st.empty()) return 0;
-  for (std::uint32_t i = 0; i < st.size(); ++i) sync_out(st[i]);
-  const std::uint16_t sent = rte_eth_tx_burst(ps.p->id(), 0, st.data(), static_cast<std::uint16_t>(std::min<std::uint32_t>(st.size(), UINT16_MAX)));
+  const auto n = static_cast<std::uint16_t>(std::min<std::uint32_t>(st.size(), UINT16_MAX));
+  // Bytes are summed before the burst: a frame the port took may at once be received and freed
+  // by another lcore (cluster mode) and its mbuf reused, so it must not be read after. The
+  // frames the port did not take are still ours.
   std::uint64_t bytes = 0;
-  for (std::uint16_t i = 0; i < sent; ++i) bytes += st[i]->pkt_len;
+  for (std::uint16_t i = 0; i < n; ++i) {
+    bytes += st[i]->pkt_len;
+    sync_out(st[i]);
+  }
+  const std::uint16_t sent = rte_eth_tx_burst(ps.p->id(), 0, st.data(), n);
+  for (std::uint16_t i = sent; i < n; ++i) bytes -= st[i]->pkt_len;
   ps.tx_bytes.add(bytes);
   ps.tx_packets.add(sent);
   // The unsent rest waits for the next round (the port's queue is full); nothing is dropped here.
