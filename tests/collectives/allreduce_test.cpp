@@ -308,32 +308,36 @@ TEST_CASE("allreduce works in place, on arena buffers, and across several epochs
 }
 
 TEST_CASE("ranks that disagree on count, datatype or operation all get the same error") {
-  world w(test::topology_for(4));
+  // Through the switch the contributions go up before the hellos are compared (they are not
+  // waited for): the verdict must still fail every rank, and no rank may return a result.
+  world w(emu::star(4, emu::link_model{}), options{}, 1, test::switches::fabric);
   std::vector<std::vector<std::int32_t>> in(4, std::vector<std::int32_t>(300, 1)), out(4, std::vector<std::int32_t>(300));
-  struct variant {
-    const char* field;
-    std::function<result<void>(std::uint32_t)> call;
-  };
-  const std::vector<variant> variants = {
-      {"count", [&](std::uint32_t r) { return w.comms[r]->allreduce(in[r].data(), out[r].data(), r == 2 ? 299 : 300, dtype::i32, op::sum); }},
-      {"count", [&](std::uint32_t r) { return w.comms[r]->allreduce(in[r].data(), out[r].data(), r == 1 ? 0 : 300, dtype::i32, op::sum); }},
-      {"datatype", [&](std::uint32_t r) { return w.comms[r]->allreduce(in[r].data(), out[r].data(), 300, r == 3 ? dtype::u32 : dtype::i32, op::sum); }},
-      {"operation", [&](std::uint32_t r) { return w.comms[r]->allreduce(in[r].data(), out[r].data(), 300, dtype::i32, r == 0 ? op::max : op::sum); }},
-  };
-  for (const variant& v : variants) {
-    auto res = w.run(v.call);
-    for (std::uint32_t r = 0; r < 4; ++r) {
-      INFO(v.field << " rank " << r);
-      REQUIRE_FALSE(res[r].ok());
-      CHECK(res[r].err().code == errc::invalid_argument);
-      CHECK(res[r].err().message.find(v.field) != std::string::npos);
+  for (algorithm a : {algorithm::edge_ring, algorithm::switch_agg}) {
+    struct variant {
+      const char* field;
+      std::function<result<void>(std::uint32_t)> call;
+    };
+    const std::vector<variant> variants = {
+        {"count", [&](std::uint32_t r) { return w.comms[r]->allreduce(in[r].data(), out[r].data(), r == 2 ? 299 : 300, dtype::i32, op::sum, a); }},
+        {"count", [&](std::uint32_t r) { return w.comms[r]->allreduce(in[r].data(), out[r].data(), r == 1 ? 0 : 300, dtype::i32, op::sum, a); }},
+        {"datatype", [&](std::uint32_t r) { return w.comms[r]->allreduce(in[r].data(), out[r].data(), 300, r == 3 ? dtype::u32 : dtype::i32, op::sum, a); }},
+        {"operation", [&](std::uint32_t r) { return w.comms[r]->allreduce(in[r].data(), out[r].data(), 300, dtype::i32, r == 0 ? op::max : op::sum, a); }},
+    };
+    for (const variant& v : variants) {
+      auto res = w.run(v.call);
+      for (std::uint32_t r = 0; r < 4; ++r) {
+        INFO(std::string(v.field) << " rank " << r << " algorithm " << static_cast<int>(a));
+        REQUIRE_FALSE(res[r].ok());
+        CHECK(res[r].err().code == errc::invalid_argument);
+        CHECK(res[r].err().message.find(v.field) != std::string::npos);
+      }
     }
-  }
-  // The communicator goes on working after a disagreement.
-  auto res = w.run([&](std::uint32_t r) { return w.comms[r]->allreduce(in[r].data(), out[r].data(), 300, dtype::i32, op::sum); });
-  for (std::uint32_t r = 0; r < 4; ++r) {
-    REQUIRE(res[r].ok());
-    CHECK(out[r][299] == 4);
+    // The communicator goes on working after a disagreement.
+    auto res = w.run([&](std::uint32_t r) { return w.comms[r]->allreduce(in[r].data(), out[r].data(), 300, dtype::i32, op::sum, a); });
+    for (std::uint32_t r = 0; r < 4; ++r) {
+      REQUIRE(res[r].ok());
+      CHECK(out[r][299] == 4);
+    }
   }
 }
 

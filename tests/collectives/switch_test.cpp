@@ -262,6 +262,49 @@ TEST_CASE("two-level aggregation stays exact under loss, duplication and reorder
   CHECK(lost > 0);
 }
 
+TEST_CASE("back-to-back switch allreduces with a lossy host: faster ranks start the next call while it repairs the last") {
+  // Every rank calls eight times without waiting for the others in between. A switch allreduce
+  // sends its contributions before the ranks' hellos are compared, so ranks 0..2 put the next
+  // call's first round into the slots while host 3 (20 % loss on its link) still asks the
+  // switch again for results of the call before. Those must still be there (shadow_of: a call
+  // starts on the copies the last one did not end on). Four slots, seven rounds each per call.
+  emu::topology t = emu::star(4, emu::link_model{});
+  for (auto& l : t.links)
+    if (l.a == 3 || l.b == 3) l.model = test::lossy(0.2, 29, 0.0);
+  options o;
+  o.repair_interval = std::chrono::microseconds(1000);
+  o.switch_slots = 4;
+  o.packet_bytes = 1024;
+  world w(t, o, 1, test::switches::fabric);
+  constexpr std::uint32_t calls = 8;
+  constexpr std::uint64_t count = 27 * 256 + 100;  // 28 packets: seven rounds per slot, so a call ends on the copy the next would start on
+  std::vector<std::vector<std::vector<std::int32_t>>> out(4, std::vector<std::vector<std::int32_t>>(calls, std::vector<std::int32_t>(count)));
+  auto input = [](std::uint32_t r, std::uint32_t k, std::uint64_t i) { return static_cast<std::int32_t>((i * 31 + r * 7 + k * 1009) % 4099); };
+  auto res = w.run([&](std::uint32_t r) -> result<void> {
+    std::vector<std::int32_t> in(count);
+    for (std::uint32_t k = 0; k < calls; ++k) {
+      for (std::uint64_t i = 0; i < count; ++i) in[i] = input(r, k, i);
+      if (auto x = w.comms[r]->allreduce(std::span<const std::int32_t>(in), std::span<std::int32_t>(out[r][k]), op::sum,
+                                         algorithm::switch_agg);
+          !x.ok())
+        return x;
+    }
+    return {};
+  });
+  for (std::uint32_t r = 0; r < 4; ++r) {
+    INFO("rank " << r);
+    REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+    for (std::uint32_t k = 0; k < calls; ++k) {
+      bool exact = true;
+      for (std::uint64_t i = 0; i < count; ++i) exact &= out[r][k][i] == input(0, k, i) + input(1, k, i) + input(2, k, i) + input(3, k, i);
+      CHECK_MESSAGE(exact, "call " << k);
+    }
+  }
+  std::uint64_t lost = 0;
+  for (const auto& l : w.cluster->stats().links) lost += l.stats.dropped_loss;
+  CHECK(lost > 0);
+}
+
 TEST_CASE("allgather and broadcast through the switch: blocks go up once and come down replicated, exact under loss") {
   for (double loss : {0.0, 0.01}) {
     const emu::link_model m = test::lossy(loss, 13, 0.03);

@@ -249,7 +249,8 @@ public:
   /// on count, datatype, operation or algorithm (the message names the field and a rank),
   /// timeout when the collective did not finish within options::timeout, fault when a handler
   /// failed. After a timeout or a fault the communicator is broken: later calls return
-  /// bad_state.
+  /// bad_state. After any error the contents of `out` (and of `in`, in place) are undefined:
+  /// through the switch, results may land before the ranks' parameters are compared.
   result<void> allreduce(const void* in, void* out, std::uint64_t count, dtype t, op o,
                          algorithm a = algorithm::automatic);
 

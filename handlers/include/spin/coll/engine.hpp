@@ -67,7 +67,7 @@ struct bank {
   u32 complete;        // 1 once every result is held and every originated packet delivered
   u32 succ_complete;   // 1 once the successor said k_done
   u32 done_posted;
-  u32 pad;
+  u32 agreed;          // 1 once every hello is in and agrees (verdict)
   u64 progress;        // bumped by anything new; repair acts only when it stalls
   u64 progress_seen;   // progress at the previous repair tick
   u64 held[max_packets / 64];   // results this rank holds
@@ -101,6 +101,9 @@ struct state {
   u32 parent;              // a leaf: NIC rank of its root
   u32 nleaves;             // a root of a hierarchy: leaves below it
   u32 leaves[max_leaves];  // their NIC ranks
+  // switch_agg allreduce: bit x is the shadow copy of slot x that the next epoch's first round
+  // uses, the copy the last completed epoch did not use last (see shadow_of).
+  u64 slot_parity[(max_switch_slots + 1) / 64];
   bank banks[2];
 };
 
@@ -134,6 +137,10 @@ inline u32 load_acq(const u32* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE);
 inline void store_rel(u32* p, u32 v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 inline u64 add(u64* p, u64 v) { return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL); }
 inline u32 swap(u32* p, u32 v) { return __atomic_exchange_n(p, v, __ATOMIC_ACQ_REL); }
+/// Sequentially consistent exchange and load, for two flags that two threads each set and then
+/// read the other's (a completion that waits for a verdict: one of the two sees both set).
+inline u32 swap_sc(u32* p, u32 v) { return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); }
+inline u32 load_sc(const u32* p) { return __atomic_load_n(p, __ATOMIC_SEQ_CST); }
 /// Sets bit i; true when this call set it.
 inline bool set_bit(u64* words, u64 i) {
   const u64 m = 1ull << (i & 63);
@@ -430,12 +437,15 @@ template <class Red> struct engine {
   }
 
   static void post_done_if_ready(spin::ctx* ctx, state* s, bank* b, const roles& r) {
-    if (load_acq(&b->complete) == 0) return;
-    // switch_agg: the switch serves repairs from its slots, never from this rank's memory.
-    const bool ready = r.via_switch && !r.multicast() ? true
+    if (load_sc(&b->complete) == 0) return;
+    // switch_agg: the switch serves repairs from its slots, never from this rank's memory; the
+    // data went up before the verdict (see cmd_start), so the verdict must be in.
+    const bool ready = r.via_switch && !r.multicast() ? load_sc(&b->agreed) != 0
                        : r.kind == coll_kind::reduce_scatter ? all_bits(b->done_bits, s->nranks)
                                                              : load_acq(&b->succ_complete) != 0;
-    if (ready && swap(&b->done_posted, 1) == 0) ctx->post_event(event(ev_done, b->epoch, 0));
+    if (!ready || swap(&b->done_posted, 1) != 0) return;
+    if (r.via_switch && !r.multicast()) advance_parity(s, r.g.total, r.slots);  // before the host may start the next call
+    ctx->post_event(event(ev_done, b->epoch, 0));
   }
   /// Completion (docs/collectives.md, "Completion"): every result held and every originated
   /// packet delivered. Allreduce, allgather and broadcast then wait for the successor (which
@@ -443,7 +453,7 @@ template <class Red> struct engine {
   /// every rank's input may still be folded into a repaired packet.
   static void check_complete(spin::ctx* ctx, state* s, bank* b, const roles& r) {
     if (load_acq(&b->results) < r.results_needed() || load_acq(&b->acks) < r.my_chunk_packets()) return;
-    if (swap(&b->complete, 1) != 0) return;
+    if (swap_sc(&b->complete, 1) != 0) return;
     add(&b->progress, 1);
     if (r.via_switch && !r.multicast()) {
       // nothing to tell: see post_done_if_ready
@@ -578,7 +588,7 @@ template <class Red> struct engine {
 
   // ---- switch aggregation, worker side (docs/collectives.md, "Switch aggregation") -------------
   /// Sends this rank's contribution to packet j into slot j mod slots, shadow copy
-  /// (j / slots) mod 2.
+  /// shadow_of(j).
   static void originate_up(spin::ctx* ctx, state* s, bank* b, const roles& r, u64 j) {
     const u64 c = r.g.chunk_of(j);
     const u64 lo = r.g.packet_lo(c, j);
@@ -590,13 +600,38 @@ template <class Red> struct engine {
       drop(s, dr_dma);
       return;
     }
-    const u32 slot = static_cast<u32>(spin::rem(j, u64{r.slots})), shadow = static_cast<u32>(spin::div(j, u64{r.slots}) & 1);
+    const u32 slot = static_cast<u32>(spin::rem(j, u64{r.slots})), shadow = shadow_of(s, r, j);
     send_to_rank(ctx, s, b->d.switch_rank, k_up, b->epoch, switch_aux(c, j), n, el, n * p.elem_bytes, p,
                  switch_slot(slot, shadow));
     // The highest packet sent so far bounds what repair resends.
     u64 hi = load_acq(&b->next_orig);
     while (hi < j + 1 && !__atomic_compare_exchange_n(&b->next_orig, &hi, j + 1, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
     }
+  }
+
+  /// The shadow copy of packet j's slot: alternating per round within a call, as SwitchML's,
+  /// and starting each call on the copy the last completed call did not end on. A rank starts
+  /// its contributions before the verdict (starts_early) while a slower rank may still need the
+  /// previous call's last results from the switch; those stay in the other copy until this
+  /// call's second round in that slot, which needs every rank's first-round contribution, so
+  /// every rank has finished the previous call by then.
+  static u32 shadow_of(const state* s, const roles& r, u64 j) {
+    const u64 x = spin::rem(j, u64{r.slots});
+    return static_cast<u32>((spin::div(j, u64{r.slots}) & 1) ^ (test_bit(s->slot_parity, x) ? 1u : 0u));
+  }
+  /// After a completed call of `total` packets over `slots` slots: slot x was used
+  /// total / slots + (x < total % slots) rounds; its next first round switches copy when that
+  /// is odd. Every rank does this for the same agreed calls, so every rank's parity stays equal.
+  static void advance_parity(state* s, u64 total, u32 slots) {
+    const u64 full = spin::div(total, u64{slots}), rest = spin::rem(total, u64{slots});
+    auto flip = [s](u64 n) {  // bits [0, n)
+      for (u64 w = 0; w * 64 < n; ++w) {
+        const u64 left = n - w * 64;
+        __atomic_fetch_xor(&s->slot_parity[w], left >= 64 ? ~0ull : (1ull << left) - 1, __ATOMIC_ACQ_REL);
+      }
+    };
+    if (full & 1) flip(slots);
+    flip(rest);
   }
 
   static ret on_down(spin::ctx* ctx, state* s) {
@@ -837,22 +872,39 @@ template <class Red> struct engine {
     return p;
   }
 
-  /// When every hello is in: compare them; start or fail.
+  /// switch_agg allreduce sends its contributions before the verdict: the switch checks every
+  /// contribution against its slot's first (size, op, type; a mismatch is dropped as malformed),
+  /// and completion waits for the verdict, so a call whose members disagree still fails on every
+  /// rank with the mismatch, never returns a result. It saves the hello round trip on the
+  /// critical path of a small call. Its output (and an in-place input) may then hold partial
+  /// results: docs/collectives.md, "Switch allreduce starts before the verdict".
+  static bool starts_early(const roles& r) { return r.via_switch && !r.multicast(); }
+
+  /// When every hello is in: compare them; start (or, started early, let completion through)
+  /// or fail.
   static void verdict(spin::ctx* ctx, state* s, bank* b) {
-    if (load_acq(&b->phase) != ph_started || !all_bits(b->hello_bits, s->nranks)) return;
+    const u32 ph = load_acq(&b->phase);
+    if ((ph != ph_started && ph != ph_running) || !all_bits(b->hello_bits, s->nranks) || load_acq(&b->agreed) != 0) return;
     for (u32 i = 1; i < s->nranks; ++i) {
       const field f = first_difference(b->hellos[0], b->hellos[i]);
       if (f != field::none) {
         const u64 lk = offset_of_lock(s, b);
         if (ctx->lock(lk) != errc::ok) return;
-        const bool first = b->phase == ph_started;
+        const bool first = b->phase == ph_started || b->phase == ph_running;
         if (first) store_rel(&b->phase, ph_failed);
         ctx->unlock(lk);
         if (first) ctx->post_event(event(ev_mismatch, b->epoch, (static_cast<u32>(f) << 16) | i));
         return;
       }
     }
-    run(ctx, s, b);
+    if (swap_sc(&b->agreed, 1) != 0) return;
+    add(&b->progress, 1);
+    if (ph == ph_started) run(ctx, s, b);
+    // Started early, or run by another handler since `ph` was read: completion may have come
+    // first and waited for this.
+    pin pn;
+    if (!pn.enter(b, b->epoch, ph_running)) return;
+    post_done_if_ready(ctx, s, b, roles::of(b, s->me));
   }
 
   /// Pins the bank a data packet of `epoch` belongs to, running; false (counted) otherwise.
@@ -1061,10 +1113,12 @@ template <class Red> struct engine {
   static void repair(spin::ctx* ctx, state* s, bank* b) {
     const u32 ph = load_acq(&b->phase);
     const params& p = b->d.p;
-    if (ph == ph_started) {
+    if (ph == ph_started || (ph == ph_running && load_acq(&b->agreed) == 0)) {
+      // Hellos still missing (a call started early, or one that data proved, still waits for
+      // them to complete).
       for (u32 i = 0; i < s->nranks; ++i)
         if (i != s->me && !test_bit(b->hello_bits, i)) send_ctl(ctx, s, i, k_hello_req, b->epoch, p, s->me);
-      return;
+      if (ph == ph_started) return;
     }
     if (ph != ph_running) return;
     const roles r = roles::of(b, s->me);
@@ -1276,6 +1330,7 @@ template <class Red> struct engine {
     add(&b->progress, 1);
     for (u32 i = 0; i < s->nranks; ++i)
       if (i != s->me) send_hello(ctx, s, b, i);
+    if (starts_early(roles::of(b, s->me))) run(ctx, s, b);
     verdict(ctx, s, b);
     return ret::success;
   }
