@@ -145,7 +145,9 @@ bool run_spin(const coll_options& o, const std::vector<std::string>& algos, cons
   }
   emu::cluster_options clo;
   clo.lcores = o.lcores;
-  auto cluster = emu::cluster::create(emu::star(o.ranks, emu::link_model{}), clo);
+  emu::link_model lm;
+  lm.latency = std::chrono::nanoseconds(o.link_latency_ns);
+  auto cluster = emu::cluster::create(emu::star(o.ranks, lm), clo);
   if (!cluster) {
     std::fprintf(stderr, "spin-bench coll: %s\n", cluster.err().message.c_str());
     return false;
@@ -198,8 +200,9 @@ bool run_spin(const coll_options& o, const std::vector<std::string>& algos, cons
     return s;
   };
   std::printf("spin::coll: %u hosts and a switch emulated on %u lcores (of %u hardware threads), %u rank threads that sleep while "
-              "their NIC works\n",
-              o.ranks, cluster.value()->lcores(), std::max(1u, std::thread::hardware_concurrency()), o.ranks);
+              "their NIC works; links with %.1f us of propagation delay\n",
+              o.ranks, cluster.value()->lcores(), std::max(1u, std::thread::hardware_concurrency()), o.ranks,
+              static_cast<double>(o.link_latency_ns) / 1e3);
   for (std::size_t ai = 0; ai < algos.size(); ++ai) {
     const std::string& a = algos[ai];
     const coll::algorithm algo = algorithm_of(a);
@@ -542,7 +545,8 @@ int run_coll(const coll_options& o) {
                                {{"ranks", o.ranks}, {"min_bytes", o.min_bytes}, {"max_bytes", o.max_bytes}, {"factor", o.factor},
                                 {"max_iters", o.max_iters}, {"warmup_iters", o.warmup_iters}, {"budget_bytes", o.budget_bytes},
                                 {"packet_bytes", o.packet_bytes}, {"window_packets", o.window_packets},
-                                {"switch_slots", o.switch_slots}, {"algorithms", o.algorithms}}},
+                                {"switch_slots", o.switch_slots}, {"link_latency_ns", o.link_latency_ns},
+                                {"algorithms", o.algorithms}}},
                               {"ring_bytes_factor", ring},
                               {"rows", jrows},
                               {"not_run", jn},

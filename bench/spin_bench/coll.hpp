@@ -23,6 +23,9 @@ struct coll_options {
   std::uint32_t lcores = 0;                         ///< lcores of the emulated cluster; 0: every CPU
   std::uint32_t window_packets = 32;                ///< packets each rank's NIC keeps in flight (coll::options' default)
   std::uint32_t switch_slots = 64;                  ///< aggregator slots the group takes on the switch (coll::options' default)
+  /// One-way propagation delay of every emulated link (emu::link_model::latency), ns; 0: none.
+  /// A host's packet to another host crosses two links (through the switch).
+  std::uint64_t link_latency_ns = 0;
   std::string out_dir = "spin-bench-out";
   std::string mpi_peer;                             ///< the spin-bench-mpi binary
   std::string mpirun = "mpirun";

@@ -91,6 +91,7 @@ int main(int argc, char** argv) {
 #if SPIN_BENCH_HAVE_COLL
   spin::bench::coll_options c;
   c.mpi_peer = SPIN_BENCH_MPI_PEER;
+  double link_latency_us = 0;
   CLI::App* cc = app.add_subcommand(
       "coll",
       "nccl-tests-style allreduce tables (size, count, type, redop, root, time, algbw, busbw, #wrong; out-of-place and in-place) for "
@@ -127,6 +128,10 @@ int main(int argc, char** argv) {
   cc->add_option("--switch-slots", c.switch_slots, "aggregator slots the group takes on the switch (options::switch_slots)")
       ->capture_default_str()
       ->check(CLI::Range(1u, 32767u));
+  cc->add_option("--link-latency-us", link_latency_us,
+                 "one-way propagation delay of every emulated link in us (a host's packet to another host crosses two)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1e6));
   cc->add_option("--mpi-peer", c.mpi_peer, "the spin-bench-mpi binary")->capture_default_str();
   cc->add_option("--mpirun", c.mpirun, "MPI launcher and its options, separated by spaces (run without a shell)")->capture_default_str();
   cc->add_option("--out", c.out_dir, "directory for coll.csv, .json, .dat, .gp and .png")->capture_default_str();
@@ -159,6 +164,7 @@ int main(int argc, char** argv) {
   if (hc->parsed()) return spin::bench::run_handlers(h);
 #if SPIN_BENCH_HAVE_COLL
   if (cc->parsed()) {
+    c.link_latency_ns = static_cast<std::uint64_t>(link_latency_us * 1e3 + 0.5);
     return spin::bench::run_coll(c);
   }
   if (gc->parsed()) return spin::bench::run_groups(gr);
