@@ -347,6 +347,27 @@ TEST_CASE("an idle cluster on two lcores uses almost no CPU over a second and wa
   }
 }
 
+// The ECs on hosts 1..3 that take host 0's multicast copies (match bits 0x3000) into dst[h]
+// with `handlers`; returns their ids by host.
+static std::vector<rt::ec_id> install_receivers(emu::cluster& cl, std::vector<std::vector<std::byte>>& dst,
+                                                const rt::handler_set& handlers, bool read_only) {
+  std::vector<rt::ec_id> ecs(dst.size());
+  for (std::uint32_t h = 1; h < dst.size(); ++h) {
+    auto rd = cl.host(h)->register_host_memory(dst[h]);
+    REQUIRE(rd.ok());
+    rt::ec_config ec;
+    ec.name = "copy";
+    ec.match = {0x3000, 0};
+    ec.handlers = handlers;
+    ec.window = rt::host_window{*rd, 0, dst[h].size()};
+    ec.limits.read_only_multicast = read_only;
+    auto e = cl.host(h)->install(ec);
+    REQUIRE(e.ok());
+    ecs[h] = *e;
+  }
+  return ecs;
+}
+
 // Host 0 multicasts every packet of a 64 KiB message to hosts 1..3 through the switch. `mode`:
 // 0 the receivers deposit with a default EC (a private copy each), 1 they set
 // read_only_multicast (the copies' payload shared in place), 2 they write their packet.
@@ -362,20 +383,8 @@ static void run_multicast(int mode) {
   REQUIRE(rs.ok());
   install_mcast(cl);
   std::vector<std::vector<std::byte>> dst(4, std::vector<std::byte>(len));
-  std::vector<rt::ec_id> ecs(4);
-  for (std::uint32_t h = 1; h < 4; ++h) {
-    auto rd = cl.host(h)->register_host_memory(dst[h]);
-    REQUIRE(rd.ok());
-    rt::ec_config ec;
-    ec.name = "copy";
-    ec.match = {0x3000, 0};
-    ec.handlers = rt::handler_set(nullptr, mode == 2 ? scribble_ph : nullptr, done_ch);
-    ec.window = rt::host_window{*rd, 0, len};
-    ec.limits.read_only_multicast = mode == 1;
-    auto e = cl.host(h)->install(ec);
-    REQUIRE(e.ok());
-    ecs[h] = *e;
-  }
+  const std::vector<rt::ec_id> ecs =
+      install_receivers(cl, dst, rt::handler_set(nullptr, mode == 2 ? scribble_ph : nullptr, done_ch), mode == 1);
   {
     driver d(cl);
     auto r = cl.host(0)->send(emu::message_send{0, 0x2000, 1, *rs, 0, len}, 5000ms);
@@ -421,20 +430,7 @@ TEST_CASE("a multicast shares its copies through the multicast pools, not the po
   REQUIRE(rs.ok());
   const rt::ec_id se = install_mcast(cl);
   std::vector<std::vector<std::byte>> dst(4, std::vector<std::byte>(len));
-  std::vector<rt::ec_id> ecs(4);
-  for (std::uint32_t h = 1; h < 4; ++h) {
-    auto rd = cl.host(h)->register_host_memory(dst[h]);
-    REQUIRE(rd.ok());
-    rt::ec_config ec;
-    ec.name = "copy";
-    ec.match = {0x3000, 0};
-    ec.handlers = rt::handler_set(nullptr, nullptr, done_ch);
-    ec.window = rt::host_window{*rd, 0, len};
-    ec.limits.read_only_multicast = true;
-    auto e = cl.host(h)->install(ec);
-    REQUIRE(e.ok());
-    ecs[h] = *e;
-  }
+  const std::vector<rt::ec_id> ecs = install_receivers(cl, dst, rt::handler_set(nullptr, nullptr, done_ch), true);
   rte_mempool* pool = cl.host(0)->port_pool(0);
   REQUIRE(pool != nullptr);
   std::vector<rte_mbuf*> held;
@@ -491,16 +487,7 @@ TEST_CASE("a multicast that runs out of mbufs counts the copies it could not sen
   REQUIRE(rs.ok());
   const rt::ec_id se = install_mcast(cl);
   std::vector<std::vector<std::byte>> dst(4, std::vector<std::byte>(len));
-  for (std::uint32_t h = 1; h < 4; ++h) {
-    auto rd = cl.host(h)->register_host_memory(dst[h]);
-    REQUIRE(rd.ok());
-    rt::ec_config ec;
-    ec.name = "copy";
-    ec.match = {0x3000, 0};
-    ec.window = rt::host_window{*rd, 0, len};
-    ec.limits.read_only_multicast = true;
-    REQUIRE(cl.host(h)->install(ec).ok());
-  }
+  install_receivers(cl, dst, rt::handler_set{}, true);
   rte_mempool* pool = cl.host(0)->port_pool(0);
   REQUIRE(pool != nullptr);
   std::vector<rte_mbuf*> held;

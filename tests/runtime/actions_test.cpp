@@ -417,6 +417,26 @@ TEST_CASE("handlers read a packet's collective fields and send their own; a hand
   CHECK(f.word(ec, 16) == 0);
 }
 
+// Installs mcast_ph with `dests` in its handler memory.
+rt::ec_id install_mcast(fixture& f, std::span<const std::uint32_t> dests) {
+  rt::ec_config c;
+  c.handlers.payload = mcast_ph;
+  c.handler_mem_bytes = 64;
+  const rt::ec_id ec = f.install(c);
+  auto mem = f.rt->handler_memory(ec);
+  const auto count = static_cast<std::uint32_t>(dests.size());
+  std::memcpy(mem.data() + 8, &count, 4);
+  std::memcpy(mem.data() + 16, dests.data(), dests.size_bytes());
+  return ec;
+}
+
+// where_ph's checksum of the first `n` bytes of message 7 from rank 2 (`pattern`).
+std::uint64_t pattern_sum(std::uint32_t n) {
+  std::uint64_t sum = 0;
+  for (std::uint32_t i = 0; i < n; ++i) sum = sum * 31 + static_cast<std::uint8_t>(pattern(2, 7, i));
+  return sum;
+}
+
 TEST_CASE("a multicast sends one frame per destination with consecutive message ids, and refuses bad destination lists") {
   rt::memory_tx_port tx(1, 1 << 20, 5);
   rt::runtime_config cfg;
@@ -424,14 +444,8 @@ TEST_CASE("a multicast sends one frame per destination with consecutive message 
   cfg.tx = &tx;
   cfg.rank = 5;
   fixture f(cfg);
-  rt::ec_config c;
-  c.handlers.payload = mcast_ph;
-  c.handler_mem_bytes = 64;
-  const rt::ec_id ec = f.install(c);
-  auto mem = f.rt->handler_memory(ec);
-  const std::uint32_t count = 2, dests[2] = {3, 9};
-  std::memcpy(mem.data() + 8, &count, 4);
-  std::memcpy(mem.data() + 16, dests, 8);
+  const std::uint32_t dests[2] = {3, 9};
+  const rt::ec_id ec = install_mcast(f, dests);
   const auto pk = message_packet(f.pool, 0, 2, 7, 300, 300, 0);
   REQUIRE(feed(*f.rt, std::span<const rt::packet>(&pk, 1)));
   CHECK(static_cast<std::int64_t>(f.word(ec, 24)) == 2);
@@ -461,14 +475,8 @@ TEST_CASE("a multicast whose TX queue fills part-way returns the copies sent and
   cfg.hpus = 1;
   cfg.tx = &tx;
   fixture f(cfg);
-  rt::ec_config c;
-  c.handlers.payload = mcast_ph;
-  c.handler_mem_bytes = 64;
-  const rt::ec_id ec = f.install(c);
-  auto mem = f.rt->handler_memory(ec);
-  const std::uint32_t count = 3, dests[3] = {3, 4, 5};
-  std::memcpy(mem.data() + 8, &count, 4);
-  std::memcpy(mem.data() + 16, dests, 12);
+  const std::uint32_t dests[3] = {3, 4, 5};
+  const rt::ec_id ec = install_mcast(f, dests);
   const auto pk = message_packet(f.pool, 0, 2, 7, 300, 300, 0);
   REQUIRE(feed(*f.rt, std::span<const rt::packet>(&pk, 1)));
   CHECK(f.word(ec, 24) == 2);
@@ -506,8 +514,7 @@ TEST_CASE("a payload in a second, shared buffer reaches read-only ECs in place a
     rt::wire::parsed ps;
     rt::wire::reject why;
     REQUIRE(rt::wire::parse(std::span<const std::byte>(whole.frame, whole.frame_len), rt::wire::default_udp_port, ps, why));
-    std::uint64_t want = 0;
-    for (std::uint32_t i = 0; i < 500; ++i) want = want * 31 + static_cast<std::uint8_t>(pattern(2, 7, i));
+    const std::uint64_t want = pattern_sum(500);
     std::vector<std::byte> tail;
     const rt::packet p = split_packet(whole, ps.payload_offset, tail, true);
     unshare_calls = 0;
@@ -540,8 +547,7 @@ TEST_CASE("a two-buffer frame whose payload does not start the second buffer is 
     const rt::packet p = split_packet(whole, 60, tail, false);  // cut inside the headers
     unshare_calls = 0;
     REQUIRE(feed(*f.rt, std::span<const rt::packet>(&p, 1)));
-    std::uint64_t want = 0;
-    for (std::uint32_t i = 0; i < 500; ++i) want = want * 31 + static_cast<std::uint8_t>(pattern(2, 7, i));
+    const std::uint64_t want = pattern_sum(500);
     if (can_copy) {
       CHECK(unshare_calls == 1);
       CHECK(f.word(ec, 8) == want);

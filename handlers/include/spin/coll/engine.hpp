@@ -247,20 +247,27 @@ template <class Red> struct engine {
                    u32 len, const params& p, u16 slot = 0) {
     return send_to_rank(ctx, s, s->members[to], kind, epoch, aux, elems, data, len, p, slot);
   }
-  /// As send, to NIC rank `dest` (a switch) instead of a member.
-  static errc send_to_rank(spin::ctx* ctx, state* s, u32 dest, u32 kind, u32 epoch, u32 aux, u32 elems, const void* data,
-                           u32 len, const params& p, u16 slot = 0) {
+  /// The descriptor of a one-packet engine message of `kind` (its message id and destination
+  /// are the caller's).
+  static send_desc engine_desc(const state* s, u32 kind, u32 epoch, u32 aux, u32 elems, const void* data, u32 len,
+                               const params& p, u16 slot) {
     send_desc d{};
     d.size_bytes = sizeof(send_desc);
-    d.dest_rank = dest;
     d.match_bits = match_bits(s->comm_id, kind);
-    d.message_id = add(&s->send_seq, 1);
     d.offset_bytes = 0;
     d.message_len_bytes = len;
     d.data = data;
     d.len_bytes = len;
     d.flags = msg_start | msg_end | msg_coll;
     d.coll = coll_desc{p.op, p.dtype, slot, elems, epoch, aux};
+    return d;
+  }
+  /// As send, to NIC rank `dest` (a switch) instead of a member.
+  static errc send_to_rank(spin::ctx* ctx, state* s, u32 dest, u32 kind, u32 epoch, u32 aux, u32 elems, const void* data,
+                           u32 len, const params& p, u16 slot = 0) {
+    send_desc d = engine_desc(s, kind, epoch, aux, elems, data, len, p, slot);
+    d.dest_rank = dest;
+    d.message_id = add(&s->send_seq, 1);
     const errc e = ctx->send(d);
     if (e != errc::ok) drop(s, dr_send);
     else add(&s->sent[kind & 15], 1);
@@ -270,16 +277,8 @@ template <class Red> struct engine {
   /// once and, where it can, its copies share it instead of copying it per destination.
   static void send_all(spin::ctx* ctx, state* s, const u32* to, u32 count, u32 kind, u32 epoch, u32 aux, u32 elems,
                        const void* data, u32 len, const params& p, u16 slot) {
-    send_desc d{};
-    d.size_bytes = sizeof(send_desc);
-    d.match_bits = match_bits(s->comm_id, kind);
+    send_desc d = engine_desc(s, kind, epoch, aux, elems, data, len, p, slot);
     d.message_id = add(&s->send_seq, count);  // one id per copy: message_id .. + count - 1
-    d.offset_bytes = 0;
-    d.message_len_bytes = len;
-    d.data = data;
-    d.len_bytes = len;
-    d.flags = msg_start | msg_end | msg_coll;
-    d.coll = coll_desc{p.op, p.dtype, slot, elems, epoch, aux};
     const i32 sent = ctx->multicast(d, to, count);
     if (sent > 0) add(&s->sent[kind & 15], static_cast<u64>(sent));
     for (u32 i = sent > 0 ? static_cast<u32>(sent) : 0; i < count; ++i) drop(s, dr_send);
