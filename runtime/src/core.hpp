@@ -239,6 +239,7 @@ public:
   bool wd_stop = false;
   std::atomic<std::uint64_t> wd_tick_ns{1'000'000};
   std::atomic<bool> wd_dozing{false};  // no invocation ran for a while: the watchdog sleeps long
+  std::atomic<std::uint64_t> wd_wakeups{0};  // the watchdog's wake-ups (runtime_stats::watchdog_wakeups)
 
   explicit runtime_core(const runtime_config& c) : cfg(c), arena(c.nic_memory_bytes) {}
   ~runtime_core();

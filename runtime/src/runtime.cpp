@@ -321,6 +321,7 @@ runtime_stats runtime::stats() const {
   s.nic_mem_capacity_bytes = c.arena.capacity_bytes();
   s.nic_mem_used_bytes = c.arena.used_bytes();
   s.nic_mem_peak_bytes = c.arena.peak_bytes();
+  s.watchdog_wakeups = c.wd_wakeups.load(std::memory_order_relaxed);
   std::vector<const ec_counters*> ctrs(c.lanes.size());
   for (std::uint32_t slot : c.active) {
     const ec& e = *c.ecs[slot];

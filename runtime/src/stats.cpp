@@ -146,6 +146,7 @@ std::string to_json(const runtime_stats& s) {
   for (std::size_t i = 0; i < wire::reject_count; ++i) rej[wire::reject_name(static_cast<wire::reject>(i))] = s.frames_rejected[i];
   j["frames_rejected"] = rej;
   j["unknown_ec"] = s.unknown_ec;
+  j["watchdog_wakeups"] = s.watchdog_wakeups;
   j["nic_memory"] = {{"capacity_bytes", s.nic_mem_capacity_bytes}, {"used_bytes", s.nic_mem_used_bytes},
                      {"peak_bytes", s.nic_mem_peak_bytes}};
   j["hpus"] = nlohmann::json::array();

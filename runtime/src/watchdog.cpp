@@ -155,16 +155,17 @@ void runtime_core::watchdog_loop() {
   while (!wd_stop) {
     const std::uint64_t tick_ns = wd_tick_ns.load(std::memory_order_relaxed);
     if (quiet_ticks >= 64) {
+      // Dozing: it stays so (quiet_ticks is not reset) until a wake-up finds an invocation.
       wd_dozing.store(true, std::memory_order_seq_cst);
       bool running = false;
       for (auto& l : lanes) running |= l->run_start.load(std::memory_order_acquire) != 0;
       if (!running) wd_cv.wait_for(lk, std::chrono::milliseconds(100));
       wd_dozing.store(false, std::memory_order_relaxed);
-      quiet_ticks = 0;
     } else {
       wd_cv.wait_for(lk, std::chrono::nanoseconds(tick_ns));
     }
     if (wd_stop) break;
+    wd_wakeups.fetch_add(1, std::memory_order_relaxed);
     const std::uint64_t now = ticks();
     bool any = false;
     for (std::size_t k = 0; k < lanes.size(); ++k) {
@@ -196,7 +197,7 @@ void runtime_core::watchdog_loop() {
       if (preempt && l.run_id.load(std::memory_order_relaxed) == id)
         pthread_kill(static_cast<pthread_t>(l.driver_id.load(std::memory_order_relaxed)), preempt_sig);
     }
-    quiet_ticks = any ? 0 : quiet_ticks + 1;
+    quiet_ticks = any ? 0 : std::min<std::uint32_t>(quiet_ticks + 1, 64);
   }
 }
 

@@ -100,6 +100,31 @@ TEST_CASE("a handler stuck past its budget is stopped, reported, and its message
   CHECK(f.drops(ec, rt::drop_reason::message_aborted) == before + 4);
 }
 
+TEST_CASE("an idle NIC's watchdog dozes: about ten wake-ups a second, not a thousand") {
+  // It ticks every millisecond while handlers run, and dozes after 64 quiet ticks. It once
+  // woke for 64 more ticks after every doze (about 400 wake-ups a second per NIC: most of an
+  // idle cluster's CPU).
+  fixture f(2);
+  const rt::ec_id ec = f.install(budget_ec(spin_until_flag_ph));
+  std::memcpy(f.rt->handler_memory(ec).data() + 8, "\x01", 1);  // the handler returns at once
+  REQUIRE(feed(*f.rt, message_packets(f.pool, 0, 1, 7, 100, 100)));  // one invocation: ticking
+  CHECK(f.word(ec, 0) == 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // 64 quiet ticks, then dozing
+  const std::uint64_t before = f.rt->stats().watchdog_wakeups;
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  const std::uint64_t woke = f.rt->stats().watchdog_wakeups - before;
+  MESSAGE("idle watchdog: " << woke << " wake-ups in one second");
+  CHECK(woke <= 20);
+  // An invocation makes it tick again (64 ticks of 1 ms before it dozes again; dozing alone
+  // would wake about 20 times in the 2 s allowed here).
+  const std::uint64_t dozing = f.rt->stats().watchdog_wakeups;
+  const auto t0 = std::chrono::steady_clock::now();
+  REQUIRE(feed(*f.rt, message_packets(f.pool, 0, 1, 8, 100, 100)));
+  while (f.rt->stats().watchdog_wakeups < dozing + 50 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2))
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  CHECK(f.rt->stats().watchdog_wakeups >= dozing + 50);
+}
+
 TEST_CASE("payload handlers of an aborted message that are queued but not started are skipped") {
   rt::runtime_config cfg;
   cfg.hpus = 1;
