@@ -60,11 +60,12 @@ struct cluster_options {
   /// lane's lock, a link's flag) before it backs off, so that the work of any collective
   /// spreads over every lcore; without it each lcore polls only its own.
   bool help = true;
-  /// Longest sleep of an idle lcore. It wakes earlier when rung (host messages, steering,
-  /// another lcore's work) or when a link delivery is due, so this only bounds how often an
-  /// idle cluster polls anyway, and each such round costs CPU: an idle cluster of 5 nodes on 2
-  /// lcores used 31 to 41 ms of CPU per second at 2 ms, 20 to 23 ms at 10 ms (plain build).
-  std::chrono::microseconds idle_sleep_max{10000};
+  /// Longest sleep of an idle lcore (it wakes earlier when rung or when a link delivery is
+  /// due). Each wake-up of an idle cluster costs a round: 5 nodes on 2 lcores used 31 to 41 ms
+  /// of CPU per second at 2 ms, 20 to 23 ms at 10 ms (plain build). 10 ms slowed
+  /// scripts/demo from 1.1 to 1.4 s per epoch, so some work still reaches a sleeping lcore
+  /// without ringing it; until that is found, 2 ms.
+  std::chrono::microseconds idle_sleep_max{2000};
   /// When non-empty, every node captures its ports to `<capture_dir>/<node name>.pcap`.
   std::string capture_dir;
 };
