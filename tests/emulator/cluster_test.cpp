@@ -368,6 +368,28 @@ static std::vector<rt::ec_id> install_receivers(emu::cluster& cl, std::vector<st
   return ecs;
 }
 
+// Takes mbufs from `pool` until `leave` are free; the caller frees them.
+static std::vector<rte_mbuf*> take_mbufs(rte_mempool* pool, unsigned leave) {
+  REQUIRE(pool != nullptr);
+  std::vector<rte_mbuf*> held;
+  while (rte_mempool_avail_count(pool) > leave) {
+    rte_mbuf* m = rte_pktmbuf_alloc(pool);
+    REQUIRE(m != nullptr);
+    held.push_back(m);
+  }
+  return held;
+}
+
+// The one event host `h`'s EC `ec` posts (within 10 s; fails the test otherwise).
+static rt::host_event completion(emu::cluster& cl, std::uint32_t h, rt::ec_id ec) {
+  std::array<rt::host_event, 4> ev;
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  std::size_t got = 0;
+  while (got == 0 && std::chrono::steady_clock::now() < deadline) got = cl.host(h)->wait_events(ec, ev, 100ms);
+  REQUIRE_MESSAGE(got == 1, "host " << h << " saw no completion");
+  return ev[0];
+}
+
 // Host 0 multicasts every packet of a 64 KiB message to hosts 1..3 through the switch. `mode`:
 // 0 the receivers deposit with a default EC (a private copy each), 1 they set
 // read_only_multicast (the copies' payload shared in place), 2 they write their packet.
@@ -389,14 +411,8 @@ static void run_multicast(int mode) {
     driver d(cl);
     auto r = cl.host(0)->send(emu::message_send{0, 0x2000, 1, *rs, 0, len}, 5000ms);
     REQUIRE_MESSAGE(r.ok(), r.err().message);
-    for (std::uint32_t h = 1; h < 4; ++h) {
-      std::array<rt::host_event, 4> ev;
-      const auto deadline = std::chrono::steady_clock::now() + 10s;
-      std::size_t got = 0;
-      while (got == 0 && std::chrono::steady_clock::now() < deadline) got = cl.host(h)->wait_events(ecs[h], ev, 100ms);
-      REQUIRE_MESSAGE(got == 1, "host " << h << " saw no completion");
-      CHECK(ev[0].value == 16 + h - 1);  // message 1 * 16 + its index among the destinations
-    }
+    for (std::uint32_t h = 1; h < 4; ++h)
+      CHECK(completion(cl, h, ecs[h]).value == 16 + h - 1);  // message 1 * 16 + its index among the destinations
   }
   REQUIRE(cl.quiesce(3000ms));
   std::vector<std::byte> want = src;
@@ -431,25 +447,12 @@ TEST_CASE("a multicast shares its copies through the multicast pools, not the po
   const rt::ec_id se = install_mcast(cl);
   std::vector<std::vector<std::byte>> dst(4, std::vector<std::byte>(len));
   const std::vector<rt::ec_id> ecs = install_receivers(cl, dst, rt::handler_set(nullptr, nullptr, done_ch), true);
-  rte_mempool* pool = cl.host(0)->port_pool(0);
-  REQUIRE(pool != nullptr);
-  std::vector<rte_mbuf*> held;
-  while (rte_mempool_avail_count(pool) > 24) {
-    rte_mbuf* m = rte_pktmbuf_alloc(pool);
-    REQUIRE(m != nullptr);
-    held.push_back(m);
-  }
+  std::vector<rte_mbuf*> held = take_mbufs(cl.host(0)->port_pool(0), 24);
   {
     driver d(cl);
     auto r = cl.host(0)->send(emu::message_send{0, 0x2000, 1, *rs, 0, len}, 5000ms);
     REQUIRE_MESSAGE(r.ok(), r.err().message);
-    for (std::uint32_t h = 1; h < 4; ++h) {
-      std::array<rt::host_event, 4> ev;
-      const auto deadline = std::chrono::steady_clock::now() + 10s;
-      std::size_t got = 0;
-      while (got == 0 && std::chrono::steady_clock::now() < deadline) got = cl.host(h)->wait_events(ecs[h], ev, 100ms);
-      REQUIRE_MESSAGE(got == 1, "host " << h << " saw no completion");
-    }
+    for (std::uint32_t h = 1; h < 4; ++h) (void)completion(cl, h, ecs[h]);
   }
   REQUIRE(cl.quiesce(3000ms));
   for (rte_mbuf* m : held) rte_pktmbuf_free(m);
@@ -488,14 +491,7 @@ TEST_CASE("a multicast that runs out of mbufs counts the copies it could not sen
   const rt::ec_id se = install_mcast(cl);
   std::vector<std::vector<std::byte>> dst(4, std::vector<std::byte>(len));
   install_receivers(cl, dst, rt::handler_set{}, true);
-  rte_mempool* pool = cl.host(0)->port_pool(0);
-  REQUIRE(pool != nullptr);
-  std::vector<rte_mbuf*> held;
-  while (rte_mempool_avail_count(pool) > 0) {
-    rte_mbuf* m = rte_pktmbuf_alloc(pool);
-    REQUIRE(m != nullptr);
-    held.push_back(m);
-  }
+  std::vector<rte_mbuf*> held = take_mbufs(cl.host(0)->port_pool(0), 0);
   {
     driver d(cl);
     auto r = cl.host(1)->send(emu::message_send{0, 0x2000, 1, *rs, 0, len}, 5000ms);
