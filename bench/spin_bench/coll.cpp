@@ -3,8 +3,10 @@
 // spin::coll (switch, edge_ring, host_ring): an emulated cluster in this process, N hosts in a
 // star around one switch (cluster mode: one poll thread drives every node and link), one
 // communicator per rank, one thread per rank. Buffers come from the communicator's arena, so
-// they go to the NIC without a staging copy. Lossless links; the repair interval is 1 s, so a
-// slow machine adds no spurious repairs to the measured bytes.
+// they go to the NIC without a staging copy. Lossless links; the repair timer follows measured
+// round trips between 1 ms and 1 s (--repair-min-us, --repair-max-ms), so a frame a NIC drops
+// costs round trips; the progress lines count the repairs (spurious ones on a slow machine
+// included), and their frames are in sent/rank.
 // Gloo (gloo): N threads in this process, each with a Gloo context over TCP on 127.0.0.1
 // (rendezvous through an in-process HashStore), gloo::allreduce with the ring algorithm.
 // Open MPI (mpi): spin-bench-mpi under mpirun, N processes, MPI_Allreduce (Open MPI picks its
@@ -162,7 +164,8 @@ bool run_spin(const coll_options& o, const std::vector<std::string>& algos, cons
   coll::options co;
   // A large message on a slow machine takes seconds; the timeout only guards against a hang.
   co.timeout = std::chrono::milliseconds(60'000 + max_bytes / (1 << 20) * 1000);
-  co.repair_interval = std::chrono::milliseconds(1000);
+  co.repair_interval = std::chrono::milliseconds(o.repair_max_ms);
+  co.repair_min_interval = std::chrono::microseconds(o.repair_min_us);
   co.packet_bytes = o.packet_bytes;
   co.window_packets = o.window_packets;
   co.switch_slots = o.switch_slots;
@@ -194,6 +197,11 @@ bool run_spin(const coll_options& o, const std::vector<std::string>& algos, cons
       return false;
     }
   }
+  auto repairs = [&] {
+    std::int64_t s = 0;
+    for (const auto& c : comms) s += static_cast<std::int64_t>(c->stats().repairs);
+    return s;
+  };
   auto tx_bytes = [&] {
     std::uint64_t s = 0;
     for (std::uint32_t r = 0; r < o.ranks; ++r) s += cluster.value()->node(r).stats().ports[0].tx_bytes;
@@ -227,19 +235,23 @@ bool run_spin(const coll_options& o, const std::vector<std::string>& algos, cons
         ops[r].check = [=](bool) { return coll_wrong(o.ranks, op, n); };
       }
       std::uint64_t tx0 = 0, tx1 = 0;
+      std::int64_t rp0 = 0, rp1 = 0;
       std::vector<emu::cluster_lcore_stats> lc0, lc1;
       measure_mode(
           ops, false, warmup_for(o, bytes), row.iters, bytes, row.oop,
           [&] {
             tx0 = tx_bytes();
+            rp0 = repairs();
             lc0 = cluster.value()->lcore_stats();
           },
           [&] {
             tx1 = tx_bytes();
+            rp1 = repairs();
             lc1 = cluster.value()->lcore_stats();
           });
       if (row.oop.ran) {
         row.sent_bytes_per_rank = static_cast<double>(tx1 - tx0) / o.ranks / row.iters;
+        row.repairs = rp1 - rp0;
         // Where the lcores' time went: busy (rounds that moved something, helping included) per
         // call, against the call's time.
         std::string busy;
@@ -247,8 +259,11 @@ bool run_spin(const coll_options& o, const std::vector<std::string>& algos, cons
           busy += (k ? " + " : "") + fmt_ms(static_cast<double>(lc1[k].busy_ns - lc0[k].busy_ns) / 1e6 / row.iters) + " (" +
                   std::to_string((lc1[k].helped_rounds - lc0[k].helped_rounds) / row.iters) + " helping rounds, " +
                   std::to_string((lc1[k].sleeps - lc0[k].sleeps) / row.iters) + " sleeps)";
-        std::fprintf(stderr, "    out of place: %s per call; lcores busy %s per call\n", fmt_ms(row.oop.time_us / 1e3).c_str(),
-                     busy.c_str());
+        const coll::comm_stats s0 = comms[0]->stats();
+        std::fprintf(stderr, "    out of place: %s per call; lcores busy %s per call; %lld repairs in %u calls (rank 0's repair timer: "
+                     "srtt %lld us, interval %lld us)\n", fmt_ms(row.oop.time_us / 1e3).c_str(), busy.c_str(),
+                     static_cast<long long>(row.repairs), row.iters, static_cast<long long>(s0.srtt.count()),
+                     static_cast<long long>(s0.repair_interval.count()));
       }
       if (row.oop.error.empty()) measure_mode(ops, true, warmup_for(o, bytes), row.iters, bytes, row.ip, {}, {});
       rows.push_back(row);
@@ -546,6 +561,7 @@ int run_coll(const coll_options& o) {
                                 {"max_iters", o.max_iters}, {"warmup_iters", o.warmup_iters}, {"budget_bytes", o.budget_bytes},
                                 {"packet_bytes", o.packet_bytes}, {"window_packets", o.window_packets},
                                 {"switch_slots", o.switch_slots}, {"link_latency_ns", o.link_latency_ns},
+                                {"repair_min_us", o.repair_min_us}, {"repair_max_ms", o.repair_max_ms},
                                 {"algorithms", o.algorithms}}},
                               {"ring_bytes_factor", ring},
                               {"rows", jrows},

@@ -125,6 +125,12 @@ int main(int argc, char** argv) {
   cc->add_option("--window", c.window_packets, "packets each rank's NIC keeps in flight (spin::coll options::window_packets)")
       ->capture_default_str()
       ->check(CLI::Range(1u, 256u));
+  cc->add_option("--repair-min-us", c.repair_min_us, "spin::coll's shortest repair interval (options::repair_min_interval), us")
+      ->capture_default_str()->check(CLI::Range(1u, 60'000'000u));
+  cc->add_option("--repair-max-ms", c.repair_max_ms,
+                 "spin::coll's longest and first repair interval (options::repair_interval), ms; the repair timer follows "
+                 "measured round trips in between")
+      ->capture_default_str()->check(CLI::Range(1u, 60'000u));
   cc->add_option("--switch-slots", c.switch_slots, "aggregator slots the group takes on the switch (options::switch_slots)")
       ->capture_default_str()
       ->check(CLI::Range(1u, 32767u));

@@ -7,6 +7,7 @@
 
 #include "engine_ec.hpp"
 #include "port.hpp"
+#include "repair_timer.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -137,6 +138,8 @@ struct communicator::impl {
   bool broken = false;
   std::string broken_why;
   comm_stats st;
+  detail::repair_timer rto{detail::repair_timer::duration(1), detail::repair_timer::duration(1)};  // set by create
+  bool repaired = false;  // a tick repaired the epoch being waited for: no round-trip sample (Karn)
   std::map<std::size_t, std::size_t> free_list;  // offset -> bytes
   std::map<std::size_t, std::size_t> used;
   bool group_claimed = false;
@@ -182,11 +185,11 @@ struct communicator::impl {
   }
 
   // Waits for a host event of engine `e` for which `want` returns true; `tick` runs every
-  // repair interval.
+  // repair interval (the repair timer's, which a repair the NIC reports backs off).
   template <class Want, class Tick>
   result<std::uint64_t> wait(const engine_ec& e, clock::time_point deadline, Want want, Tick tick, const std::string& what) {
     std::array<rt::host_event, 32> evs;
-    auto next_tick = clock::now() + o.repair_interval;
+    auto next_tick = clock::now() + rto.interval();
     std::size_t got = nic->poll_events(e.ec, evs);
     for (;;) {
       // Every event goes to `want` (it may record those it does not wait for); the first it
@@ -198,6 +201,14 @@ struct communicator::impl {
           return fail(errc::fault, what + ": the collective engine's " +
                                        std::string(rt::to_string(static_cast<handler_kind>(ev.value))) + " handler failed (" +
                                        errc_name(ev.code) + ")");
+        if (pr::event_type_of(ev.value) == pr::ev_repair) {
+          if (pr::event_epoch_of(ev.value) == e.epoch) {
+            ++st.repairs;
+            repaired = true;
+            rto.back_off();
+          }
+          continue;
+        }
         if (want(ev.value) && !hit) hit = ev.value;
       }
       if (hit) return *hit;
@@ -207,7 +218,7 @@ struct communicator::impl {
                                        std::to_string(g.me) + ", epoch " + std::to_string(e.epoch) + ")");
       if (now >= next_tick) {
         if (auto r = tick(); !r.ok()) return r.err();
-        next_tick = now + o.repair_interval;
+        next_tick = now + rto.interval();
       }
       // Sleep until the NIC posts an event (it wakes this thread), the next repair tick or the
       // deadline: a waiting rank uses no CPU.
@@ -308,6 +319,7 @@ struct communicator::impl {
     c.type = pr::cmd_start;
     c.epoch = e.epoch;
     c.desc_off = doff;
+    repaired = false;
     return send_cmd(e, c);
   }
 
@@ -416,6 +428,7 @@ struct communicator::impl {
 
   result<void> epoch_run(engine_ec& e, const pr::params& p, const pr::buffer_desc& in, const pr::buffer_desc& out,
                          const char* what, std::uint32_t switch_rank) {
+    const auto t0 = clock::now();
     if (auto r = epoch_start(e, p, in, out, switch_rank, 0); !r.ok()) return r;
     const std::uint32_t k = e.epoch;
     auto ev = wait(
@@ -426,8 +439,12 @@ struct communicator::impl {
         },
         [&] { return repair_tick(e); }, what);
     if (!ev.ok()) return ev.err();
-    if (pr::event_type_of(ev.value()) == pr::ev_done) return {};
-    return refused(what, ev.value());
+    if (pr::event_type_of(ev.value()) != pr::ev_done) return refused(what, ev.value());
+    // A round-trip sample for the repair timer, unless a tick repaired this epoch (Karn's rule:
+    // its time includes the wait for the tick).
+    if (o.recovery && !repaired)
+      rto.sample(detail::repair_timer::epoch_sample(clock::now() - t0, pr::event_detail_of(ev.value()), o.window_packets));
+    return {};
   }
 
   result<op_spec> standard(dtype t, op o_, const char* what) const {
@@ -690,8 +707,11 @@ error check_group(const group& g, const options& o) {
     return fail(errc::invalid_argument, "communicator: window_packets out of 1..256");
   if (o.packet_bytes != 0 && (o.packet_bytes < 16 || o.packet_bytes > pr::max_packet_bytes))
     return fail(errc::invalid_argument, "communicator: packet_bytes out of 16..4096 (or 0: the NIC's largest)");
-  if (o.timeout.count() <= 0 || o.repair_interval.count() <= 0)
-    return fail(errc::invalid_argument, "communicator: timeout and repair_interval must be positive");
+  if (o.timeout.count() <= 0 || o.repair_interval.count() <= 0 || o.repair_min_interval.count() <= 0)
+    return fail(errc::invalid_argument, "communicator: timeout, repair_interval and repair_min_interval must be positive");
+  if (o.repair_min_interval > o.repair_interval)
+    return fail(errc::invalid_argument, "communicator: repair_min_interval (" + std::to_string(o.repair_min_interval.count()) +
+                                            " us) exceeds repair_interval (" + std::to_string(o.repair_interval.count()) + " us)");
   if (o.staging_bytes < 4096 || o.arena_bytes < ctl_bytes + 2 * o.staging_bytes)
     return fail(errc::invalid_argument, "communicator: arena_bytes must hold 64 KiB and two staging buffers of at least 4 KiB");
   return error{};
@@ -721,6 +741,7 @@ result<std::unique_ptr<communicator>> communicator::create_on(std::unique_ptr<de
   p->g = g;
   p->o = o;
   p->o.packet_bytes = packet_bytes;
+  p->rto = detail::repair_timer(o.repair_min_interval, o.repair_interval);
   p->base_id = g.id << 4;
   {
     std::lock_guard<std::mutex> l(groups_mutex);
@@ -833,7 +854,13 @@ void communicator::free(std::span<std::byte> buffer) {
   _p->release_span(buffer);
 }
 
-comm_stats communicator::stats() const { return _p->st; }
+comm_stats communicator::stats() const {
+  comm_stats s = _p->st;
+  s.repair_interval = std::chrono::duration_cast<std::chrono::microseconds>(_p->rto.interval());
+  s.srtt = std::chrono::duration_cast<std::chrono::microseconds>(_p->rto.srtt());
+  s.rtt_samples = _p->rto.samples();
+  return s;
+}
 
 result<std::string> communicator::engine_stats_json() {
   pr::cmd c{};

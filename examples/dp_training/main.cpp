@@ -221,8 +221,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 0.1))
       ->capture_default_str();
   app.add_option("--repair-ms", c.repair_ms,
-                 "spin::coll's repair interval (0: 10 ms on lossy links; 1000 ms without loss, so that a slow machine "
-                 "adds no repair traffic)")
+                 "spin::coll's longest and first repair interval; the interval then follows measured round trips, "
+                 "from 1 ms up (0: 10 ms on lossy links; 1000 ms without loss)")
       ->check(CLI::Range(0, 60000))
       ->capture_default_str();
   app.add_flag("!--no-reference", c.reference, "skip the single-process comparison (fixed aggregation)");

@@ -559,6 +559,68 @@ TEST_CASE("allreduce is exact under loss, duplication and reordering") {
   }
 }
 
+TEST_CASE("under loss the repair timer follows measured round trips: once it has one, a lost packet costs milliseconds, not the repair interval") {
+  // repair_interval is the timer's start and ceiling (3 s). With a fixed interval each lost
+  // packet would hold its call for 3 to 6 s (a tick that sees progress, then one that sees
+  // none); the timer instead settles near the calls' round trips (well under 1 ms plain,
+  // tens of ms under the sanitizers) after its first sample. The bound below, half the
+  // ceiling, leaves a 20x margin over a slow sanitizer run.
+  constexpr std::uint32_t n = 4;
+  constexpr std::uint64_t count = 2048;  // 8 KiB: 8 packets of 1 KiB per rank
+  options o;
+  o.repair_interval = std::chrono::seconds(3);
+  o.repair_min_interval = std::chrono::milliseconds(1);
+  o.timeout = std::chrono::seconds(60);
+  o.packet_bytes = 1024;
+  world w(emu::star(n, test::lossy(0.01, 41)), o, 1, test::switches::fabric);
+  std::vector<std::vector<std::int32_t>> in(n, std::vector<std::int32_t>(count)), out(n, std::vector<std::int32_t>(count));
+  std::vector<std::int32_t> want(count, 0);
+  for (std::uint32_t r = 0; r < n; ++r)
+    for (std::uint64_t i = 0; i < count; ++i) {
+      in[r][i] = static_cast<std::int32_t>(i * 7 + r * 1000003);
+      want[i] += in[r][i];
+    }
+  std::uint64_t repairs_measured = 0;  // repairs in calls made once every rank had a round trip
+  std::uint32_t calls_measured = 0;
+  for (algorithm a : {algorithm::switch_agg, algorithm::edge_ring}) {
+    for (int call = 0; call < 20; ++call) {
+      bool sampled = true;
+      std::uint64_t repairs_before = 0;
+      for (std::uint32_t r = 0; r < n; ++r) {
+        const comm_stats st = w.comms[r]->stats();
+        sampled = sampled && st.rtt_samples > 0;
+        repairs_before += st.repairs;
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      auto res = w.run([&](std::uint32_t r) { return w.comms[r]->allreduce(in[r].data(), out[r].data(), count, dtype::i32, op::sum, a); });
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      std::uint64_t repairs_after = 0;
+      for (std::uint32_t r = 0; r < n; ++r) {
+        INFO("algorithm " << name(a) << ", call " << call << ", rank " << r);
+        REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+        CHECK(out[r] == want);
+        repairs_after += w.comms[r]->stats().repairs;
+      }
+      if (!sampled) continue;
+      ++calls_measured;
+      repairs_measured += repairs_after - repairs_before;
+      INFO("algorithm " << name(a) << ", call " << call << ": " << repairs_after - repairs_before << " repairs");
+      CHECK(ms < 1500.0);
+    }
+  }
+  CHECK(calls_measured > 0);
+  CHECK(repairs_measured > 0);  // the bound above was met under loss, not only without it
+  for (std::uint32_t r = 0; r < n; ++r) {
+    const comm_stats st = w.comms[r]->stats();
+    INFO("rank " << r << ": " << st.epochs << " epochs, " << st.rtt_samples << " samples, " << st.repairs << " repairs");
+    CHECK(st.rtt_samples <= st.epochs);
+    CHECK(st.epochs <= st.rtt_samples + st.repairs);  // Karn: each epoch is either sampled or was repaired
+    CHECK(st.srtt.count() > 0);
+    CHECK(st.repair_interval >= o.repair_min_interval);
+    CHECK(st.repair_interval <= o.repair_interval);
+  }
+}
+
 TEST_CASE("without recovery a lost packet ends in a timeout on every rank, and the communicator reports it broken") {
   emu::link_model m;
   m.loss = 0.05;

@@ -48,7 +48,8 @@ TEST_CASE("switch allreduce sends S bytes up and receives S down per host; the r
   const std::uint64_t count = 1 << 18;  // S = 1 MiB of float32
   const double s_bytes = count * 4.0;
   options o;
-  o.repair_interval = std::chrono::seconds(1);  // no loss: a slow machine must not add repair traffic
+  // No loss: a slow machine must not add repair traffic (a fixed interval of 1 s).
+  o.repair_interval = o.repair_min_interval = std::chrono::seconds(1);
   world w(emu::star(n, {}), o, 1, test::switches::fabric);
   std::vector<std::vector<float>> in(n, std::vector<float>(count, 1.0f)), out(n, std::vector<float>(count));
   // Per packet: 1024 payload bytes and 104 bytes of Ethernet, IPv4, UDP and spin headers.
@@ -180,7 +181,7 @@ TEST_CASE("in a leaf-spine network leaves combine integer and min/max reductions
   // Leaves l0 (h0, h1) and l1 (h2, h3) under spine sp.
   const emu::topology t = test::leaf_spine({2, 2});
   options o;
-  o.repair_interval = std::chrono::seconds(1);  // no loss: the bytes are measured
+  o.repair_interval = o.repair_min_interval = std::chrono::seconds(1);  // no loss: the bytes are measured
   world w(t, o, 1, test::switches::fabric);
   const auto u = w.fab->usage();
   REQUIRE(u.size() == 3);
@@ -310,7 +311,7 @@ TEST_CASE("allgather and broadcast through the switch: blocks go up once and com
     const emu::link_model m = test::lossy(loss, 13, 0.03);
     options o;
     // Without loss, no repair traffic on a slow machine either: the bytes are measured.
-    o.repair_interval = loss > 0 ? std::chrono::microseconds(1000) : std::chrono::microseconds(1000000);
+    o.repair_interval = o.repair_min_interval = loss > 0 ? std::chrono::microseconds(1000) : std::chrono::microseconds(1000000);
     const std::uint32_t n = 4;
     world w(emu::star(n, m), o, 1, test::switches::fabric);
     for (std::uint64_t block : {0ull, 1ull, 255ull, 256ull, 257ull, 20011ull}) {

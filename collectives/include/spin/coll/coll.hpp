@@ -61,8 +61,16 @@ struct options {
   /// that has not finished: none hangs).
   std::chrono::milliseconds timeout{10000};
   /// Repair timer: a NIC that saw no progress for one interval re-sends what is missing
-  /// (docs/collectives.md, "Reliability"). SwitchML's default retransmission timeout.
+  /// (docs/collectives.md, "Repair timer"). The interval follows the round trips the
+  /// communicator measures, as TCP's retransmission timeout does (RFC 6298: smoothed round
+  /// trip + 4 x its variation, doubled after each repair), within [repair_min_interval,
+  /// repair_interval]. It starts at repair_interval, SwitchML's default retransmission timeout.
   std::chrono::microseconds repair_interval{10000};
+  /// The shortest repair interval. Each tick wakes the waiting rank, so below about 1 ms ticks
+  /// cost the cores the NICs need on a small machine. Equal to repair_interval: a fixed
+  /// interval. create fails with invalid_argument when it is not positive or exceeds
+  /// repair_interval.
+  std::chrono::microseconds repair_min_interval{1000};
   /// Off: lost packets are never repaired; a collective that loses one ends in a timeout.
   bool recovery = true;
   /// Packets each rank keeps in flight (1..256).
@@ -209,6 +217,10 @@ struct comm_stats {
   std::uint64_t collectives = 0;       ///< calls that returned ok
   std::uint64_t epochs = 0;            ///< protocol epochs (a large collective takes several)
   std::uint64_t repair_ticks = 0;      ///< repair timer ticks sent to the NIC
+  std::uint64_t repairs = 0;           ///< ticks that found the NIC stalled, so that it repaired
+  std::uint64_t rtt_samples = 0;       ///< epochs whose time fed the repair timer (not repaired ones)
+  std::chrono::microseconds srtt{0};   ///< smoothed round trip of those samples (0 before the first)
+  std::chrono::microseconds repair_interval{0};  ///< the repair timer's current interval
   std::uint64_t staged_bytes = 0;      ///< bytes copied through the staging buffers
   std::uint64_t failures = 0;          ///< calls that returned an error
 };

@@ -444,7 +444,12 @@ template <class Red> struct engine {
                                                              : load_acq(&b->succ_complete) != 0;
     if (!ready || swap(&b->done_posted, 1) != 0) return;
     if (r.via_switch && !r.multicast()) advance_parity(s, r.g.total, r.slots);  // before the host may start the next call
-    ctx->post_event(event(ev_done, b->epoch, 0));
+    // The packets this rank originated: the host divides the epoch's time by its windows of
+    // them for a round-trip sample (docs/collectives.md, "Repair timer").
+    const u64 mine = r.via_switch && !r.multicast() ? r.g.total : r.my_chunk_packets();
+    u64 sent = load_acq(&b->next_orig);
+    if (sent > mine) sent = mine;
+    ctx->post_event(event(ev_done, b->epoch, sent > 0xffffffu ? 0xffffffu : static_cast<u32>(sent)));
   }
   /// Completion (docs/collectives.md, "Completion"): every result held and every originated
   /// packet delivered. Allreduce, allgather and broadcast then wait for the successor (which
@@ -1290,6 +1295,7 @@ template <class Red> struct engine {
         return ret::success;
       }
       repair(ctx, s, b);
+      ctx->post_event(event(ev_repair, b->epoch, 0));
       return ret::success;
     }
     if (c->type == cmd_xfer) return on_xfer_cmd(ctx, s, c);

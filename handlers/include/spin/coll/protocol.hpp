@@ -223,13 +223,16 @@ inline constexpr u32 nack_max_words = (1024 - sizeof(nack_head)) / 8;
 /// Host events (the 8-byte value a NIC posts): type << 56 | epoch << 24 | detail.
 enum event_type : u32 {
   ev_setup = 1,     ///< cmd_setup done; detail 0, or 1 when the members table was invalid
-  ev_done = 2,      ///< this rank holds every result of `epoch`, and so does its successor
+  ev_done = 2,      ///< this rank holds every result of `epoch`, and so does its successor;
+                    ///< detail: packets this rank originated in the epoch (at most 2^24 - 1),
+                    ///< which the host's round-trip estimate divides the epoch's time by
   ev_mismatch = 3,  ///< ranks disagree: detail = field << 16 | index of a rank that differs from rank 0
   ev_error = 4,     ///< the start descriptor was invalid (detail: reason)
   ev_stats = 5,     ///< cmd_stats done
   ev_go = 6,        ///< host_ring: every rank agreed; the host may start its transfers
   ev_recv = 7,      ///< host_ring: a chunk arrived whole (detail: phase << 16 | chunk)
   ev_sent = 8,      ///< host_ring: every packet of the current transfer was acknowledged (detail as ev_recv)
+  ev_repair = 9,    ///< a repair tick found `epoch` stalled and repaired it (the host backs its timer off)
 };
 constexpr u64 event(u32 type, u32 epoch, u32 detail) {
   return (static_cast<u64>(type) << 56) | (static_cast<u64>(epoch) << 24) | (detail & 0xffffffu);
