@@ -199,7 +199,7 @@ bool run_spin(const coll_options& o, const std::vector<std::string>& algos, cons
   }
   auto repairs = [&] {
     std::int64_t s = 0;
-    for (const auto& c : comms) s += static_cast<std::int64_t>(c->stats().repairs);
+    for (const auto& c : comms) s += static_cast<std::int64_t>(c->stats().repaired_epochs);
     return s;
   };
   auto tx_bytes = [&] {
@@ -260,7 +260,7 @@ bool run_spin(const coll_options& o, const std::vector<std::string>& algos, cons
                   std::to_string((lc1[k].helped_rounds - lc0[k].helped_rounds) / row.iters) + " helping rounds, " +
                   std::to_string((lc1[k].sleeps - lc0[k].sleeps) / row.iters) + " sleeps)";
         const coll::comm_stats s0 = comms[0]->stats();
-        std::fprintf(stderr, "    out of place: %s per call; lcores busy %s per call; %lld repairs in %u calls (rank 0's repair timer: "
+        std::fprintf(stderr, "    out of place: %s per call; lcores busy %s per call; %lld repaired epochs in %u calls (rank 0's repair timer: "
                      "srtt %lld us, interval %lld us)\n", fmt_ms(row.oop.time_us / 1e3).c_str(), busy.c_str(),
                      static_cast<long long>(row.repairs), row.iters, static_cast<long long>(s0.srtt.count()),
                      static_cast<long long>(s0.repair_interval.count()));

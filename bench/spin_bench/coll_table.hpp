@@ -27,7 +27,7 @@ struct coll_row {
   std::uint32_t iters = 0;
   coll_mode oop, ip;
   double sent_bytes_per_rank = -1;  ///< frames each rank's NIC sent per out-of-place call (-1: not measured)
-  std::int64_t repairs = -1;        ///< repair ticks that found a NIC stalled, all ranks, out-of-place calls (-1: not measured)
+  std::int64_t repairs = -1;        ///< epochs a repair tick found stalled, all ranks, out-of-place calls (-1: not measured)
 };
 
 inline double busbw_factor(std::uint32_t n) { return n > 1 ? 2.0 * (n - 1) / n : 0.0; }
@@ -43,7 +43,7 @@ inline nlohmann::json to_json(const coll_row& r) {
                       {"redop", "sum"},           {"root", -1},         {"iters", r.iters}, {"out_of_place", to_json(r.oop)},
                       {"in_place", to_json(r.ip)}};
   if (r.sent_bytes_per_rank >= 0) j["sent_bytes_per_rank"] = r.sent_bytes_per_rank;
-  if (r.repairs >= 0) j["repairs"] = r.repairs;
+  if (r.repairs >= 0) j["repaired_epochs"] = r.repairs;
   return j;
 }
 

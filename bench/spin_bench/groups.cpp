@@ -72,6 +72,8 @@ int run_groups(const groups_options& o) {
   copt.arena_bytes = std::size_t{1} << 20;  // small messages: a small arena per communicator
   copt.staging_bytes = std::size_t{128} << 10;
   copt.timeout = std::chrono::seconds(60);
+  copt.repair_min_interval = std::chrono::microseconds(o.repair_min_us);
+  copt.repair_interval = std::chrono::milliseconds(o.repair_max_ms);
   copt.log = [](const std::string&) {};  // groups without switch slots run on the edge ring: expected here
   const std::uint32_t ranks = o.groups * o.members;
   std::printf("%u groups of %u members on %u emulated hosts and a switch (%u lcores of %u hardware threads), %u rank threads; "
@@ -142,9 +144,17 @@ int run_groups(const groups_options& o) {
   std::uint32_t switch_groups = 0;
   for (const auto& u : usage) switch_groups += u.groups;
   const double p50 = percentile(all, 50), p99 = percentile(all, 99), mx = all.empty() ? 0 : *std::max_element(all.begin(), all.end());
+  std::uint64_t ticks = 0, repairs = 0;
+  for (const auto& c : comms) {
+    const coll::comm_stats s = c->stats();
+    ticks += s.repair_ticks;
+    repairs += s.repaired_epochs;
+  }
   std::printf("calls %zu (%u groups aggregated on the switch, the others on the edge ring), wall %.2f s\n", all.size(), switch_groups,
               wall_s);
   std::printf("call time: p50 %.0f us, p99 %.0f us, max %.0f us\n", p50, p99, mx);
+  std::printf("repair timer (%u us .. %u ms): %llu ticks, %llu repaired epochs (lossless links: every repair was spurious)\n", o.repair_min_us,
+              o.repair_max_ms, static_cast<unsigned long long>(ticks), static_cast<unsigned long long>(repairs));
   std::printf("aim: slowest call under 1 s: %s (%.3f s)\n", mx < 1e6 ? "met" : "MISSED", mx / 1e6);
   for (std::uint32_t r = 0; r < ranks; ++r)
     if (!first_error[r].empty()) {
@@ -157,7 +167,10 @@ int run_groups(const groups_options& o) {
   std::filesystem::create_directories(o.out_dir, ec);
   nlohmann::json j = {{"conditions", cond.to_json()},
                       {"options", {{"hosts", o.hosts}, {"groups", o.groups}, {"members", o.members}, {"calls", o.calls}, {"bytes", o.bytes},
-                                   {"lcores", cluster.value()->lcores()}}},
+                                   {"lcores", cluster.value()->lcores()}, {"repair_min_us", o.repair_min_us},
+                                   {"repair_max_ms", o.repair_max_ms}}},
+                      {"repair_ticks", ticks},
+                      {"repaired_epochs", repairs},
                       {"calls", all.size()},
                       {"switch_groups", switch_groups},
                       {"wall_s", wall_s},

@@ -14,6 +14,9 @@ struct groups_options {
   std::uint32_t calls = 5;         ///< allreduces per group
   std::uint64_t bytes = 1024;      ///< message size (int32 elements)
   std::uint32_t lcores = 0;        ///< lcores of the cluster; 0: every CPU
+  /// spin::coll's repair timer, shortest and longest interval (coll::options' defaults).
+  std::uint32_t repair_min_us = 1000;
+  std::uint32_t repair_max_ms = 10;
   std::string out_dir = "spin-bench-out";
 };
 

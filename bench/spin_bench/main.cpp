@@ -159,6 +159,10 @@ int main(int argc, char** argv) {
   gc->add_option("--lcores", gr.lcores, "lcores the emulated cluster runs on (0: every CPU this process may use)")
       ->capture_default_str()
       ->check(CLI::Range(0u, 1024u));
+  gc->add_option("--repair-min-us", gr.repair_min_us, "spin::coll's shortest repair interval (options::repair_min_interval), us")
+      ->capture_default_str()->check(CLI::Range(1u, 60'000'000u));
+  gc->add_option("--repair-max-ms", gr.repair_max_ms, "spin::coll's longest and first repair interval (options::repair_interval), ms")
+      ->capture_default_str()->check(CLI::Range(1u, 60'000u));
   gc->add_option("--out", gr.out_dir, "directory for groups.json")->capture_default_str();
 #endif
 

@@ -139,7 +139,6 @@ struct communicator::impl {
   std::string broken_why;
   comm_stats st;
   detail::repair_timer rto{detail::repair_timer::duration(1), detail::repair_timer::duration(1)};  // set by create
-  bool repaired = false;  // a tick repaired the epoch being waited for: no round-trip sample (Karn)
   std::map<std::size_t, std::size_t> free_list;  // offset -> bytes
   std::map<std::size_t, std::size_t> used;
   bool group_claimed = false;
@@ -185,7 +184,7 @@ struct communicator::impl {
   }
 
   // Waits for a host event of engine `e` for which `want` returns true; `tick` runs every
-  // repair interval (the repair timer's, which a repair the NIC reports backs off).
+  // repair interval (the repair timer's).
   template <class Want, class Tick>
   result<std::uint64_t> wait(const engine_ec& e, clock::time_point deadline, Want want, Tick tick, const std::string& what) {
     std::array<rt::host_event, 32> evs;
@@ -201,14 +200,6 @@ struct communicator::impl {
           return fail(errc::fault, what + ": the collective engine's " +
                                        std::string(rt::to_string(static_cast<handler_kind>(ev.value))) + " handler failed (" +
                                        errc_name(ev.code) + ")");
-        if (pr::event_type_of(ev.value) == pr::ev_repair) {
-          if (pr::event_epoch_of(ev.value) == e.epoch) {
-            ++st.repairs;
-            repaired = true;
-            rto.back_off();
-          }
-          continue;
-        }
         if (want(ev.value) && !hit) hit = ev.value;
       }
       if (hit) return *hit;
@@ -319,7 +310,6 @@ struct communicator::impl {
     c.type = pr::cmd_start;
     c.epoch = e.epoch;
     c.desc_off = doff;
-    repaired = false;
     return send_cmd(e, c);
   }
 
@@ -440,10 +430,16 @@ struct communicator::impl {
         [&] { return repair_tick(e); }, what);
     if (!ev.ok()) return ev.err();
     if (pr::event_type_of(ev.value()) != pr::ev_done) return refused(what, ev.value());
-    // A round-trip sample for the repair timer, unless a tick repaired this epoch (Karn's rule:
-    // its time includes the wait for the tick).
-    if (o.recovery && !repaired)
-      rto.sample(detail::repair_timer::epoch_sample(clock::now() - t0, pr::event_detail_of(ev.value()), o.window_packets));
+    // The repair timer: a round-trip sample from an epoch no tick repaired; after one that a tick
+    // repaired, no sample (Karn's rule: its time includes the wait for the tick) but back-off.
+    const std::uint32_t done = pr::event_detail_of(ev.value());
+    if (!o.recovery) return {};
+    if (pr::done_repaired(done)) {
+      ++st.repaired_epochs;
+      rto.back_off();
+    } else {
+      rto.sample(detail::repair_timer::epoch_sample(clock::now() - t0, pr::done_packets(done), o.window_packets));
+    }
     return {};
   }
 

@@ -63,7 +63,7 @@ struct options {
   /// Repair timer: a NIC that saw no progress for one interval re-sends what is missing
   /// (docs/collectives.md, "Repair timer"). The interval follows the round trips the
   /// communicator measures, as TCP's retransmission timeout does (RFC 6298: smoothed round
-  /// trip + 4 x its variation, doubled after each repair), within [repair_min_interval,
+  /// trip + 4 x its variation, doubled after each repaired epoch), within [repair_min_interval,
   /// repair_interval]. It starts at repair_interval, SwitchML's default retransmission timeout.
   std::chrono::microseconds repair_interval{10000};
   /// The shortest repair interval. Each tick wakes the waiting rank, so below about 1 ms ticks
@@ -217,8 +217,8 @@ struct comm_stats {
   std::uint64_t collectives = 0;       ///< calls that returned ok
   std::uint64_t epochs = 0;            ///< protocol epochs (a large collective takes several)
   std::uint64_t repair_ticks = 0;      ///< repair timer ticks sent to the NIC
-  std::uint64_t repairs = 0;           ///< ticks that found the NIC stalled, so that it repaired
-  std::uint64_t rtt_samples = 0;       ///< epochs whose time fed the repair timer (not repaired ones)
+  std::uint64_t repaired_epochs = 0;   ///< epochs in which a tick found the NIC stalled, so that it repaired
+  std::uint64_t rtt_samples = 0;       ///< epochs whose time fed the repair timer (the others were repaired)
   std::chrono::microseconds srtt{0};   ///< smoothed round trip of those samples (0 before the first)
   std::chrono::microseconds repair_interval{0};  ///< the repair timer's current interval
   std::uint64_t staged_bytes = 0;      ///< bytes copied through the staging buffers

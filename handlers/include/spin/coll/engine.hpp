@@ -68,6 +68,8 @@ struct bank {
   u32 succ_complete;   // 1 once the successor said k_done
   u32 done_posted;
   u32 agreed;          // 1 once every hello is in and agrees (verdict)
+  u32 repaired;        // 1 once a repair tick found the epoch stalled (ev_done tells the host)
+  u32 pad_repaired;
   u64 progress;        // bumped by anything new; repair acts only when it stalls
   u64 progress_seen;   // progress at the previous repair tick
   u64 held[max_packets / 64];   // results this rank holds
@@ -449,7 +451,7 @@ template <class Red> struct engine {
     const u64 mine = r.via_switch && !r.multicast() ? r.g.total : r.my_chunk_packets();
     u64 sent = load_acq(&b->next_orig);
     if (sent > mine) sent = mine;
-    ctx->post_event(event(ev_done, b->epoch, sent > 0xffffffu ? 0xffffffu : static_cast<u32>(sent)));
+    ctx->post_event(event(ev_done, b->epoch, done_detail(load_acq(&b->repaired) != 0, sent)));
   }
   /// Completion (docs/collectives.md, "Completion"): every result held and every originated
   /// packet delivered. Allreduce, allgather and broadcast then wait for the successor (which
@@ -1294,8 +1296,10 @@ template <class Red> struct engine {
         b->progress_seen = now;  // something moved since the last tick: wait
         return ret::success;
       }
+      // No event: the host learns it from ev_done (an event per repair would wake the waiting
+      // rank for nothing; with hundreds of ranks on two cores those wake-ups alone stall the NICs).
+      store_rel(&b->repaired, 1);
       repair(ctx, s, b);
-      ctx->post_event(event(ev_repair, b->epoch, 0));
       return ret::success;
     }
     if (c->type == cmd_xfer) return on_xfer_cmd(ctx, s, c);

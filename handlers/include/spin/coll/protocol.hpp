@@ -224,15 +224,13 @@ inline constexpr u32 nack_max_words = (1024 - sizeof(nack_head)) / 8;
 enum event_type : u32 {
   ev_setup = 1,     ///< cmd_setup done; detail 0, or 1 when the members table was invalid
   ev_done = 2,      ///< this rank holds every result of `epoch`, and so does its successor;
-                    ///< detail: packets this rank originated in the epoch (at most 2^24 - 1),
-                    ///< which the host's round-trip estimate divides the epoch's time by
+                    ///< detail: done_detail (whether a tick repaired, packets originated)
   ev_mismatch = 3,  ///< ranks disagree: detail = field << 16 | index of a rank that differs from rank 0
   ev_error = 4,     ///< the start descriptor was invalid (detail: reason)
   ev_stats = 5,     ///< cmd_stats done
   ev_go = 6,        ///< host_ring: every rank agreed; the host may start its transfers
   ev_recv = 7,      ///< host_ring: a chunk arrived whole (detail: phase << 16 | chunk)
   ev_sent = 8,      ///< host_ring: every packet of the current transfer was acknowledged (detail as ev_recv)
-  ev_repair = 9,    ///< a repair tick found `epoch` stalled and repaired it (the host backs its timer off)
 };
 constexpr u64 event(u32 type, u32 epoch, u32 detail) {
   return (static_cast<u64>(type) << 56) | (static_cast<u64>(epoch) << 24) | (detail & 0xffffffu);
@@ -240,6 +238,16 @@ constexpr u64 event(u32 type, u32 epoch, u32 detail) {
 constexpr u32 event_type_of(u64 v) { return static_cast<u32>(v >> 56); }
 constexpr u32 event_epoch_of(u64 v) { return static_cast<u32>(v >> 24); }
 constexpr u32 event_detail_of(u64 v) { return static_cast<u32>(v & 0xffffffu); }
+
+/// ev_done's detail: bit 23 set when a repair tick found the epoch stalled and repaired it; bits
+/// 0..22 the packets this rank originated in the epoch (at most 2^23 - 1). The host's repair
+/// timer takes a round-trip sample from an epoch without repair (time per window of those
+/// packets) and backs off after one with (docs/collectives.md, "Repair timer").
+constexpr u32 done_detail(bool repaired, u64 packets) {
+  return (repaired ? 1u << 23 : 0u) | static_cast<u32>(packets < (1u << 23) ? packets : (1u << 23) - 1);
+}
+constexpr bool done_repaired(u32 detail) { return (detail >> 23) & 1u; }
+constexpr u32 done_packets(u32 detail) { return detail & ((1u << 23) - 1); }
 
 /// Reasons of ev_error.
 enum start_error : u32 { se_desc = 1, se_params = 2, se_window = 3 };
