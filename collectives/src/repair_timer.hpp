@@ -43,7 +43,8 @@ public:
     rto_ = std::clamp(srtt_ + std::max(granularity, 4 * rttvar_), min_, max_);
   }
 
-  /// A tick found the NIC stalled and it repaired (RFC 6298 5.5): double the interval, up to max.
+  /// An epoch that a tick found stalled, so that the NIC repaired (RFC 6298 5.5, per epoch: the
+  /// host learns of repairs when the epoch ends): double the interval, up to max.
   void back_off() { rto_ = std::min(max_, rto_ * 2); }
 
   /// Round-trip sample of one epoch: it took `elapsed` and this rank originated `packets`
