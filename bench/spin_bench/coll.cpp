@@ -258,7 +258,8 @@ bool run_spin(const coll_options& o, const std::vector<std::string>& algos, cons
         for (std::size_t k = 0; k < lc1.size(); ++k)
           busy += (k ? " + " : "") + fmt_ms(static_cast<double>(lc1[k].busy_ns - lc0[k].busy_ns) / 1e6 / row.iters) + " (" +
                   std::to_string((lc1[k].helped_rounds - lc0[k].helped_rounds) / row.iters) + " helping rounds, " +
-                  std::to_string((lc1[k].sleeps - lc0[k].sleeps) / row.iters) + " sleeps)";
+                  std::to_string((lc1[k].sleeps - lc0[k].sleeps) / row.iters) + " sleeps, " +
+                  std::to_string(lc1[k].unrung_wakeups - lc0[k].unrung_wakeups) + " unrung wake-ups in all)";
         const coll::comm_stats s0 = comms[0]->stats();
         std::fprintf(stderr, "    out of place: %s per call; lcores busy %s per call; %lld repaired epochs in %u calls (rank 0's repair timer: "
                      "srtt %lld us, interval %lld us)\n", fmt_ms(row.oop.time_us / 1e3).c_str(), busy.c_str(),

@@ -234,10 +234,13 @@ void cluster::lcore_loop(std::uint32_t lcore, const std::atomic<bool>& stop) noe
     for (std::uint32_t k = 0; k < _lcores.size(); ++k)
       if (k != lcore) _lcores[k].bell->ring();
   };
-  rt::detail::counter* ctr = w.ctr.get();  // busy, helped, empty, sleeps, busy_ns
+  rt::detail::counter* ctr = w.ctr.get();  // busy, helped, empty, sleeps, busy_ns, unrung
+  bool slept_unrung = false;  // the last sleep ran to the idle limit without a ring
   while (!stop.load(std::memory_order_relaxed)) {
     const std::uint64_t t0 = link::now_ns();
     if (round(lcore) != 0) {
+      if (slept_unrung) ctr[5].add(1);
+      slept_unrung = false;
       ctr[0].add(1);
       ctr[4].add(link::now_ns() - t0);
       b.busy();
@@ -253,6 +256,7 @@ void cluster::lcore_loop(std::uint32_t lcore, const std::atomic<bool>& stop) noe
       continue;
     }
     ctr[2].add(1);
+    slept_unrung = false;
     if (!b.idle()) continue;
     w.bell->arm();
     if (round(lcore) != 0 || stop.load(std::memory_order_relaxed)) {
@@ -274,14 +278,17 @@ void cluster::lcore_loop(std::uint32_t lcore, const std::atomic<bool>& stop) noe
       f.store(false, std::memory_order_release);
       if (t && (!due || *t < *due)) due = t;
     }
+    bool for_link = false;
     if (due) {
       const std::uint64_t now = link::now_ns();
       const auto until = std::chrono::microseconds(*due > now ? (*due - now) / 1000 : 0);
+      for_link = until <= sleep;
       sleep = std::min(sleep, until);
     }
     if (sleep.count() > 0) {
       ctr[3].add(1);
-      w.bell->sleep(sleep);
+      const bool rung = w.bell->sleep(sleep);
+      slept_unrung = !rung && !for_link;
     } else
       w.bell->disarm();
   }
@@ -332,6 +339,7 @@ std::vector<cluster_lcore_stats> cluster::lcore_stats() const {
     s.empty_rounds = w.ctr[2].get();
     s.sleeps = w.ctr[3].get();
     s.busy_ns = w.ctr[4].get();
+    s.unrung_wakeups = w.ctr[5].get();
     out.push_back(s);
   }
   return out;

@@ -430,6 +430,18 @@ int main(int argc, char** argv) {
                 static_cast<unsigned long long>(saturated.load()));
   const double final_acc = records.empty() ? 0 : records.back().test_accuracy;
   std::printf("dp_training: final test accuracy %.4f after %u epochs, %.1f s\n", final_acc, c.epochs, train_seconds);
+  {
+    // Where the emulated cluster's lcores spent the run (spin::emu::cluster_lcore_stats).
+    std::uint64_t busy_ns = 0, sleeps = 0, unrung = 0;
+    const auto lcs = cluster.value()->lcore_stats();
+    for (const auto& l : lcs) {
+      busy_ns += l.busy_ns;
+      sleeps += l.sleeps;
+      unrung += l.unrung_wakeups;
+    }
+    std::printf("cluster: %zu lcores, busy %.2f s, %llu sleeps, %llu woke by timeout to work that did not ring them\n", lcs.size(),
+                static_cast<double>(busy_ns) / 1e9, static_cast<unsigned long long>(sleeps), static_cast<unsigned long long>(unrung));
+  }
   if (final_acc < c.min_accuracy) {
     std::printf("dp_training: accuracy below --min-accuracy %.4f\n", c.min_accuracy);
     status = 1;

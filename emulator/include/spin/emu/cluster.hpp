@@ -78,6 +78,11 @@ struct cluster_lcore_stats {
   std::uint64_t empty_rounds = 0;  ///< rounds that found nothing to do
   std::uint64_t sleeps = 0;        ///< times it slept on its doorbell
   std::uint64_t busy_ns = 0;       ///< time in rounds that moved something
+  /// Sleeps that ended by their timeout, neither rung nor cut short for a link's next delivery,
+  /// after which the next round moved something: work that reached this lcore without ringing
+  /// it and waited for the timeout (up to cluster_options::idle_sleep_max). 0 when every
+  /// producer rings.
+  std::uint64_t unrung_wakeups = 0;
 };
 
 /// Counters of one link direction.
@@ -156,7 +161,7 @@ private:
     std::vector<std::uint32_t> dirs;
     std::unique_ptr<doorbell> bell;
     // Written by the lcore's thread only.
-    std::unique_ptr<rt::detail::counter[]> ctr = std::make_unique<rt::detail::counter[]>(5);
+    std::unique_ptr<rt::detail::counter[]> ctr = std::make_unique<rt::detail::counter[]>(6);
   };
   std::uint32_t round(std::uint32_t lcore) noexcept;
   std::uint32_t help(std::uint32_t lcore) noexcept;
