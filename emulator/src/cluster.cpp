@@ -235,7 +235,7 @@ void cluster::lcore_loop(std::uint32_t lcore, const std::atomic<bool>& stop) noe
       if (k != lcore) _lcores[k].bell->ring();
   };
   rt::detail::counter* ctr = w.ctr.get();  // busy, helped, empty, sleeps, busy_ns, unrung
-  bool slept_unrung = false;  // the last sleep ran to the idle limit without a ring
+  bool slept_unrung = false;  // the last sleep ended by its timeout, neither rung nor due to a link
   while (!stop.load(std::memory_order_relaxed)) {
     const std::uint64_t t0 = link::now_ns();
     if (round(lcore) != 0) {
@@ -250,6 +250,7 @@ void cluster::lcore_loop(std::uint32_t lcore, const std::atomic<bool>& stop) noe
     // Help only while spinning, not once backing off (then the others have little to do).
     if (_opts.help && _lcores.size() > 1 && b.empty_rounds() < 64 && _partition_final.load(std::memory_order_acquire) &&
         help(lcore) != 0) {
+      slept_unrung = false;  // work of another lcore's: its own doorbell was for it
       ctr[1].add(1);
       ctr[4].add(link::now_ns() - t0);
       ring_others();
