@@ -235,7 +235,7 @@ void cluster::lcore_loop(std::uint32_t lcore, const std::atomic<bool>& stop) noe
       if (k != lcore) _lcores[k].bell->ring();
   };
   rt::detail::counter* ctr = w.ctr.get();  // busy, helped, empty, sleeps, busy_ns, unrung
-  bool slept_unrung = false;  // the last sleep ended by its timeout, neither rung nor due to a link
+  bool slept_unrung = false;  // the last sleep ran its full length, neither rung nor due to a link
   while (!stop.load(std::memory_order_relaxed)) {
     const std::uint64_t t0 = link::now_ns();
     if (round(lcore) != 0) {
@@ -289,7 +289,9 @@ void cluster::lcore_loop(std::uint32_t lcore, const std::atomic<bool>& stop) noe
     if (sleep.count() > 0) {
       ctr[3].add(1);
       const bool rung = w.bell->sleep(sleep);
-      slept_unrung = !rung && !for_link;
+      // Only full-length sleeps: after a short one (10 us at first), work that arrived just
+      // after the timeout, which its producer rightly did not ring for, is too likely.
+      slept_unrung = !rung && !for_link && sleep >= _opts.idle_sleep_max;
     } else
       w.bell->disarm();
   }

@@ -27,7 +27,12 @@ doorbell::~doorbell() {
 }
 
 void doorbell::ring() noexcept {
-  if (!_sleeping.load(std::memory_order_seq_cst)) return;
+  // The fence orders the caller's publication of its work (ring enqueues, plain stores) before
+  // the load of the flag: without it x86 may satisfy the load while those stores still sit in
+  // the store buffer, the owner arms, polls, finds nothing and sleeps unrung (its arm() is a
+  // seq_cst store, a full fence, so the other half of the handshake holds).
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (!_sleeping.load(std::memory_order_relaxed)) return;
   if (_fd < 0) return;
   const std::uint64_t one = 1;
   (void)!::write(_fd, &one, sizeof one);

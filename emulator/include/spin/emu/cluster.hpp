@@ -78,10 +78,10 @@ struct cluster_lcore_stats {
   std::uint64_t empty_rounds = 0;  ///< rounds that found nothing to do
   std::uint64_t sleeps = 0;        ///< times it slept on its doorbell
   std::uint64_t busy_ns = 0;       ///< time in rounds that moved something
-  /// Sleeps that ended by their timeout, neither rung nor cut short for a link's next delivery,
-  /// after which the next round moved something: work that reached this lcore without ringing
-  /// it and waited for the timeout (up to cluster_options::idle_sleep_max). 0 when every
-  /// producer rings.
+  /// Full-length sleeps (cluster_options::idle_sleep_max), neither rung nor cut short for a
+  /// link's next delivery, after which the next round moved something: work that reached this
+  /// lcore without ringing it and waited up to the limit, or (rarely) work that arrived in the
+  /// microseconds between the timeout and that round, which needed no ring.
   std::uint64_t unrung_wakeups = 0;
 };
 
