@@ -250,7 +250,6 @@ void cluster::lcore_loop(std::uint32_t lcore, const std::atomic<bool>& stop) noe
     // Help only while spinning, not once backing off (then the others have little to do).
     if (_opts.help && _lcores.size() > 1 && b.empty_rounds() < 64 && _partition_final.load(std::memory_order_acquire) &&
         help(lcore) != 0) {
-      slept_unrung = false;  // work of another lcore's: its own doorbell was for it
       ctr[1].add(1);
       ctr[4].add(link::now_ns() - t0);
       ring_others();
