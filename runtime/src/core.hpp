@@ -27,6 +27,9 @@
 
 namespace spin::rt::detail {
 
+
+// The process's watchdog dozes (watchdog.cpp): the next invocation wakes it.
+extern std::atomic<bool> watchdog_asleep;
 class runtime_core;
 
 // Lock-wait time a handler is not charged for, in multiples of its budget.
@@ -232,14 +235,15 @@ public:
 
   alignas(cache_line) mutable std::mutex control_mu;  // guards ecs/active/arena against stats() readers
 
-  // Watchdog.
-  std::thread watchdog;
-  std::mutex wd_mu;
-  std::condition_variable wd_cv;
-  bool wd_stop = false;
-  std::atomic<std::uint64_t> wd_tick_ns{1'000'000};
-  std::atomic<bool> wd_dozing{false};  // no invocation ran for a while: the watchdog sleeps long
-  std::atomic<std::uint64_t> wd_wakeups{0};  // the watchdog's wake-ups (runtime_stats::watchdog_wakeups)
+  // Watchdog (watchdog.cpp: one thread serves every runtime of the process).
+  std::atomic<std::uint64_t> wd_tick_ns{1'000'000};  // this runtime's tick; the thread takes the shortest
+  std::atomic<std::uint64_t> wd_wakeups{0};  // the watchdog's wake-ups since this runtime started (runtime_stats::watchdog_wakeups)
+  struct wd_seen {
+    std::uint64_t id = 0;
+    std::uint64_t cpu_base_ns = 0;
+  };
+  std::vector<wd_seen> wd_last;           // per lane: the run the watchdog timed, its CPU clock then
+  std::vector<std::uint64_t> wd_last_run;  // per lane: the run id at the last tick (activity)
 
   explicit runtime_core(const runtime_config& c) : cfg(c), arena(c.nic_memory_bytes) {}
   ~runtime_core();
@@ -270,10 +274,13 @@ public:
   void run_parked(lane& l, ec& e, lane_ec& le, std::uint32_t idx) noexcept;
 
   // watchdog.cpp
-  void start_watchdog();
-  void stop_watchdog() noexcept;
-  void watchdog_loop();
-  void wake_watchdog() noexcept;
+  void start_watchdog();        // attaches to the process's watchdog (starts it with the first runtime)
+  void stop_watchdog() noexcept;  // detaches; after it the watchdog does not touch this runtime
+  static bool watchdog_dozing() noexcept { return watchdog_asleep.load(std::memory_order_relaxed); }
+  static void wake_watchdog() noexcept;
+  // One tick for this runtime (watchdog thread, under its lock): marks and signals over-budget
+  // runs; true when an invocation ran or runs.
+  bool watchdog_tick(std::uint64_t now, std::uint64_t tick_ns) noexcept;
 
   void free_ec(std::uint32_t slot);
 };

@@ -83,7 +83,7 @@ std::int32_t runtime_core::invoke(lane& l, ec& e, lane_ec& le, const handler_ref
   l.run_id.store(id, std::memory_order_relaxed);
   const std::uint64_t start = ticks();
   l.run_start.store(start, std::memory_order_release);
-  if (wd_dozing.load(std::memory_order_relaxed)) wake_watchdog();
+  if (watchdog_dozing()) wake_watchdog();
   volatile std::int32_t r = -1;
   bool preempted = false;
   bool faulted = false;

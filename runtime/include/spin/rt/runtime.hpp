@@ -16,8 +16,9 @@
 // Threads. At most one thread at a time drives HPU h (rx_burst(h), poll(h)); different HPUs
 // may be driven by different threads at once, or all by one thread in turn. The control calls
 // (install, uninstall, register_host_memory, unregister_host_memory, release_message, drain)
-// must not overlap any rx_burst or poll (as with DPDK's ethdev configuration). The runtime owns
-// one thread, the budget's watchdog. stats() and poll_events() may be called from any thread.
+// must not overlap any rx_burst or poll (as with DPDK's ethdev configuration). The budget's
+// watchdog is one thread for every runtime of the process (the first runtime created starts it,
+// the last destroyed stops it). stats() and poll_events() may be called from any thread.
 // The TX port and the release callback are called from the thread driving the HPU.
 #pragma once
 
@@ -252,11 +253,13 @@ class runtime_impl;
 /// A NIC's sPIN engine.
 class runtime {
 public:
-  /// Builds a runtime and starts its watchdog thread. Errors: invalid_argument (hpus out of
+  /// Builds a runtime and attaches it to the process's watchdog thread (starting the thread
+  /// if this is the only runtime). Errors: invalid_argument (hpus out of
   /// 1..256, inbox_packets out of 1..65536, a DMA model outside [0, 1 s] latency, no NIC
   /// memory, max_ecs out of 1..65535), no_memory.
   static result<std::unique_ptr<runtime>> create(const runtime_config& cfg);
-  /// Runs what waits in the inboxes (drain), stops the watchdog and returns every packet still
+  /// Runs what waits in the inboxes (drain), detaches from the watchdog (the last runtime
+  /// stops its thread) and returns every packet still
   /// held (parked) to `release`. No thread may drive an HPU any more.
   ~runtime();
   runtime(const runtime&) = delete;

@@ -102,8 +102,9 @@ struct runtime_stats {
   std::uint64_t nic_mem_capacity_bytes = 0;
   std::uint64_t nic_mem_used_bytes = 0;
   std::uint64_t nic_mem_peak_bytes = 0;
-  /// Times the handler-budget watchdog thread woke: about 1000 per second while handlers run,
-  /// 10 per second once none ran for 64 ticks (an idle NIC costs almost no CPU).
+  /// Times the handler-budget watchdog thread woke since this runtime started: about 1000 per
+  /// second while handlers run in any runtime of the process, 10 per second once none ran for
+  /// 64 ticks (idle NICs cost almost no CPU). One thread serves every runtime of the process.
   std::uint64_t watchdog_wakeups = 0;
   std::vector<hpu_stats> hpus;
   std::vector<ec_stats> ecs;
