@@ -207,6 +207,23 @@ bool run_spin(const coll_options& o, const std::vector<std::string>& algos, cons
     for (std::uint32_t r = 0; r < o.ranks; ++r) s += cluster.value()->node(r).stats().ports[0].tx_bytes;
     return s;
   };
+  // Every frame the cluster dropped, by "where: reason" (NICs, their runtimes, links).
+  auto drops = [&] {
+    std::map<std::string, std::uint64_t> d;
+    const emu::cluster_stats cs = cluster.value()->stats();
+    for (const auto& nd : cs.nodes) {
+      for (std::size_t i = 0; i < emu::nic_drop_count; ++i)
+        if (nd.drops[i] != 0) d[std::string("nic ") + emu::nic_drop_name(static_cast<emu::nic_drop>(i))] += nd.drops[i];
+      for (const auto& e : nd.runtime.ecs)
+        for (std::size_t i = 0; i < rt::drop_reason_count; ++i)
+          if (e.drops[i] != 0) d[std::string("runtime ") + rt::drop_reason_name(static_cast<rt::drop_reason>(i))] += e.drops[i];
+    }
+    for (const auto& l : cs.links) {
+      if (l.stats.dropped_loss != 0) d["link loss"] += l.stats.dropped_loss;
+      if (l.stats.dropped_queue_full != 0) d["link queue full"] += l.stats.dropped_queue_full;
+    }
+    return d;
+  };
   std::printf("spin::coll: %u hosts and a switch emulated on %u lcores (of %u hardware threads), %u rank threads that sleep while "
               "their NIC works; links with %.1f us of propagation delay\n",
               o.ranks, cluster.value()->lcores(), std::max(1u, std::thread::hardware_concurrency()), o.ranks,
@@ -237,17 +254,20 @@ bool run_spin(const coll_options& o, const std::vector<std::string>& algos, cons
       std::uint64_t tx0 = 0, tx1 = 0;
       std::int64_t rp0 = 0, rp1 = 0;
       std::vector<emu::cluster_lcore_stats> lc0, lc1;
+      std::map<std::string, std::uint64_t> dr0, dr1;
       measure_mode(
           ops, false, warmup_for(o, bytes), row.iters, bytes, row.oop,
           [&] {
             tx0 = tx_bytes();
             rp0 = repairs();
             lc0 = cluster.value()->lcore_stats();
+            dr0 = drops();
           },
           [&] {
             tx1 = tx_bytes();
             rp1 = repairs();
             lc1 = cluster.value()->lcore_stats();
+            dr1 = drops();
           });
       if (row.oop.ran) {
         row.sent_bytes_per_rank = static_cast<double>(tx1 - tx0) / o.ranks / row.iters;
@@ -261,10 +281,14 @@ bool run_spin(const coll_options& o, const std::vector<std::string>& algos, cons
                   std::to_string((lc1[k].sleeps - lc0[k].sleeps) / row.iters) + " sleeps, " +
                   std::to_string(lc1[k].unrung_wakeups - lc0[k].unrung_wakeups) + " unrung wake-ups in all)";
         const coll::comm_stats s0 = comms[0]->stats();
+        // Frames the cluster dropped during the timed calls, by reason: what the repairs answered.
+        std::string dropped;
+        for (const auto& [why, n] : dr1)
+          if (n > dr0[why]) dropped += (dropped.empty() ? "" : ", ") + std::to_string(n - dr0[why]) + " " + why;
         std::fprintf(stderr, "    out of place: %s per call; lcores busy %s per call; %lld repaired epochs in %u calls (rank 0's repair timer: "
-                     "srtt %lld us, interval %lld us)\n", fmt_ms(row.oop.time_us / 1e3).c_str(), busy.c_str(),
+                     "srtt %lld us, interval %lld us); frames dropped: %s\n", fmt_ms(row.oop.time_us / 1e3).c_str(), busy.c_str(),
                      static_cast<long long>(row.repairs), row.iters, static_cast<long long>(s0.srtt.count()),
-                     static_cast<long long>(s0.repair_interval.count()));
+                     static_cast<long long>(s0.repair_interval.count()), dropped.empty() ? "none" : dropped.c_str());
       }
       if (row.oop.error.empty()) measure_mode(ops, true, warmup_for(o, bytes), row.iters, bytes, row.ip, {}, {});
       rows.push_back(row);

@@ -871,7 +871,10 @@ result<std::string> communicator::engine_stats_json() {
   pr::engine_counters k;
   std::memcpy(&k, _p->arena + counters_off, sizeof(k));
   static constexpr const char* drop_names[] = {"stale", "malformed", "stranger", "early", "duplicate", "send_failed", "dma_failed"};
-  static constexpr const char* kind_names[] = {"", "cmd", "hello", "hello_req", "rs", "ag", "nack", "done", "done_req", "ack", "up", "down"};
+  static constexpr const char* kind_names[] = {"",     "cmd",  "hello", "hello_req", "rs",    "ag",    "nack",
+                                               "done", "done_req", "ack", "up",   "down", "xfer", "mcast",
+                                               "mdown", "up2", "down2", "probe", "probe_ans"};
+  static_assert(std::size(kind_names) == pr::k_probe_ans + 1 && std::size(kind_names) <= pr::kind_count);
   nlohmann::json j, d, s;
   for (std::size_t i = 0; i < pr::dr_count; ++i) d[drop_names[i]] = k.drops[i];
   for (std::size_t i = 1; i < std::size(kind_names); ++i) s[kind_names[i]] = k.sent[i];

@@ -98,7 +98,7 @@ struct state {
   u64 slot_stride;     // switch: bytes of one slot copy (header, n contributions, result)
   u64 send_seq;        // message ids of packets this NIC sends
   u64 drops[dr_count];
-  u64 sent[16];        // packets sent, by kind
+  u64 sent[kind_count];  // packets sent, by kind
   u32 members[max_ranks];  // NIC rank of each member (a leaf: its local members)
   u32 parent;              // a leaf: NIC rank of its root
   u32 nleaves;             // a root of a hierarchy: leaves below it
@@ -272,7 +272,7 @@ template <class Red> struct engine {
     d.message_id = add(&s->send_seq, 1);
     const errc e = ctx->send(d);
     if (e != errc::ok) drop(s, dr_send);
-    else add(&s->sent[kind & 15], 1);
+    else add(&s->sent[kind % kind_count], 1);
     return e;
   }
   /// As send_to_rank, to every NIC rank of `to[0..count)` at once: the NIC reads the payload
@@ -282,7 +282,7 @@ template <class Red> struct engine {
     send_desc d = engine_desc(s, kind, epoch, aux, elems, data, len, p, slot);
     d.message_id = add(&s->send_seq, count);  // one id per copy: message_id .. + count - 1
     const i32 sent = ctx->multicast(d, to, count);
-    if (sent > 0) add(&s->sent[kind & 15], static_cast<u64>(sent));
+    if (sent > 0) add(&s->sent[kind % kind_count], static_cast<u64>(sent));
     for (u32 i = sent > 0 ? static_cast<u32>(sent) : 0; i < count; ++i) drop(s, dr_send);
   }
   /// A control packet (k_hello_req, k_done, k_done_req, k_ack): aux is the packet index for
@@ -856,6 +856,82 @@ template <class Red> struct engine {
     return ret::success;
   }
 
+  /// A member's probe (its repair tick found its epoch stalled; see repair): for each of the
+  /// contributions it names, whether this switch holds it in a slot that still waits for other
+  /// members. The answer leaves after every result this switch sent the member before it, so
+  /// on a path that keeps order what the member still lacks when the answer arrives was lost,
+  /// or its contribution never arrived. Read-only: it changes no slot.
+  static ret on_probe(spin::ctx* ctx, state* s) {
+    const u32 n_in = s->nranks;
+    u32 sender = n_in;
+    for (u32 i = 0; i < n_in; ++i)
+      if (s->members[i] == ctx->msg.source_rank) {
+        sender = i;
+        break;
+      }
+    if (sender == n_in) return drop(s, dr_stranger), ret::drop;
+    const probe* q = ctx->payload<probe>(0);
+    if (q == nullptr || ctx->packet.size() != sizeof(probe) || q->count == 0 || q->count > probe_max_packets || q->slots == 0 ||
+        q->slots > s->slots || u64{q->first} + q->count > max_packets)
+      return drop(s, dr_malformed), ret::drop;
+    const u32 words = (q->count + 63) / 64;
+    probe* a = ctx->scratchpad<probe>(0);
+    u64* waiting = ctx->scratchpad<u64>(sizeof(probe), words);
+    if (a == nullptr || waiting == nullptr) return ret::drop;
+    *a = *q;
+    for (u32 w = 0; w < words; ++w) waiting[w] = 0;
+    const u32 epoch = ctx->coll.epoch;
+    const u64 bit = 1ull << (sender & 63);
+    for (u32 i = 0; i < q->count; ++i) {
+      const u64 j = u64{q->first} + i;
+      const u32 slot = static_cast<u32>(spin::rem(j, u64{q->slots}));
+      for (u32 shadow = 0; shadow < 2; ++shadow) {
+        const slot_hdr* h = slot_at(ctx, s, slot, shadow);
+        const u64 lk = slot_off(s, slot, shadow);
+        if (h == nullptr || ctx->lock(lk) != errc::ok) return ret::drop;
+        const bool held = h->used != 0 && h->epoch == epoch && h->pkt == j && (h->bits[sender >> 6] & bit) != 0 && h->complete == 0;
+        ctx->unlock(lk);
+        if (held) waiting[i >> 6] |= 1ull << (i & 63);
+      }
+    }
+    send_to_rank(ctx, s, s->members[sender], k_probe_ans, epoch, ctx->coll.aux, 0, a, static_cast<u32>(sizeof(probe) + u64{words} * 8),
+                 h_params(ctx));
+    return ret::success;
+  }
+
+  /// The switch's answer to this rank's probe: send again each contribution named there whose
+  /// result is not here and that the switch does not hold waiting for other members. Only
+  /// then was the epoch repaired (ev_done's repaired bit; the host's repair timer then takes
+  /// no sample from it and backs off).
+  static ret on_probe_ans(spin::ctx* ctx, state* s) {
+    bank* b = find(s, ctx->coll.epoch);
+    pin pn;
+    if (b == nullptr || !pn.enter(b, ctx->coll.epoch, ph_running)) return drop(s, dr_stale), ret::drop;
+    const roles r = roles::of(b, s->me);
+    if (!r.via_switch || r.multicast() || ctx->msg.source_rank != b->d.switch_rank) return drop(s, dr_stranger), ret::drop;
+    const probe* q = ctx->payload<probe>(0);
+    if (q == nullptr || q->count == 0 || q->count > probe_max_packets || q->sender != s->me)
+      return drop(s, dr_malformed), ret::drop;
+    const u32 words = (q->count + 63) / 64;
+    const u64* waiting = ctx->payload<u64>(sizeof(probe), words);
+    if (waiting == nullptr || ctx->packet.size() != sizeof(probe) + u64{words} * 8) return drop(s, dr_malformed), ret::drop;
+    u64 out = load_acq(&b->next_orig);
+    if (out > r.g.total) out = r.g.total;
+    u32 resent = 0;
+    for (u32 i = 0; i < q->count; ++i) {
+      const u64 j = u64{q->first} + i;
+      if (j >= out) break;
+      // Packet j went out when the result of j - slots came back; one that did not go out yet
+      // must not: its slot copy may still hold a result that another member lacks.
+      if (test_bit(b->held, j) || (j >= r.slots && !test_bit(b->held, j - r.slots))) continue;
+      if (((waiting[i >> 6] >> (i & 63)) & 1) != 0) continue;
+      originate_up(ctx, s, b, r, j);
+      ++resent;
+    }
+    if (resent > 0) store_rel(&b->repaired, 1);
+    return ret::success;
+  }
+
   /// Replicates a member's packet to every member, its origin included (whose copy is the
   /// sign that the switch has it). Stateless: the members repair among themselves.
   static ret on_mcast(spin::ctx* ctx, state* s) {
@@ -1143,18 +1219,32 @@ template <class Red> struct engine {
       return;
     }
     if (r.via_switch && !r.multicast()) {
-      // Contributions sent whose result has not come back: the switch keeps what it has and
-      // answers a contribution it holds with the result once the slot is complete. Packet j
-      // went out when the result of j - slots came back; one that did not go out yet must not:
-      // its slot copy may still hold a result that another worker lacks.
+      // Contributions sent whose result has not come back. A stalled tick does not send them
+      // again at once: it asks the switch which of them it holds (k_probe). On a machine with
+      // more threads than cores most stalls are a descheduled lcore, not a loss (at 16 ranks
+      // on 2 cores, 4 of every 16 epochs stalled for an interval; resending each rank's whole
+      // window cost 15 to 20 % of the call). The probe travels behind the contributions and
+      // its answer behind the results, so the answer says what is really missing, and
+      // on_probe_ans sends only that (TCP's SACK, after a timeout). A lost probe or answer
+      // costs one more tick.
       u64 out = load_acq(&b->next_orig);
       if (out > r.g.total) out = r.g.total;
-      u32 budget = r.slots;
-      for (u64 j = 0; j < out && budget > 0; ++j) {
-        if (test_bit(b->held, j) || (j >= r.slots && !test_bit(b->held, j - r.slots))) continue;
-        originate_up(ctx, s, b, r, j);
-        --budget;
-      }
+      u64 first = out;
+      for (u64 j = 0; j < out; ++j)
+        if (!test_bit(b->held, j)) {
+          first = j;
+          break;
+        }
+      if (first == out) return;  // every result sent for is here: nothing to repair
+      probe* q = ctx->scratchpad<probe>(max_packet_bytes - sizeof(probe));
+      if (q == nullptr) return;
+      // Packet j goes out when the result of j - slots came back, so out - first <= slots.
+      const u64 count = out - first < probe_max_packets ? out - first : probe_max_packets;
+      q->sender = s->me;
+      q->first = static_cast<u32>(first);
+      q->count = static_cast<u32>(count);
+      q->slots = r.slots;
+      send_to_rank(ctx, s, b->d.switch_rank, k_probe, b->epoch, s->me, 0, q, sizeof(probe), p);
       return;
     }
     // Packets of this rank's chunk not known delivered: originate them again.
@@ -1298,7 +1388,11 @@ template <class Red> struct engine {
       }
       // No event: the host learns it from ev_done (an event per repair would wake the waiting
       // rank for nothing; with hundreds of ranks on two cores those wake-ups alone stall the NICs).
-      store_rel(&b->repaired, 1);
+      // Through a switch the probe's answer sets it, and only when a contribution was missing
+      // (hello requests the same tick may send do not count: they cost one small packet each,
+      // and a lost hello is rare).
+      const roles r = roles::of(b, s->me);
+      if (!(load_acq(&b->phase) == ph_running && r.via_switch && !r.multicast())) store_rel(&b->repaired, 1);
       repair(ctx, s, b);
       return ret::success;
     }
@@ -1307,7 +1401,7 @@ template <class Red> struct engine {
       engine_counters* k = ctx->scratchpad<engine_counters>(0);
       if (k == nullptr) return ret::drop;
       for (u32 i = 0; i < 8; ++i) k->drops[i] = i < dr_count ? load_acq(&s->drops[i]) : 0;
-      for (u32 i = 0; i < 16; ++i) k->sent[i] = load_acq(&s->sent[i]);
+      for (u32 i = 0; i < kind_count; ++i) k->sent[i] = load_acq(&s->sent[i]);
       if (ctx->dma_to_host(c->desc_off, k, sizeof(engine_counters)) != errc::ok) return drop(s, dr_dma), ret::drop;
       ctx->post_event(event(ev_stats, 0, 0));
       return ret::success;
@@ -1393,17 +1487,20 @@ template <class Red> struct engine {
     if (load_acq(&s->nranks) == 0) return drop(s, dr_early), ret::drop;
     if (s->role == role_switch) {
       if (kind == k_up) return on_up(ctx, s, false);
+      if (kind == k_probe) return on_probe(ctx, s);
       if (kind == k_up2 && s->nleaves > 0) return on_up(ctx, s, true);
       if (kind == k_mcast) return on_mcast(ctx, s);
       return drop(s, dr_malformed), ret::drop;
     }
     if (s->role == role_leaf) {
       if (kind == k_up) return on_up(ctx, s, false);
+      if (kind == k_probe) return on_probe(ctx, s);
       if (kind == k_down2) return on_down2(ctx, s);
       return drop(s, dr_malformed), ret::drop;
     }
     switch (kind) {
     case k_down: return on_down(ctx, s);
+    case k_probe_ans: return on_probe_ans(ctx, s);
     case k_mdown: return on_mdown(ctx, s);
     case k_xfer: return on_xfer(ctx, s);
     case k_hello: return on_hello(ctx, s);

@@ -45,7 +45,11 @@ enum kind : u32 {
   k_mdown = 14,     ///< the switch's copy of a k_mcast packet, to every member (its origin too)
   k_up2 = 15,       ///< leaf -> root: the combined contribution of a leaf's members (order-free reductions)
   k_down2 = 16,     ///< root -> every leaf: the result of a slot
+  k_probe = 17,     ///< worker -> its switch: "which of my contributions do you hold?" (payload: probe)
+  k_probe_ans = 18, ///< switch -> worker: the answer (payload: probe, then the `waiting` bitmap)
 };
+/// Kinds are below this (engine_counters::sent has one counter per kind).
+inline constexpr u32 kind_count = 32;
 
 /// `coll_desc::aux` of k_up and k_down: chunk << 16 | packet index (max_packets is 2^16).
 constexpr u32 switch_aux(u64 chunk, u64 pkt) { return static_cast<u32>((chunk << 16) | pkt); }
@@ -156,7 +160,7 @@ inline constexpr u32 max_leaves = 64;
 /// The engine's counters as cmd_stats writes them.
 struct engine_counters {
   u64 drops[8];  ///< by drop_reason
-  u64 sent[16];  ///< packets sent, by kind
+  u64 sent[kind_count];  ///< packets sent, by kind
 };
 
 /// The payload of a k_cmd packet.
@@ -219,6 +223,20 @@ struct nack_head {
   u32 reserved;
 };
 inline constexpr u32 nack_max_words = (1024 - sizeof(nack_head)) / 8;
+
+/// Payload of k_probe, and the head of k_probe_ans: the worker's contributions
+/// [first, first + count) whose results it lacks, with the slots it spreads packets over
+/// (packet j uses slot j % slots). k_probe_ans follows it with ceil(count / 64) words: bit i
+/// set when the switch holds contribution first + i and its slot still waits for other
+/// members (the worker need not send it again).
+struct probe {
+  u32 sender;
+  u32 first;
+  u32 count;
+  u32 slots;
+};
+/// Largest probe (packets): the answer's bitmap fills at most one packet.
+inline constexpr u32 probe_max_packets = (max_packet_bytes - sizeof(probe)) * 8;
 
 /// Host events (the 8-byte value a NIC posts): type << 56 | epoch << 24 | detail.
 enum event_type : u32 {
