@@ -46,6 +46,20 @@ const CLI::Validator finite_number(
       return used == s.size() && std::isfinite(v) ? std::string() : "not a finite number: " + s;
     },
     "FINITE");
+
+#if SPIN_BENCH_HAVE_COLL
+// spin::coll's repair timer bounds, the same options in every collective benchmark.
+void add_repair_options(CLI::App* c, std::uint32_t& min_us, std::uint32_t& max_ms) {
+  c->add_option("--repair-min-us", min_us, "spin::coll's shortest repair interval (options::repair_min_interval), us")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 60'000'000u));
+  c->add_option("--repair-max-ms", max_ms,
+                "spin::coll's longest and first repair interval (options::repair_interval), ms; the repair timer follows "
+                "measured round trips in between")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 60'000u));
+}
+#endif
 } // namespace
 
 int main(int argc, char** argv) {
@@ -125,12 +139,7 @@ int main(int argc, char** argv) {
   cc->add_option("--window", c.window_packets, "packets each rank's NIC keeps in flight (spin::coll options::window_packets)")
       ->capture_default_str()
       ->check(CLI::Range(1u, 256u));
-  cc->add_option("--repair-min-us", c.repair_min_us, "spin::coll's shortest repair interval (options::repair_min_interval), us")
-      ->capture_default_str()->check(CLI::Range(1u, 60'000'000u));
-  cc->add_option("--repair-max-ms", c.repair_max_ms,
-                 "spin::coll's longest and first repair interval (options::repair_interval), ms; the repair timer follows "
-                 "measured round trips in between")
-      ->capture_default_str()->check(CLI::Range(1u, 60'000u));
+  add_repair_options(cc, c.repair_min_us, c.repair_max_ms);
   cc->add_option("--switch-slots", c.switch_slots, "aggregator slots the group takes on the switch (options::switch_slots)")
       ->capture_default_str()
       ->check(CLI::Range(1u, 32767u));
@@ -159,10 +168,7 @@ int main(int argc, char** argv) {
   gc->add_option("--lcores", gr.lcores, "lcores the emulated cluster runs on (0: every CPU this process may use)")
       ->capture_default_str()
       ->check(CLI::Range(0u, 1024u));
-  gc->add_option("--repair-min-us", gr.repair_min_us, "spin::coll's shortest repair interval (options::repair_min_interval), us")
-      ->capture_default_str()->check(CLI::Range(1u, 60'000'000u));
-  gc->add_option("--repair-max-ms", gr.repair_max_ms, "spin::coll's longest and first repair interval (options::repair_interval), ms")
-      ->capture_default_str()->check(CLI::Range(1u, 60'000u));
+  add_repair_options(gc, gr.repair_min_us, gr.repair_max_ms);
   gc->add_option("--out", gr.out_dir, "directory for groups.json")->capture_default_str();
 #endif
 
