@@ -27,9 +27,9 @@
 
 namespace spin::rt::detail {
 
-
 // The process's watchdog dozes (watchdog.cpp): the next invocation wakes it.
 extern std::atomic<bool> watchdog_asleep;
+
 class runtime_core;
 
 // Lock-wait time a handler is not charged for, in multiples of its budget.
@@ -237,7 +237,7 @@ public:
 
   // Watchdog (watchdog.cpp: one thread serves every runtime of the process).
   std::atomic<std::uint64_t> wd_tick_ns{1'000'000};  // this runtime's tick; the thread takes the shortest
-  std::atomic<std::uint64_t> wd_wakeups{0};  // the watchdog's wake-ups since this runtime started (runtime_stats::watchdog_wakeups)
+  std::atomic<std::uint64_t> wd_wakeups{0};  // its wake-ups since this runtime started (runtime_stats::watchdog_wakeups)
   struct wd_seen {
     std::uint64_t id = 0;
     std::uint64_t cpu_base_ns = 0;
@@ -274,7 +274,7 @@ public:
   void run_parked(lane& l, ec& e, lane_ec& le, std::uint32_t idx) noexcept;
 
   // watchdog.cpp
-  void start_watchdog();        // attaches to the process's watchdog (starts it with the first runtime)
+  void start_watchdog();          // attaches to the process's watchdog (starts it with the first runtime)
   void stop_watchdog() noexcept;  // detaches; after it the watchdog does not touch this runtime
   static bool watchdog_dozing() noexcept { return watchdog_asleep.load(std::memory_order_relaxed); }
   static void wake_watchdog() noexcept;

@@ -1,6 +1,6 @@
 // The handler budget (docs/architecture.md, "Handler budget"): one watchdog thread for every
-// runtime of the process finds invocations over their budget and stops them with a signal to the thread running them;
-// the fault handler stops a handler that faults.
+// runtime of the process finds invocations over their budget and stops them with a signal to
+// the thread running them; the fault handler stops a handler that faults.
 #include "core.hpp"
 
 #include <algorithm>
@@ -179,9 +179,9 @@ private:
 
   // Ticks at the shortest tick of the runtimes it serves. After 64 ticks in which no
   // invocation ran in any of them it dozes (ten wake-ups per second) until an invocation starts
-  // and wakes it (invoke() reads `watchdog_asleep` once per invocation, without a fence: a run that
-  // starts just as the watchdog dozes off is seen at the next wake-up, at most 100 ms late), so
-  // that idle NICs cost almost no CPU.
+  // and wakes it (invoke() reads `watchdog_asleep` once per invocation, without a fence: a run
+  // that starts just as the watchdog dozes off is seen at the next wake-up, at most 100 ms
+  // late), so that idle NICs cost almost no CPU.
   void loop() {
     std::unique_lock lk(mu);
     while (!stop) {

@@ -871,6 +871,8 @@ template <class Red> struct engine {
       }
     if (sender == n_in) return drop(s, dr_stranger), ret::drop;
     const probe* q = ctx->payload<probe>(0);
+    // At most probe_max_packets (a member's results may come back out of order, so its
+    // outstanding packets can span more than `slots`): two slot locks per packet named.
     if (q == nullptr || ctx->packet.size() != sizeof(probe) || q->count == 0 || q->count > probe_max_packets || q->slots == 0 ||
         q->slots > s->slots || u64{q->first} + q->count > max_packets)
       return drop(s, dr_malformed), ret::drop;
@@ -1238,7 +1240,8 @@ template <class Red> struct engine {
       if (first == out) return;  // every result sent for is here: nothing to repair
       probe* q = ctx->scratchpad<probe>(max_packet_bytes - sizeof(probe));
       if (q == nullptr) return;
-      // Packet j goes out when the result of j - slots came back, so out - first <= slots.
+      // Results come back in any order, so [first, out) may span more than `slots` packets; a
+      // probe names at most probe_max_packets of them (the rest at a later tick).
       const u64 count = out - first < probe_max_packets ? out - first : probe_max_packets;
       q->sender = s->me;
       q->first = static_cast<u32>(first);
