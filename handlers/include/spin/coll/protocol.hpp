@@ -224,9 +224,9 @@ struct nack_head {
 };
 inline constexpr u32 nack_max_words = (1024 - sizeof(nack_head)) / 8;
 
-/// Payload of k_probe, and the head of k_probe_ans: the worker's contributions
-/// [first, first + count) whose results it lacks, with the slots it spreads packets over
-/// (packet j uses slot j % slots). k_probe_ans follows it with ceil(count / 64) words: bit i
+/// Payload of k_probe, and the head of k_probe_ans: the worker's packets [first, first +
+/// count), from the first whose result it lacks to the last it sent (some in between may be
+/// back already), with the slots it spreads packets over (packet j uses slot j % slots). k_probe_ans follows it with ceil(count / 64) words: bit i
 /// set when the switch holds contribution first + i and its slot still waits for other
 /// members (the worker need not send it again).
 struct probe {
