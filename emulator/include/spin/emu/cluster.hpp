@@ -62,9 +62,11 @@ struct cluster_options {
   bool help = true;
   /// Longest sleep of an idle lcore (it wakes earlier when rung or when a link delivery is
   /// due). Each wake-up of an idle cluster costs a round: 5 nodes on 2 lcores used 31 to 41 ms
-  /// of CPU per second at 2 ms, 20 to 23 ms at 10 ms (plain build). 10 ms slowed
-  /// scripts/demo from 1.1 to 1.4 s per epoch, which is not explained (at 2 ms
-  /// cluster_lcore_stats::unrung_wakeups counts no un-rung work there); until it is, 2 ms.
+  /// of CPU per second at 2 ms, 20 to 23 ms at 10 ms (plain build). 10 ms once slowed
+  /// scripts/demo from 1.1 to 1.4 s per epoch, which was not explained (at 2 ms
+  /// cluster_lcore_stats::unrung_wakeups counts no un-rung work there); since the process has
+  /// one watchdog thread, not one per NIC, three alternating pairs gave 5.8 to 6.8 s for the 5
+  /// epochs at 2 ms and 6.2 to 6.7 s at 10 ms. Until more runs say so, 2 ms.
   std::chrono::microseconds idle_sleep_max{2000};
   /// When non-empty, every node captures its ports to `<capture_dir>/<node name>.pcap`.
   std::string capture_dir;
