@@ -62,6 +62,16 @@ rt::ec_config budget_ec(handler_fn payload) {
   return c;
 }
 
+// Messages 0 .. count-1 of 4 packets of 100 bytes from source 1, all fed at once.
+bool feed_messages(fixture& f, std::uint64_t count) {
+  std::vector<rt::packet> all;
+  for (std::uint64_t m = 0; m < count; ++m) {
+    auto p = message_packets(f.pool, 0, 1, m, 4 * 100, 100);
+    all.insert(all.end(), p.begin(), p.end());
+  }
+  return feed(*f.rt, all);
+}
+
 std::vector<rt::host_event> errors(rt::runtime& r, rt::ec_id ec) {
   std::vector<rt::host_event> ev(64), out;
   const std::size_t n = r.poll_events(ec, ev);
@@ -77,12 +87,7 @@ TEST_SUITE("runtime") {
 TEST_CASE("a handler stuck past its budget is stopped, reported, and its message aborted while other messages complete") {
   fixture f(2);
   const rt::ec_id ec = f.install(budget_ec(stuck_in_api_ph));
-  std::vector<rt::packet> all;
-  for (std::uint64_t m = 0; m < 4; ++m) {
-    auto p = message_packets(f.pool, 0, 1, m, 4 * 100, 100);
-    all.insert(all.end(), p.begin(), p.end());
-  }
-  REQUIRE(feed(*f.rt, all));
+  REQUIRE(feed_messages(f, 4));
   const auto ev = errors(*f.rt, ec);
   REQUIRE(ev.size() == 1);
   CHECK(ev[0].code == errc::aborted);
@@ -143,12 +148,7 @@ TEST_CASE("one watchdog thread serves every runtime of the process, and stops ea
   for (std::size_t i : {std::size_t{0}, std::size_t{4}, std::size_t{7}}) {
     fixture& f = *nics[i];
     const rt::ec_id ec = f.install(budget_ec(stuck_in_api_ph));
-    std::vector<rt::packet> all;
-    for (std::uint64_t m = 0; m < 2; ++m) {
-      auto p = message_packets(f.pool, 0, 1, m, 4 * 100, 100);
-      all.insert(all.end(), p.begin(), p.end());
-    }
-    REQUIRE(feed(*f.rt, all));
+    REQUIRE(feed_messages(f, 2));
     const auto ev = errors(*f.rt, ec);
     REQUIRE(ev.size() == 1);
     CHECK(ev[0].code == errc::aborted);
