@@ -229,7 +229,7 @@ std::uint32_t cluster::help(std::uint32_t lcore) noexcept {
 // due, or for at most idle_sleep_max (it notices `stop` then).
 void cluster::lcore_loop(std::uint32_t lcore, const std::atomic<bool>& stop) noexcept {
   lcore_work& w = _lcores[lcore];
-  idle_backoff b(_opts.idle_sleep_max);
+  idle_backoff b(_opts.idle_sleep_max, _opts.idle_pause_rounds);
   auto ring_others = [&] {
     for (std::uint32_t k = 0; k < _lcores.size(); ++k)
       if (k != lcore) _lcores[k].bell->ring();

@@ -61,11 +61,11 @@ bool doorbell::sleep(std::chrono::microseconds timeout) noexcept {
 
 bool idle_backoff::idle() noexcept {
   ++_empty;
-  if (_empty < 64) {
+  if (_empty <= _pause) {
     _mm_pause();
     return false;
   }
-  if (_empty < 256) {
+  if (_empty < spin_rounds) {
     std::this_thread::yield();
     return false;
   }

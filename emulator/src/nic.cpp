@@ -976,7 +976,7 @@ std::uint32_t nic::poll() noexcept {
 void nic::run(const std::atomic<bool>& stop) noexcept {
   // Every lane is polled in each round, so lane 0's bell (rung by control calls, host sends and
   // other lanes' transmissions) is the one to sleep on.
-  poll_loop(stop, *_p->lanes[0].bell, _p->cfg.idle_sleep_max, [this] { return poll(); });
+  poll_loop(stop, *_p->lanes[0].bell, _p->cfg.idle_sleep_max, _p->cfg.idle_pause_rounds, [this] { return poll(); });
 }
 
 void nic::run_lane(std::uint32_t lane, const std::atomic<bool>& stop) noexcept {
@@ -984,7 +984,7 @@ void nic::run_lane(std::uint32_t lane, const std::atomic<bool>& stop) noexcept {
   // Lane 0 must look at its ports, which cannot ring; other lanes are rung by whoever gives
   // them work (steered frames).
   const auto max_sleep = lane == 0 ? _p->cfg.idle_sleep_max : std::chrono::microseconds(100'000);
-  poll_loop(stop, *_p->lanes[lane].bell, max_sleep, [this, lane] { return poll_lane(lane); });
+  poll_loop(stop, *_p->lanes[lane].bell, max_sleep, _p->cfg.idle_pause_rounds, [this, lane] { return poll_lane(lane); });
 }
 
 errc nic::inject(std::span<const std::byte> frame) noexcept {

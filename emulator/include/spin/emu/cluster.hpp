@@ -68,6 +68,11 @@ struct cluster_options {
   /// one watchdog thread, not one per NIC, three alternating pairs gave 5.8 to 6.8 s for the 5
   /// epochs at 2 ms and 6.2 to 6.7 s at 10 ms. Until more runs say so, 2 ms.
   std::chrono::microseconds idle_sleep_max{2000};
+  /// Empty rounds an idle lcore spends in `pause` before it yields its core (idle_backoff). A
+  /// cluster's lcores share the cores with the rank threads that feed them, so by default none:
+  /// 64 made a 4 KiB switch allreduce of 4 ranks on 2 cores take 88 to 132 us instead of 50 to
+  /// 74 us (docs/benchmarks.md, sixth session).
+  std::uint32_t idle_pause_rounds = 0;
   /// When non-empty, every node captures its ports to `<capture_dir>/<node name>.pcap`.
   std::string capture_dir;
 };

@@ -38,11 +38,21 @@ private:
   std::atomic<bool> _sleeping{false};
 };
 
-/// The back-off of a polling loop: `pause` for the first empty rounds, then yield, then sleep on
-/// a doorbell in steps that double from 10 us up to `max_sleep`.
+/// The back-off of a polling loop: `pause` for the first `pause_rounds` empty rounds, yield up to
+/// the 256th, then sleep on a doorbell in steps that double from 10 us up to `max_sleep`.
+///
+/// Pausing keeps the core; it suits an lcore with a core of its own. Where threads outnumber
+/// cores (an emulated cluster's lcores beside the rank threads that feed it), the thread that
+/// would give the idle lcore its next work (a rank posting a command, another lcore forwarding)
+/// often waits for that very core: 64 rounds of pause held it for tens of microseconds per idle
+/// spell, and a 4 KiB switch allreduce of 4 ranks on 2 lcores and 2 cores took 88 to 132 us per
+/// call against 50 to 74 us yielding at once (docs/benchmarks.md, sixth session). Hence the
+/// default 0.
 class idle_backoff {
 public:
-  explicit idle_backoff(std::chrono::microseconds max_sleep) noexcept : _max(max_sleep) {}
+  static constexpr std::uint32_t spin_rounds = 256;  ///< empty rounds (pause and yield) before the first sleep
+  explicit idle_backoff(std::chrono::microseconds max_sleep, std::uint32_t pause_rounds = 0) noexcept
+      : _max(max_sleep), _pause(pause_rounds) {}
   /// After a round that did work.
   void busy() noexcept { _empty = _sleeps = 0; }
   /// After an empty round: returns true when the caller should arm its doorbell, poll once more
@@ -55,15 +65,17 @@ public:
 
 private:
   std::chrono::microseconds _max;
+  std::uint32_t _pause;
   std::uint32_t _empty = 0;
   std::uint32_t _sleeps = 0;
 };
 
 /// Runs `round` (one poll round; returns the work it did) until `stop` is true, backing off on
-/// `bell` when rounds are empty (idle_backoff with `max_sleep`).
+/// `bell` when rounds are empty (idle_backoff with `max_sleep` and `pause_rounds`).
 template <class Round>
-void poll_loop(const std::atomic<bool>& stop, doorbell& bell, std::chrono::microseconds max_sleep, Round&& round) {
-  idle_backoff b(max_sleep);
+void poll_loop(const std::atomic<bool>& stop, doorbell& bell, std::chrono::microseconds max_sleep, std::uint32_t pause_rounds,
+               Round&& round) {
+  idle_backoff b(max_sleep, pause_rounds);
   while (!stop.load(std::memory_order_relaxed)) {
     if (round() != 0) {
       b.busy();

@@ -99,6 +99,9 @@ struct nic_config {
   /// Longest sleep of an idle lane 0 in run() and run_lane(0) before it looks at its ports
   /// again (ports cannot wake it; everything else that gives a lane work rings its doorbell).
   std::chrono::microseconds idle_sleep_max{100};
+  /// Empty rounds an idle lane spends in `pause` before it yields its core (idle_backoff). 0
+  /// suits threads that share cores; a lane on a core of its own may pause (DPDK's lcores spin).
+  std::uint32_t idle_pause_rounds = 0;
   /// Doorbell of each lane's poller (index = lane), rung when work arrives for the lane (frames
   /// steered to it, host messages and other lanes' sends for lane 0). Empty or null entries:
   /// the lane's own, which run() and run_lane() sleep on. A cluster passes the doorbells of the
@@ -123,8 +126,9 @@ public:
   /// One round of every lane in turn on the calling thread (poll_lane(0), poll_lane(1), ...).
   /// Returns the frames and packets moved. For a NIC that one thread drives; noexcept.
   std::uint32_t poll() noexcept;
-  /// Calls poll() until `stop` becomes true; after a run of empty rounds it backs off (pause,
-  /// yield, then sleeps of up to idle_sleep_max, cut short when work arrives).
+  /// Calls poll() until `stop` becomes true; after a run of empty rounds it backs off (pause
+  /// for idle_pause_rounds, yield, then sleeps of up to idle_sleep_max, cut short when work
+  /// arrives).
   void run(const std::atomic<bool>& stop) noexcept;
   /// Calls poll_lane(lane) until `stop` becomes true, backing off like run(). One thread per
   /// lane (spin-emu starts them as EAL-registered lcores).
