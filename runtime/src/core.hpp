@@ -89,15 +89,27 @@ public:
   bool post(const host_event& ev) noexcept;
   /// Reads up to out.size() events without waiting.
   std::size_t take(std::span<host_event> out) noexcept;
-  /// Reads up to out.size() events, sleeping up to `timeout` for the first.
+  /// Reads up to out.size() events, waiting up to `timeout` for the first: it first polls the
+  /// queue for `yield_rounds` rounds, yielding its core between them (no waiter is registered
+  /// yet, so a post costs the HPU no syscall), then sleeps on the futex. Returns 0 at once once
+  /// the channel is closed.
   std::size_t wait(std::span<host_event> out, std::chrono::nanoseconds timeout) noexcept;
-  /// Wakes every waiter (uninstall).
-  void wake_all() noexcept;
+  /// Ends every wait, present and future (uninstall); queued events stay readable by take().
+  void close() noexcept;
+
+  /// Rounds a waiter polls, yielding, before it sleeps. Where rank threads and lcores share
+  /// the cores, a result usually arrives within a few rounds of the other threads, and a
+  /// sleeping waiter costs the poster a futex wake and itself a scheduler wake-up: a 4 KiB
+  /// switch allreduce of 4 ranks on 2 cores took 48 to 90 us per call sleeping at once, 28 to
+  /// 40 us with 16 rounds (docs/benchmarks.md, sixth session). 128 groups of 4 ranks (512
+  /// waiters) were no slower.
+  static constexpr std::uint32_t yield_rounds = 16;
 
 private:
   mpmc_queue<host_event> _q;
   alignas(cache_line) std::atomic<std::uint32_t> _seq{0};  // the futex word: bumped when a waiter is woken
   std::atomic<std::uint32_t> _waiters{0};
+  std::atomic<bool> _closed{false};
 };
 
 /// An installed EC: what every HPU reads. Written only by control calls (no HPU runs then),

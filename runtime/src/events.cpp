@@ -3,6 +3,7 @@
 
 #include <climits>
 #include <ctime>
+#include <thread>
 
 #include <linux/futex.h>
 #include <sys/syscall.h>
@@ -43,11 +44,18 @@ std::size_t event_channel::take(std::span<host_event> out) noexcept {
 std::size_t event_channel::wait(std::span<host_event> out, std::chrono::nanoseconds timeout) noexcept {
   if (const std::size_t n = take(out); n > 0 || timeout.count() <= 0) return n;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (std::uint32_t k = 0; k < yield_rounds; ++k) {
+    if (_closed.load(std::memory_order_acquire)) return 0;
+    std::this_thread::yield();
+    if (const std::size_t n = take(out); n > 0) return n;
+    if (std::chrono::steady_clock::now() >= deadline) return 0;
+  }
   _waiters.fetch_add(1, std::memory_order_seq_cst);
   std::size_t n = 0;
   for (;;) {
     const std::uint32_t seq = _seq.load(std::memory_order_acquire);
     if ((n = take(out)) > 0) break;
+    if (_closed.load(std::memory_order_acquire)) break;
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) break;
     futex_wait(_seq, seq, deadline - now);
@@ -56,7 +64,10 @@ std::size_t event_channel::wait(std::span<host_event> out, std::chrono::nanoseco
   return n;
 }
 
-void event_channel::wake_all() noexcept {
+// The flag before the bump: a waiter that read the old sequence word is woken by the bump (or
+// does not sleep, the word having changed) and then sees the flag.
+void event_channel::close() noexcept {
+  _closed.store(true, std::memory_order_release);
   _seq.fetch_add(1, std::memory_order_release);
   futex_wake(_seq);
 }

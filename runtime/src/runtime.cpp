@@ -36,7 +36,7 @@ void runtime_core::free_ec(std::uint32_t slot) {
   }
   std::lock_guard lk(control_mu);  // stats() reads the arena's accounting and the EC list
   ec& e = *ecs[slot];
-  e.events->wake_all();
+  e.events->close();
   arena.free(e.mem_block);
   arena.free(e.scratch_block);
   active.erase(std::remove(active.begin(), active.end(), slot), active.end());

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 using namespace spin;
@@ -594,6 +595,43 @@ TEST_CASE("events posted by handlers reach the host in the EC's queue and a full
   CHECK(s.events_lost == 2);
   CHECK(f.rt->poll_events(ec, ev) == 0);
   CHECK(f.rt->poll_events(999, ev) == 0);
+}
+
+TEST_CASE("a host waiting for an event gets one posted while it sleeps, and returns at once when its EC is uninstalled") {
+  fixture f(2);
+  rt::ec_config c;
+  c.handlers.completion = event_ch;
+  const rt::ec_id ec = f.install(c);
+  using clk = std::chrono::steady_clock;
+  // An event posted while the host sleeps on the futex (long after its polling rounds).
+  {
+    std::vector<rt::host_event> ev(4);
+    std::size_t got = 0;
+    std::thread host([&] { got = f.rt->wait_events(ec, ev, std::chrono::seconds(30)); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const auto t0 = clk::now();
+    REQUIRE(feed(*f.rt, message_packets(f.pool, 0, 0, 5, 0, 64)));
+    host.join();
+    CHECK(clk::now() - t0 < std::chrono::seconds(10));
+    REQUIRE(got == 1);
+    CHECK(ev[0].value == 50);
+  }
+  // Uninstalled while the host sleeps: the wait ends, not its 30 s timeout.
+  std::vector<rt::host_event> ev(4);
+  std::size_t got = 99;
+  clk::time_point woke{};
+  std::thread host([&] {
+    got = f.rt->wait_events(ec, ev, std::chrono::seconds(30));
+    woke = clk::now();
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const auto t0 = clk::now();
+  REQUIRE(f.rt->uninstall(ec).ok());
+  host.join();
+  CHECK(got == 0);
+  CHECK(woke - t0 < std::chrono::seconds(10));
+  // A later wait on the uninstalled EC returns at once too.
+  CHECK(f.rt->wait_events(ec, ev, std::chrono::seconds(30)) == 0);
 }
 
 TEST_CASE("an EC without payload handler deposits each payload into its host window at the message offset") {

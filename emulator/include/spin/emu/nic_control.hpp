@@ -53,8 +53,9 @@ public:
   virtual result<void> uninstall(rt::ec_id ec) = 0;
   /// runtime::poll_events (any thread; does not go through the scheduler thread).
   virtual std::size_t poll_events(rt::ec_id ec, std::span<rt::host_event> out) noexcept = 0;
-  /// runtime::wait_events: as poll_events, sleeping up to `timeout` for the first event (on a
-  /// futex the NIC wakes when it posts one). Any thread.
+  /// runtime::wait_events: as poll_events, waiting up to `timeout` for the first event (a few
+  /// rounds of polling that yield the core, then a futex the NIC wakes when it posts one). Any
+  /// thread.
   virtual std::size_t wait_events(rt::ec_id ec, std::span<rt::host_event> out, std::chrono::nanoseconds timeout) noexcept = 0;
   /// Sends a message. Returns once every packet was copied into the NIC's transmit queue (the
   /// host buffer may then be reused). Errors: those of `post`, aborted (the NIC stopped or

@@ -320,10 +320,11 @@ public:
   /// Reads up to out.size() events of EC `ec`. Any thread. Returns the count (0 for an unknown EC).
   std::size_t poll_events(ec_id ec, std::span<host_event> out) noexcept;
 
-  /// As poll_events, but sleeps up to `timeout` for the first event: the caller sleeps on a
-  /// futex that the HPU posting the event wakes (posting costs a syscall only while someone
-  /// waits). Returns 0 after the timeout, at once for an unknown EC, and when the EC is
-  /// uninstalled meanwhile. Any thread (one waiter per EC at a time is the intended use).
+  /// As poll_events, but waits up to `timeout` for the first event: the caller polls the
+  /// queue for a few rounds, yielding its core between them, then sleeps on a futex that the
+  /// HPU posting the event wakes (posting costs a syscall only while someone sleeps). Returns 0
+  /// after the timeout, at once for an unknown EC, and as soon as the EC is uninstalled
+  /// meanwhile. Any thread (one waiter per EC at a time is the intended use).
   std::size_t wait_events(ec_id ec, std::span<host_event> out, std::chrono::nanoseconds timeout) noexcept;
 
   /// The EC's handler memory as the host sees it (for set-up before traffic and inspection
