@@ -70,8 +70,8 @@ struct cluster_options {
   std::chrono::microseconds idle_sleep_max{2000};
   /// Empty rounds an idle lcore spends in `pause` before it yields its core (idle_backoff). A
   /// cluster's lcores share the cores with the rank threads that feed them, so by default none:
-  /// 64 made a 4 KiB switch allreduce of 4 ranks on 2 cores take 88 to 132 us instead of 50 to
-  /// 74 us (docs/benchmarks.md, sixth session).
+  /// 64 made a 4 KiB switch allreduce of 4 ranks on 2 cores take 75 to 105 us instead of 52 to
+  /// 60 us (docs/benchmarks.md, sixth session).
   std::uint32_t idle_pause_rounds = 0;
   /// When non-empty, every node captures its ports to `<capture_dir>/<node name>.pcap`.
   std::string capture_dir;

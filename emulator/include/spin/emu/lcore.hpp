@@ -45,8 +45,8 @@ private:
 /// cores (an emulated cluster's lcores beside the rank threads that feed it), the thread that
 /// would give the idle lcore its next work (a rank posting a command, another lcore forwarding)
 /// often waits for that very core: 64 rounds of pause held it for tens of microseconds per idle
-/// spell, and a 4 KiB switch allreduce of 4 ranks on 2 lcores and 2 cores took 88 to 132 us per
-/// call against 50 to 74 us yielding at once (docs/benchmarks.md, sixth session). Hence the
+/// spell, and a 4 KiB switch allreduce of 4 ranks on 2 lcores and 2 cores took 75 to 105 us per
+/// call against 52 to 60 us yielding at once (docs/benchmarks.md, sixth session). Hence the
 /// default 0.
 class idle_backoff {
 public:
