@@ -211,8 +211,8 @@ struct communicator::impl {
         if (auto r = tick(); !r.ok()) return r.err();
         next_tick = now + rto.interval();
       }
-      // Sleep until the NIC posts an event (it wakes this thread), the next repair tick or the
-      // deadline: a waiting rank uses no CPU.
+      // Wait until the NIC posts an event (16 polls that yield the core, then a futex the NIC
+      // wakes), the next repair tick or the deadline: a waiting rank uses almost no CPU.
       got = nic->wait_events(e.ec, evs, std::min(next_tick, deadline) - now);
     }
   }

@@ -24,6 +24,8 @@ namespace spin::emu {
 
 namespace {
 std::atomic<unsigned> cluster_seq{0};
+// Empty rounds in which an idle lcore still helps the others (of idle_backoff::spin_rounds).
+constexpr std::uint32_t help_rounds = 64;
 
 void free_ring(rte_ring* r) noexcept {
   if (r == nullptr) return;
@@ -247,8 +249,9 @@ void cluster::lcore_loop(std::uint32_t lcore, const std::atomic<bool>& stop) noe
       ring_others();
       continue;
     }
-    // Help only while spinning, not once backing off (then the others have little to do).
-    if (_opts.help && _lcores.size() > 1 && b.empty_rounds() < 64 && _partition_final.load(std::memory_order_acquire) &&
+    // Help only in the first empty rounds, not once backing off further (then the others have
+    // little to do).
+    if (_opts.help && _lcores.size() > 1 && b.empty_rounds() < help_rounds && _partition_final.load(std::memory_order_acquire) &&
         help(lcore) != 0) {
       ctr[1].add(1);
       ctr[4].add(link::now_ns() - t0);

@@ -100,7 +100,7 @@ public:
   /// Rounds a waiter polls, yielding, before it sleeps. Where rank threads and lcores share
   /// the cores, a result usually arrives within a few rounds of the other threads, and a
   /// sleeping waiter costs the poster a futex wake and itself a scheduler wake-up: a 4 KiB
-  /// switch allreduce of 4 ranks on 2 cores took 48 to 90 us per call sleeping at once, 28 to
+  /// switch allreduce of 4 ranks on 2 cores took 49 to 90 us per call sleeping at once, 28 to
   /// 40 us with 16 rounds (docs/benchmarks.md, sixth session). 128 groups of 4 ranks (512
   /// waiters) were no slower.
   static constexpr std::uint32_t yield_rounds = 16;

@@ -44,13 +44,16 @@ std::size_t event_channel::take(std::span<host_event> out) noexcept {
 std::size_t event_channel::wait(std::span<host_event> out, std::chrono::nanoseconds timeout) noexcept {
   if (const std::size_t n = take(out); n > 0 || timeout.count() <= 0) return n;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
+  // Events first, then the flag: an event posted before the EC was closed is still returned.
   for (std::uint32_t k = 0; k < yield_rounds; ++k) {
-    if (_closed.load(std::memory_order_acquire)) return 0;
     std::this_thread::yield();
     if (const std::size_t n = take(out); n > 0) return n;
+    if (_closed.load(std::memory_order_acquire)) return 0;
     if (std::chrono::steady_clock::now() >= deadline) return 0;
   }
   _waiters.fetch_add(1, std::memory_order_seq_cst);
+  // The other half of post()'s fence: the registration is ordered before the loads of the queue.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
   std::size_t n = 0;
   for (;;) {
     const std::uint32_t seq = _seq.load(std::memory_order_acquire);

@@ -603,14 +603,15 @@ TEST_CASE("a host waiting for an event gets one posted while it sleeps, and retu
   c.handlers.completion = event_ch;
   const rt::ec_id ec = f.install(c);
   using clk = std::chrono::steady_clock;
-  // An event posted while the host sleeps on the futex (long after its polling rounds).
+  // An event posted while the host waits (most likely asleep on the futex by then: its polling
+  // rounds take microseconds). CHECK, not REQUIRE, while the host thread runs.
   {
     std::vector<rt::host_event> ev(4);
     std::size_t got = 0;
     std::thread host([&] { got = f.rt->wait_events(ec, ev, std::chrono::seconds(30)); });
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     const auto t0 = clk::now();
-    REQUIRE(feed(*f.rt, message_packets(f.pool, 0, 0, 5, 0, 64)));
+    CHECK(feed(*f.rt, message_packets(f.pool, 0, 0, 5, 0, 64)));
     host.join();
     CHECK(clk::now() - t0 < std::chrono::seconds(10));
     REQUIRE(got == 1);
@@ -626,11 +627,11 @@ TEST_CASE("a host waiting for an event gets one posted while it sleeps, and retu
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   const auto t0 = clk::now();
-  REQUIRE(f.rt->uninstall(ec).ok());
+  CHECK(f.rt->uninstall(ec).ok());
   host.join();
   CHECK(got == 0);
   CHECK(woke - t0 < std::chrono::seconds(10));
-  // A later wait on the uninstalled EC returns at once too.
+  // A later wait on the uninstalled EC returns at once too (the EC is unknown now).
   CHECK(f.rt->wait_events(ec, ev, std::chrono::seconds(30)) == 0);
 }
 

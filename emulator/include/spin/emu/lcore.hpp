@@ -50,7 +50,9 @@ private:
 /// default 0.
 class idle_backoff {
 public:
-  static constexpr std::uint32_t spin_rounds = 256;  ///< empty rounds (pause and yield) before the first sleep
+  /// Empty rounds before the first sleep (pause, then yield), unless pause_rounds exceeds it:
+  /// then pause_rounds + 1.
+  static constexpr std::uint32_t spin_rounds = 256;
   explicit idle_backoff(std::chrono::microseconds max_sleep, std::uint32_t pause_rounds = 0) noexcept
       : _max(max_sleep), _pause(pause_rounds) {}
   /// After a round that did work.

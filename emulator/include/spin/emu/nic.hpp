@@ -100,7 +100,9 @@ struct nic_config {
   /// again (ports cannot wake it; everything else that gives a lane work rings its doorbell).
   std::chrono::microseconds idle_sleep_max{100};
   /// Empty rounds an idle lane spends in `pause` before it yields its core (idle_backoff). 0
-  /// suits threads that share cores; a lane on a core of its own may pause (DPDK's lcores spin).
+  /// suits threads that share cores; a lane on a core of its own may pause (DPDK's lcores
+  /// spin), though spin-bench handlers' lanes, each on a core of its own, measured the same at
+  /// 0 as at 64 (docs/benchmarks.md, sixth session).
   std::uint32_t idle_pause_rounds = 0;
   /// Doorbell of each lane's poller (index = lane), rung when work arrives for the lane (frames
   /// steered to it, host messages and other lanes' sends for lane 0). Empty or null entries:
