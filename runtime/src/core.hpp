@@ -91,7 +91,7 @@ public:
   std::size_t take(std::span<host_event> out) noexcept;
   /// Reads up to out.size() events, waiting up to `timeout` for the first: it first polls the
   /// queue for `yield_rounds` rounds, yielding its core between them (no waiter is registered
-  /// yet, so a post costs the HPU no syscall), then sleeps on the futex. Returns 0 at once once
+  /// yet, so a post costs the HPU no syscall), then sleeps on the futex. Returns 0 as soon as
   /// the channel is closed.
   std::size_t wait(std::span<host_event> out, std::chrono::nanoseconds timeout) noexcept;
   /// Ends every wait, present and future (uninstall); queued events stay readable by take().

@@ -38,8 +38,9 @@ private:
   std::atomic<bool> _sleeping{false};
 };
 
-/// The back-off of a polling loop: `pause` for the first `pause_rounds` empty rounds, yield up to
-/// the 256th, then sleep on a doorbell in steps that double from 10 us up to `max_sleep`.
+/// The back-off of a polling loop: `pause` for the first `pause_rounds` empty rounds, yield in
+/// the rest of the first 255, then sleep on a doorbell in steps that double from 10 us up to
+/// `max_sleep`.
 ///
 /// Pausing keeps the core; it suits an lcore with a core of its own. Where threads outnumber
 /// cores (an emulated cluster's lcores beside the rank threads that feed it), the thread that
