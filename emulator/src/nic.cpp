@@ -169,6 +169,10 @@ struct nic::impl {
                             std::span<const std::byte> payload, errc& last_error) noexcept override {
       return _n.hpu_multicast(hpu, dests, h, payload, last_error);
     }
+    errc forward(std::uint32_t hpu, std::uint32_t dest_rank, const rt::wire::header& h, std::uint64_t cookie,
+                 std::span<const std::byte> payload) noexcept override {
+      return _n.hpu_forward(hpu, dest_rank, h, reinterpret_cast<rte_mbuf*>(cookie), payload);
+    }
     std::uint32_t max_payload_bytes() const noexcept override { return _n.max_payload; }
 
   private:
@@ -188,7 +192,7 @@ struct nic::impl {
     std::vector<std::unique_ptr<rt::detail::spsc_ring<rte_mbuf*>>> to_port;
     std::vector<std::byte> buf;        // encode buffer for frames that do not fit one mbuf
     std::vector<rt::packet> rx_buf;
-    counter tx_full, no_mbuf, unroutable, loopback, shared_sends;
+    counter tx_full, no_mbuf, unroutable, loopback, shared_sends, forward_in_place, forward_chained;
     doorbell own_bell;
     doorbell* bell = &own_bell;        // rung when work arrives for a sleeping poller (nic_config::lane_doorbells)
   };
@@ -271,6 +275,13 @@ struct nic::impl {
   errc hpu_send(std::uint32_t hpu, std::uint32_t dest, const rt::wire::header& h, std::span<const std::byte> payload) noexcept;
   std::uint32_t hpu_multicast(std::uint32_t hpu, std::span<const std::uint32_t> dests, const rt::wire::header& h,
                               std::span<const std::byte> payload, errc& last_error) noexcept;
+  errc hpu_forward(std::uint32_t hpu, std::uint32_t dest, const rt::wire::header& h, rte_mbuf* m,
+                   std::span<const std::byte> payload) noexcept;
+  // Frame for `dst` with headers `h` in a header mbuf of the multicast pools, chained in front
+  // of a clone showing `payload`, which lies in segment `seg`. Null: a pool is dry (`bad`
+  // unset), or the headers cannot be encoded (`bad` set).
+  rte_mbuf* chain_to(const rte_mbuf* seg, std::uint32_t dest, const rt::wire::header& h, std::span<const std::byte> payload,
+                     bool& bad) noexcept;
   // Hands frame `m` for egress `pi` (ports.size(): the loopback) to where lane `hpu` sends it
   // from; frees it and returns no_space when that queue is full.
   errc enqueue(std::uint32_t hpu, std::uint32_t pi, rte_mbuf* m) noexcept;
@@ -576,29 +587,19 @@ std::uint32_t nic::impl::hpu_multicast(std::uint32_t hpu, std::span<const std::u
       else last_error = e;
       continue;
     }
-    rte_mbuf* hdr = mbuf_alloc(mc_header_pool);
-    rte_mbuf* clone = hdr != nullptr ? rte_pktmbuf_clone(shared, mc_clone_pool) : nullptr;
-    if (clone == nullptr) {  // the multicast pools are dry: this copy goes whole
-      if (hdr != nullptr) mbuf_free(hdr);
+    bool bad = false;
+    rte_mbuf* hdr = chain_to(shared, dests[i], one,
+                             std::span<const std::byte>(rte_pktmbuf_mtod(shared, const std::byte*), shared->data_len), bad);
+    if (hdr == nullptr && bad) {
+      last_error = errc::invalid_argument;
+      continue;
+    }
+    if (hdr == nullptr) {  // the multicast pools are dry: this copy goes whole
       const errc e = hpu_send(hpu, dests[i], one, payload);
       if (e == errc::ok) ++sent;
       else last_error = e;
       continue;
     }
-    detail::tsan_acquire(clone);  // allocated inside DPDK, not by mbuf_alloc
-    const std::size_t hl =
-        rt::wire::encode_headers(self, rt::wire::rank_endpoint(dests[i], cfg.runtime.udp_port), one, payload.size(),
-                                 std::span<std::byte>(rte_pktmbuf_mtod(hdr, std::byte*), rte_pktmbuf_tailroom(hdr)));
-    if (hl == 0) {
-      mbuf_free(clone);
-      mbuf_free(hdr);
-      last_error = errc::invalid_argument;
-      continue;
-    }
-    (void)rte_pktmbuf_append(hdr, static_cast<std::uint16_t>(hl));
-    hdr->next = clone;
-    hdr->nb_segs = 2;
-    hdr->pkt_len = hdr->data_len + clone->data_len;
     const errc e = enqueue(hpu, static_cast<std::uint32_t>(pi), hdr);
     if (e == errc::ok) {
       ++sent;
@@ -611,9 +612,93 @@ std::uint32_t nic::impl::hpu_multicast(std::uint32_t hpu, std::span<const std::u
   return sent;
 }
 
+rte_mbuf* nic::impl::chain_to(const rte_mbuf* seg, std::uint32_t dest, const rt::wire::header& h,
+                               std::span<const std::byte> payload, bool& bad) noexcept {
+  bad = false;
+  rte_mbuf* hdr = mbuf_alloc(mc_header_pool);
+  rte_mbuf* clone = hdr != nullptr ? mbuf_alloc(mc_clone_pool) : nullptr;
+  if (clone == nullptr) {
+    if (hdr != nullptr) mbuf_free(hdr);
+    return nullptr;
+  }
+  // A reference to the buffer that holds `seg`'s data (its owner when `seg` is itself a clone),
+  // narrowed to the payload.
+  rte_pktmbuf_attach(clone, const_cast<rte_mbuf*>(seg));
+  clone->data_off = static_cast<std::uint16_t>(payload.data() - static_cast<const std::byte*>(clone->buf_addr));
+  clone->data_len = static_cast<std::uint16_t>(payload.size());
+  clone->pkt_len = clone->data_len;
+  const std::size_t hl =
+      rt::wire::encode_headers(self, rt::wire::rank_endpoint(dest, cfg.runtime.udp_port), h, payload.size(),
+                               std::span<std::byte>(rte_pktmbuf_mtod(hdr, std::byte*), rte_pktmbuf_tailroom(hdr)));
+  if (hl == 0) {
+    mbuf_free(clone);
+    mbuf_free(hdr);
+    bad = true;
+    return nullptr;
+  }
+  (void)rte_pktmbuf_append(hdr, static_cast<std::uint16_t>(hl));
+  hdr->next = clone;
+  hdr->nb_segs = 2;
+  hdr->pkt_len = hdr->data_len + clone->data_len;
+  return hdr;
+}
+
+// Zero-copy forward of a received frame `m` (ctx::forward; `payload` lies in it). The usual
+// case: this NIC holds the only reference to a one-buffer frame, and the new headers go in
+// place right in front of the payload (a forward keeps the collective extension, so they are
+// never longer than the received ones unless those had IP options); a reference is taken for
+// the outgoing frame, and the runtime's own goes when the packet's handlers are done. When the
+// buffer is shared (a second forward while the first frame is still queued, a multicast copy's
+// payload) or its headroom too small, a header mbuf goes in front of a clone of the payload.
+// A copy is the last resort: an egress port that sends no chains, a payload under
+// share_min_bytes that cannot go in place, or dry multicast pools.
+errc nic::impl::hpu_forward(std::uint32_t hpu, std::uint32_t dest, const rt::wire::header& h, rte_mbuf* m,
+                            std::span<const std::byte> payload) noexcept {
+  lane_state& l = lanes[hpu];
+  const std::int32_t pi = route(dest);
+  if (pi < 0) {
+    l.unroutable.add(1);
+    return errc::not_found;
+  }
+  const rte_mbuf* seg = m;
+  while (seg != nullptr && !(payload.data() >= rte_pktmbuf_mtod(seg, const std::byte*) &&
+                             payload.data() + payload.size() <= rte_pktmbuf_mtod(seg, const std::byte*) + seg->data_len))
+    seg = seg->next;
+  if (seg == nullptr) return hpu_send(hpu, dest, h, payload);  // a private copy the runtime made
+  const std::size_t hl = rt::wire::encoded_len(h, payload.size()) - payload.size();
+  auto* base = static_cast<std::byte*>(m->buf_addr);
+  // Acquire: the holders that let go of the buffer before did so with a release (mbuf_free).
+  if (m->nb_segs == 1 && RTE_MBUF_DIRECT(m) && __atomic_load_n(&m->refcnt, __ATOMIC_ACQUIRE) == 1 &&
+      static_cast<std::size_t>(payload.data() - base) >= hl) {
+    detail::tsan_acquire(m);
+    std::byte* start = const_cast<std::byte*>(payload.data()) - hl;
+    if (rt::wire::encode_headers(self, rt::wire::rank_endpoint(dest, cfg.runtime.udp_port), h, payload.size(),
+                                 std::span<std::byte>(start, hl)) != hl)
+      return errc::invalid_argument;
+    rte_mbuf_refcnt_update(m, 1);
+    m->data_off = static_cast<std::uint16_t>(start - base);
+    m->data_len = static_cast<std::uint16_t>(hl + payload.size());
+    m->pkt_len = m->data_len;
+    const errc e = enqueue(hpu, static_cast<std::uint32_t>(pi), m);  // frees the new reference when it fails
+    if (e == errc::ok) l.forward_in_place.add(1);
+    return e;
+  }
+  const bool chains = static_cast<std::uint32_t>(pi) == ports.size() || ports[static_cast<std::uint32_t>(pi)].p->tx_multi_seg();
+  if (!chains || payload.size() < share_min_bytes) return hpu_send(hpu, dest, h, payload);
+  bool bad = false;
+  rte_mbuf* hdr = chain_to(seg, dest, h, payload, bad);
+  if (hdr == nullptr) return bad ? errc::invalid_argument : hpu_send(hpu, dest, h, payload);
+  const errc e = enqueue(hpu, static_cast<std::uint32_t>(pi), hdr);
+  if (e == errc::ok) l.forward_chained.add(1);
+  return e;
+}
+
 bool nic::impl::to_packet(lane_state& l, rte_mbuf*& m, rt::packet& out) noexcept {
   if (m->nb_segs == 1) {
     out = rt::packet{rte_pktmbuf_mtod(m, std::byte*), m->pkt_len, reinterpret_cast<std::uint64_t>(m)};
+    // A frame another NIC forwarded in place while its handler, which may still read the
+    // payload, is running; or a clone: shared, so handlers that write get a private copy.
+    out.shared = !RTE_MBUF_DIRECT(m) || __atomic_load_n(&m->refcnt, __ATOMIC_ACQUIRE) > 1;
     return true;
   }
   rte_mbuf* tail = m->next;
@@ -1147,6 +1232,8 @@ nic_stats nic::stats() const {
     s.drops[static_cast<std::size_t>(nic_drop::unroutable)] += l.unroutable.get();
     s.loopback_packets += l.loopback.get();
     s.multicast_shared += l.shared_sends.get();
+    s.forward_in_place += l.forward_in_place.get();
+    s.forward_chained += l.forward_chained.get();
   }
   s.unshared = p.unshared.load(std::memory_order_relaxed);
   if (p.rt) s.runtime = p.rt->stats();
@@ -1193,6 +1280,8 @@ std::string to_json(const nic_stats& s) {
   j["host_bytes_sent"] = s.host_bytes_sent;
   j["loopback_packets"] = s.loopback_packets;
   j["multicast_shared"] = s.multicast_shared;
+  j["forward_in_place"] = s.forward_in_place;
+  j["forward_chained"] = s.forward_chained;
   j["unshared"] = s.unshared;
   j["mbufs_in_use"] = s.mbufs_in_use;
   j["capture_frames"] = s.capture_frames;

@@ -131,13 +131,14 @@ std::int32_t api_dma_wait(spin::ctx* c, dma_handle h) {
 }
 
 // Checks a send descriptor and builds the spin header of the packet it describes. Errors as
-// ctx::send's.
-errc send_header(invocation& i, const send_desc* d, wire::header& h) {
+// ctx::send's. `data_checked`: the runtime built `d` around the received packet itself
+// (forward), whose payload need not lie in the handler's view of it.
+errc send_header(invocation& i, const send_desc* d, wire::header& h, bool data_checked = false) {
   // A handler built before send_desc::coll existed passes the older, smaller size.
   if (d == nullptr || d->size_bytes < offsetof(send_desc, coll)) return errc::invalid_argument;
   const bool coll = (d->flags & msg_coll) != 0;
   if (coll && d->size_bytes < sizeof(send_desc)) return errc::invalid_argument;
-  if (!local_ok(i, d->data, d->len_bytes)) return errc::out_of_bounds;
+  if (!data_checked && !local_ok(i, d->data, d->len_bytes)) return errc::out_of_bounds;
   if (d->offset_bytes > d->message_len_bytes || d->len_bytes > d->message_len_bytes - d->offset_bytes ||
       ((d->flags & msg_start) != 0 && d->packet_index != 0) ||
       ((d->flags & msg_end) != 0 && d->offset_bytes + d->len_bytes != d->message_len_bytes) ||
@@ -203,6 +204,45 @@ std::int32_t api_multicast(spin::ctx* c, const send_desc* d, const std::uint32_t
   i.t->send_bytes.add(std::uint64_t{sent} * d->len_bytes);
   if (sent < count) i.t->send_failed.add(count - sent);
   return static_cast<std::int32_t>(sent);
+}
+
+// The received packet, unchanged, to `dest_rank`: its own buffer where the TX port can send
+// it (tx_port::forward), its payload as the frame holds it (on eBPF the bridge has written the
+// program's changes back first).
+std::int32_t api_forward(spin::ctx* c, std::uint32_t dest_rank) {
+  invocation& i = inv_of(c);
+  api_guard g(i);
+  const spin::message_desc& m = c->msg;
+  send_desc d{};
+  d.size_bytes = sizeof(send_desc);
+  d.dest_rank = dest_rank;
+  d.match_bits = m.match_bits;
+  d.message_id = m.message_id;
+  d.offset_bytes = m.offset_bytes;
+  d.message_len_bytes = m.message_len_bytes;
+  d.data = i.payload;
+  d.len_bytes = i.payload_len;
+  d.flags = m.flags & (msg_start | msg_end | msg_coll);
+  d.packet_index = m.packet_index;
+  d.coll = c->coll;
+  wire::header h;
+  if (const errc e = send_header(i, &d, h, true); e != errc::ok) return err(i, e);
+  tx_port* tx = i.rt->cfg.tx;
+  if (tx == nullptr) {
+    i.t->send_failed.add(1);
+    return err(i, errc::not_supported);
+  }
+  if (d.len_bytes > tx->max_payload_bytes()) return err(i, errc::out_of_bounds);
+  const std::span<const std::byte> payload(i.payload, i.payload_len);
+  const errc r = i.pkt != nullptr && i.payload_len > 0 ? tx->forward(i.l->index, dest_rank, h, i.pkt->cookie, payload)
+                                                       : tx->send(i.l->index, dest_rank, h, payload);
+  if (r != errc::ok) {
+    i.t->send_failed.add(1);
+    return err(i, r);
+  }
+  i.t->sends.add(1);
+  i.t->send_bytes.add(d.len_bytes);
+  return 0;
 }
 
 std::int32_t api_post_event(spin::ctx* c, std::uint64_t value) {
@@ -291,6 +331,7 @@ void fill_api(api_table& api) noexcept {
   api.lock = api_lock;
   api.unlock = api_unlock;
   api.multicast = api_multicast;
+  api.forward = api_forward;
 }
 
 } // namespace spin::rt::detail

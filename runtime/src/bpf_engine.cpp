@@ -56,7 +56,7 @@ struct bpf_call {
   spin::ctx view;                // the program's copy
   std::uint8_t* base[3];         // packet (bounce buffer), handler memory, scratchpad
   std::uint64_t len[3];
-  const std::uint8_t* frame;     // the received payload, copied into the bounce buffer on first use
+  std::uint8_t* frame;           // the received payload, copied into the bounce buffer on first use
   bool bounced;
 };
 
@@ -167,6 +167,15 @@ SPIN_BRIDGE std::int64_t bridge_multicast(spin::ctx* c, const spin::send_desc* d
   local.data = reinterpret_cast<const void*>(packet_addr(*k, reinterpret_cast<std::uint64_t>(d->data)));
   const auto* to = reinterpret_cast<const std::uint32_t*>(packet_addr(*k, reinterpret_cast<std::uint64_t>(dests)));
   return k->trusted->api->multicast(k->trusted, &local, to, static_cast<std::uint32_t>(count));
+}
+// The program's changes to its packet so far go with it: the runtime forwards the received
+// frame, not the bounce buffer.
+SPIN_BRIDGE std::int64_t bridge_forward(spin::ctx* c, std::uint64_t dest_rank) {
+  bpf_call* k = current(c);
+  if (k == nullptr || dest_rank > UINT32_MAX) return bad;
+  if (k->bounced && k->len[0] > 0 && std::memcmp(k->frame, k->base[0], k->len[0]) != 0)
+    std::memcpy(k->frame, k->base[0], k->len[0]);
+  return k->trusted->api->forward(k->trusted, static_cast<std::uint32_t>(dest_rank));
 }
 SPIN_BRIDGE std::int64_t bridge_post_event(spin::ctx* c, std::uint64_t v) {
   bpf_call* k = current(c);
@@ -303,6 +312,7 @@ std::vector<rte_bpf_xsym> bridge_symbols() {
       func("spin_bpf_dma_wait", reinterpret_cast<void*>(&bridge_dma_wait), {c, raw()}, raw()),
       func("spin_bpf_send", reinterpret_cast<void*>(&bridge_send), {c, ptr(sizeof(spin::send_desc))}, raw()),
       func("spin_bpf_multicast", reinterpret_cast<void*>(&bridge_multicast), {c, ptr(sizeof(spin::send_desc)), raw(), raw()}, raw()),
+      func("spin_bpf_forward", reinterpret_cast<void*>(&bridge_forward), {c, raw()}, raw()),
       func("spin_bpf_post_event", reinterpret_cast<void*>(&bridge_post_event), {c, raw()}, raw()),
       func("spin_bpf_lock", reinterpret_cast<void*>(&bridge_lock), {c, raw()}, raw()),
       func("spin_bpf_unlock", reinterpret_cast<void*>(&bridge_unlock), {c, raw()}, raw()),

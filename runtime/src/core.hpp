@@ -181,6 +181,11 @@ struct invocation {
   std::uint32_t nlocks = 0;
   std::uint32_t dma_live = 0;  // slots possibly live (high-water mark of this invocation)
   std::vector<dma_slot> dma;
+  // The received packet (null in completion handlers) and its payload in the frame: what
+  // `forward` sends. Not c.packet, which an eBPF program sees as its bounce buffer.
+  const packet* pkt = nullptr;
+  std::byte* payload = nullptr;
+  std::uint32_t payload_len = 0;
 };
 
 /// One HPU: the run-to-completion unit. Fields are grouped by who writes them.

@@ -68,7 +68,10 @@ std::int32_t runtime_core::invoke(lane& l, ec& e, lane_ec& le, const handler_ref
   i.nlocks = 0;
   const message& m = le.table[msg_idx];
   spin::ctx& c = i.c;
-  c.packet = p != nullptr ? byte_view{reinterpret_cast<u8*>(payload_of(*p, payload_off)), payload_len} : byte_view{nullptr, 0};
+  i.pkt = p;
+  i.payload = p != nullptr ? payload_of(*p, payload_off) : nullptr;
+  i.payload_len = p != nullptr ? payload_len : 0;
+  c.packet = byte_view{reinterpret_cast<u8*>(i.payload), i.payload_len};
   c.msg = desc_of(e.id, hdr, m.packet_count);
   c.handler_mem = byte_view{reinterpret_cast<u8*>(e.mem), e.cfg.handler_mem_bytes};
   std::byte* scratch = m.scratch_slot != none ? e.scratch_of(m.scratch_slot) : nullptr;
@@ -98,6 +101,7 @@ std::int32_t runtime_core::invoke(lane& l, ec& e, lane_ec& le, const handler_ref
     (jumped == 2 ? faulted : preempted) = true;
   }
   tls_lane = nullptr;
+  i.pkt = nullptr;
   const std::uint64_t end = ticks();
   l.run_start.store(0, std::memory_order_release);
   // Locks a handler still holds when it returns or is stopped are released, so a stopped
@@ -325,8 +329,8 @@ bool runtime_core::handle(lane& l, const packet& in, bool may_steer) noexcept {
     return true;
   }
   // A payload in a second buffer reaches the handlers in place only when it is exactly that
-  // buffer and, if other packets share it, the EC's handlers do not write such packets.
-  if (p.tail != nullptr && (ps.payload_offset != p.frame_len || (p.shared && !e.cfg.limits.read_only_multicast)) &&
+  // buffer; a shared one only when the EC's handlers do not write such packets.
+  if (((p.tail != nullptr && ps.payload_offset != p.frame_len) || (p.shared && !e.cfg.limits.read_only_multicast)) &&
       (cfg.unshare == nullptr || !cfg.unshare(cfg.release_user, p))) {
     drop(le, p, drop_reason::no_private_copy);
     return true;

@@ -156,6 +156,96 @@ std::vector<std::byte> pattern_bytes(std::size_t n, unsigned salt) {
   return v;
 }
 
+// Forwards its packet back to its source, then to rank 2, and posts the sum of its payload's
+// bytes read after both: the packet stays readable and unchanged after a forward.
+SPIN_PAYLOAD_HANDLER(forward_twice_ph) {
+  const errc a = ctx->forward(ctx->msg.source_rank);
+  const errc b = ctx->forward(2);
+  u64 sum = 0;
+  for (u64 i = 0; i < ctx->packet.size(); ++i) sum += ctx->packet.data[i];
+  ctx->post_event(sum);
+  return a == errc::ok && b == errc::ok ? ret::success : ret::drop;
+}
+
+SPIN_PAYLOAD_HANDLER(forward_ph) {
+  return ctx->forward(ctx->msg.source_rank) == errc::ok ? ret::success : ret::drop;
+}
+
+// Inverts the first byte of its packet and deposits the payload at its offset by DMA.
+SPIN_PAYLOAD_HANDLER(flip_deposit_ph) {
+  u8* first = ctx->payload<u8>(0);
+  if (first == nullptr) return ret::drop;
+  *first = static_cast<u8>(~*first);
+  return ctx->dma_to_host(ctx->msg.offset_bytes, ctx->packet.data, ctx->packet.size()) == errc::ok ? ret::success : ret::drop;
+}
+
+// A message of `packets` packets of `payload` bytes from rank 0 to rank 1 (match bits
+// `bits`), each packet's frame in one mbuf of `pool`; with `coll`, the collective extension.
+struct test_message {
+  std::vector<rt::wire::header> headers;
+  std::vector<std::vector<std::byte>> payloads;
+  std::vector<rte_mbuf*> frames;
+};
+test_message make_message(rte_mempool* pool, std::uint64_t bits, std::uint64_t id, std::uint32_t packets, std::uint32_t payload,
+                          bool coll) {
+  test_message t;
+  for (std::uint32_t k = 0; k < packets; ++k) {
+    rt::wire::header h;
+    h.source_rank = 0;
+    h.match_bits = bits;
+    h.message_id = id;
+    h.seq = k;
+    h.message_len = std::uint64_t{packets} * payload;
+    h.offset = std::uint64_t{k} * payload;
+    h.flags = static_cast<std::uint16_t>((k == 0 ? rt::wire::flag_start : 0) | (k + 1 == packets ? rt::wire::flag_end : 0));
+    if (coll) {
+      h.flags |= rt::wire::flag_coll;
+      h.coll = rt::wire::coll_ext{3, 2, 7, payload / 4, 11, k};
+    }
+    std::vector<std::byte> data = pattern_bytes(payload, static_cast<unsigned>(id * 16 + k));
+    rte_mbuf* m = rte_pktmbuf_alloc(pool);
+    REQUIRE(m != nullptr);
+    const std::size_t n = rt::wire::encode(rt::wire::rank_endpoint(0), rt::wire::rank_endpoint(1), h, data,
+                                           std::span<std::byte>(rte_pktmbuf_mtod(m, std::byte*), rte_pktmbuf_tailroom(m)));
+    REQUIRE(n > 0);
+    (void)rte_pktmbuf_append(m, static_cast<std::uint16_t>(n));
+    h.payload_len = payload;
+    t.headers.push_back(h);
+    t.payloads.push_back(std::move(data));
+    t.frames.push_back(m);
+  }
+  return t;
+}
+
+// The frame NIC `from` sends when it forwards packet `h` with `payload` to `to`: what a copy
+// would encode.
+std::vector<std::byte> forwarded_frame(rt::wire::header h, std::span<const std::byte> payload, std::uint32_t from, std::uint32_t to) {
+  h.source_rank = from;
+  std::vector<std::byte> f(rt::wire::encoded_len(h, payload.size()));
+  REQUIRE(rt::wire::encode(rt::wire::rank_endpoint(from), rt::wire::rank_endpoint(to), h, payload, f) == f.size());
+  return f;
+}
+
+std::vector<std::byte> frame_bytes(const rte_mbuf* m) {
+  std::vector<std::byte> out;
+  for (; m != nullptr; m = m->next) {
+    const auto* p = rte_pktmbuf_mtod(m, const std::byte*);
+    out.insert(out.end(), p, p + m->data_len);
+  }
+  return out;
+}
+
+// Polls `n` until `r` holds `want` frames (5 s at most) and takes them.
+std::vector<rte_mbuf*> take_sent(emu::nic& n, rte_ring* r, std::size_t want) {
+  std::vector<rte_mbuf*> out;
+  const auto end = std::chrono::steady_clock::now() + 5000ms;
+  while (out.size() < want && std::chrono::steady_clock::now() < end) {
+    n.poll();
+    for (rte_mbuf* m : drain_ring(r)) out.push_back(m);
+  }
+  return out;
+}
+
 }  // namespace
 
 TEST_SUITE("emulator") {
@@ -649,6 +739,197 @@ TEST_CASE("a NIC captures what it sends and receives, and replaying the capture 
   REQUIRE((*r)->quiesce(2000ms));
   CHECK(dst == src);
   CHECK(system(("rm -rf " + dir).c_str()) == 0);
+}
+
+TEST_CASE("forward sends the received mbuf itself, headers rewritten in place, byte for byte the frame a copy would send") {
+  cable c;
+  auto b = emu::nic::create(config("b", 1, c.port_b));
+  REQUIRE(b.ok());
+  emu::nic& nb = **b;
+  const std::uint64_t base_b = nb.stats().mbufs_in_use;
+  rte_mempool* pool = rte_pktmbuf_pool_create(("t_fwd" + std::to_string(seq_no++)).c_str(), 255, 0, 0,
+                                              2048 + RTE_PKTMBUF_HEADROOM, SOCKET_ID_ANY);
+  REQUIRE(pool != nullptr);
+  rt::ec_config ec;
+  ec.name = "forward";
+  ec.match = {0x70, 0};
+  ec.handlers = rt::handler_set(nullptr, forward_ph, nullptr);
+  auto e = nb.install(ec);
+  REQUIRE(e.ok());
+  // Four packets without and two with the collective extension (88- and 104-byte headers).
+  std::vector<test_message> msgs;
+  msgs.push_back(make_message(pool, 0x70, 5, 4, 1000, false));
+  msgs.push_back(make_message(pool, 0x70, 6, 2, 100, true));
+  std::vector<rte_mbuf*> injected;
+  for (auto& m : msgs)
+    for (rte_mbuf* f : m.frames) {
+      injected.push_back(f);
+      REQUIRE(rte_ring_enqueue(c.ab, f) == 0);
+    }
+  const std::vector<rte_mbuf*> sent = take_sent(nb, c.ba, injected.size());
+  REQUIRE(sent.size() == injected.size());
+  std::size_t i = 0;
+  for (auto& m : msgs)
+    for (std::size_t k = 0; k < m.frames.size(); ++k, ++i) {
+      CAPTURE(i);
+      CHECK(sent[i] == injected[i]);  // the same mbuf: nothing was copied
+      CHECK(sent[i]->nb_segs == 1);
+      CHECK(frame_bytes(sent[i]) == forwarded_frame(m.headers[k], m.payloads[k], 1, 0));
+    }
+  const auto s = nb.stats();
+  CHECK(s.forward_in_place == injected.size());
+  CHECK(s.forward_chained == 0);
+  CHECK(s.runtime.ecs.at(0).sends == injected.size());
+  CHECK(s.runtime.ecs.at(0).send_failed == 0);
+  for (rte_mbuf* m : sent) rte_pktmbuf_free(m);
+  CHECK(rte_mempool_in_use_count(pool) == 0);  // the runtime's reference went when the handler was done
+  CHECK(nb.stats().mbufs_in_use == base_b);
+  b->reset();
+  rte_mempool_free(pool);
+}
+
+TEST_CASE("a second forward of the same packet chains a header to a clone of the payload, and the packet stays readable after both") {
+  cable c;
+  auto b = emu::nic::create(config("b", 1, c.port_b));
+  REQUIRE(b.ok());
+  emu::nic& nb = **b;
+  const std::uint64_t base_b = nb.stats().mbufs_in_use;
+  rte_mempool* pool = rte_pktmbuf_pool_create(("t_fwd2" + std::to_string(seq_no++)).c_str(), 255, 0, 0,
+                                              2048 + RTE_PKTMBUF_HEADROOM, SOCKET_ID_ANY);
+  REQUIRE(pool != nullptr);
+  rt::ec_config ec;
+  ec.name = "forward2";
+  ec.match = {0x71, 0};
+  ec.handlers = rt::handler_set(nullptr, forward_twice_ph, nullptr);
+  auto e = nb.install(ec);
+  REQUIRE(e.ok());
+  test_message m = make_message(pool, 0x71, 9, 3, 1024, false);
+  for (rte_mbuf* f : m.frames) REQUIRE(rte_ring_enqueue(c.ab, f) == 0);
+  const std::vector<rte_mbuf*> sent = take_sent(nb, c.ba, 6);
+  REQUIRE(sent.size() == 6);
+  for (std::size_t k = 0; k < 3; ++k) {
+    CAPTURE(k);
+    // First the packet itself back to rank 0, then a header mbuf and a clone to rank 2.
+    CHECK(sent[2 * k] == m.frames[k]);
+    CHECK(frame_bytes(sent[2 * k]) == forwarded_frame(m.headers[k], m.payloads[k], 1, 0));
+    CHECK(sent[2 * k + 1]->nb_segs == 2);
+    CHECK(RTE_MBUF_CLONED(sent[2 * k + 1]->next));
+    CHECK(frame_bytes(sent[2 * k + 1]) == forwarded_frame(m.headers[k], m.payloads[k], 1, 2));
+  }
+  // Each handler read its payload after both forwards: the sums of the bytes it was sent.
+  rt::host_event ev[8];
+  REQUIRE(nb.poll_events(*e, ev) == 3);
+  for (std::size_t k = 0; k < 3; ++k) {
+    std::uint64_t sum = 0;
+    for (std::byte x : m.payloads[k]) sum += static_cast<std::uint8_t>(x);
+    CHECK(ev[k].value == sum);
+  }
+  const auto s = nb.stats();
+  CHECK(s.forward_in_place == 3);
+  CHECK(s.forward_chained == 3);
+  // The clones hold the received mbufs: these go back with whichever frame is freed last.
+  for (std::size_t k = 0; k < 3; ++k) rte_pktmbuf_free(sent[2 * k]);
+  CHECK(rte_mempool_in_use_count(pool) == 3);
+  for (std::size_t k = 0; k < 3; ++k) rte_pktmbuf_free(sent[2 * k + 1]);
+  CHECK(rte_mempool_in_use_count(pool) == 0);
+  CHECK(nb.stats().mbufs_in_use == base_b);
+  b->reset();
+  rte_mempool_free(pool);
+}
+
+TEST_CASE("forwards that find the TX queue full fail with no_space, and every mbuf comes back, also from a NIC stopped with frames queued") {
+  cable c(64);
+  auto cfg = config("b", 1, c.port_b);
+  cfg.tx_ring_packets = 4;  // the port's stage
+  auto b = emu::nic::create(cfg);
+  REQUIRE(b.ok());
+  emu::nic& nb = **b;
+  rte_mempool* pool = rte_pktmbuf_pool_create(("t_fwd3" + std::to_string(seq_no++)).c_str(), 255, 0, 0,
+                                              2048 + RTE_PKTMBUF_HEADROOM, SOCKET_ID_ANY);
+  REQUIRE(pool != nullptr);
+  // The cable towards rank 0 is full: nothing b sends leaves.
+  std::vector<rte_mbuf*> filler;
+  for (;;) {
+    rte_mbuf* f = rte_pktmbuf_alloc(pool);
+    REQUIRE(f != nullptr);
+    if (rte_ring_enqueue(c.ba, f) != 0) {
+      rte_pktmbuf_free(f);
+      break;
+    }
+    filler.push_back(f);
+  }
+  rt::ec_config ec;
+  ec.name = "forward";
+  ec.match = {0x72, 0};
+  ec.handlers = rt::handler_set(nullptr, forward_ph, nullptr);
+  auto e = nb.install(ec);
+  REQUIRE(e.ok());
+  test_message m = make_message(pool, 0x72, 4, 10, 512, false);
+  for (rte_mbuf* f : m.frames) REQUIRE(rte_ring_enqueue(c.ab, f) == 0);
+  for (int i = 0; i < 20; ++i) nb.poll();
+  const auto s = nb.stats();
+  const auto& es = s.runtime.ecs.at(0);
+  CHECK(es.packets_in == 10);
+  CHECK(es.sends == 4);  // the stage's room
+  CHECK(es.send_failed == 6);
+  CHECK(s.forward_in_place == 4);
+  CHECK(s.drops[static_cast<std::size_t>(emu::nic_drop::tx_queue_full)] == 6);
+  // The failed forwards' frames went back when their handlers were done; the four queued ones
+  // are still in b's stage.
+  CHECK(rte_mempool_in_use_count(pool) == filler.size() + 4);
+  b->reset();  // stops with the four frames queued
+  CHECK(rte_mempool_in_use_count(pool) == filler.size());
+  for (rte_mbuf* f : drain_ring(c.ba)) rte_pktmbuf_free(f);
+  CHECK(rte_mempool_in_use_count(pool) == 0);
+  rte_mempool_free(pool);
+}
+
+TEST_CASE("a received frame that another holder still references is shared: handlers that write get a private copy") {
+  for (const bool read_only : {false, true}) {
+    CAPTURE(read_only);
+    cable c;
+    auto b = emu::nic::create(config("b", 1, c.port_b));
+    REQUIRE(b.ok());
+    emu::nic& nb = **b;
+    rte_mempool* pool = rte_pktmbuf_pool_create(("t_shr" + std::to_string(seq_no++)).c_str(), 255, 0, 0,
+                                                2048 + RTE_PKTMBUF_HEADROOM, SOCKET_ID_ANY);
+    REQUIRE(pool != nullptr);
+    const std::uint32_t payload = 1024;
+    std::vector<std::byte> host(2 * payload);
+    auto r = nb.register_host_memory(host);
+    REQUIRE(r.ok());
+    rt::ec_config ec;
+    ec.name = "flip";
+    ec.match = {0x73, 0};
+    // A read-only EC deposits (reads only); the other writes its packet first.
+    ec.handlers = rt::handler_set(nullptr, read_only ? nullptr : flip_deposit_ph, nullptr);
+    ec.window = rt::host_window{*r, 0, host.size()};
+    ec.limits.read_only_multicast = read_only;
+    REQUIRE(nb.install(ec).ok());
+    test_message m = make_message(pool, 0x73, 3, 2, payload, false);
+    // The test holds a second reference to each frame, as a forwarding NIC whose handler still
+    // runs would.
+    std::vector<std::vector<std::byte>> before;
+    for (rte_mbuf* f : m.frames) {
+      before.push_back(frame_bytes(f));
+      rte_mbuf_refcnt_update(f, 1);
+      REQUIRE(rte_ring_enqueue(c.ab, f) == 0);
+    }
+    for (int i = 0; i < 20; ++i) nb.poll();
+    REQUIRE(nb.quiesce(2000ms));
+    std::vector<std::byte> want;
+    for (auto& p : m.payloads) want.insert(want.end(), p.begin(), p.end());
+    if (!read_only)
+      for (std::size_t off = 0; off < want.size(); off += payload) want[off] = ~want[off];
+    CHECK(host == want);
+    for (std::size_t k = 0; k < m.frames.size(); ++k) CHECK(frame_bytes(m.frames[k]) == before[k]);  // never written
+    CHECK(nb.stats().unshared == (read_only ? 0u : 2u));
+    CHECK(rte_mempool_in_use_count(pool) == 2);  // only the test's references
+    for (rte_mbuf* f : m.frames) rte_pktmbuf_free(f);
+    CHECK(rte_mempool_in_use_count(pool) == 0);
+    b->reset();
+    rte_mempool_free(pool);
+  }
 }
 
 }  // TEST_SUITE

@@ -202,6 +202,10 @@ struct api_table {
   /// d->message_id + i); returns the copies sent or a negative error. Appended after `unlock`:
   /// `ctx::multicast` checks `size_bytes` and falls back to one `send` per destination.
   i32 (*multicast)(ctx* c, const send_desc* d, const u32* dests, u32 count);
+  /// Sends the calling handler's packet on to `dest_rank` as it is (`ctx::forward`), without
+  /// copying its payload where the NIC can. Appended after `multicast`: `ctx::forward` checks
+  /// `size_bytes` and falls back to `send`.
+  i32 (*forward)(ctx* c, u32 dest_rank);
 };
 
 /// Most destinations one `ctx::multicast` takes.
@@ -253,6 +257,7 @@ i64 spin_bpf_dma_test(ctx* c, u64 handle) SPIN_BPF_EXTERN_;
 i64 spin_bpf_dma_wait(ctx* c, u64 handle) SPIN_BPF_EXTERN_;
 i64 spin_bpf_send(ctx* c, const send_desc* d) SPIN_BPF_EXTERN_;
 i64 spin_bpf_multicast(ctx* c, const send_desc* d, const u32* dests, u64 count) SPIN_BPF_EXTERN_;
+i64 spin_bpf_forward(ctx* c, u64 dest_rank) SPIN_BPF_EXTERN_;
 i64 spin_bpf_post_event(ctx* c, u64 value) SPIN_BPF_EXTERN_;
 i64 spin_bpf_lock(ctx* c, u64 off) SPIN_BPF_EXTERN_;
 i64 spin_bpf_unlock(ctx* c, u64 off) SPIN_BPF_EXTERN_;
@@ -524,10 +529,34 @@ struct ctx {
     d.flags = flags;
     return send(d);
   }
-  /// Forwards this packet's payload unchanged (same message id, offset, index, flags and
-  /// collective fields) to `dest_rank`.
+  /// Forwards this packet unchanged (same match bits, message id, offset, index, flags and
+  /// collective fields; this NIC's rank as source) to `dest_rank`. Called from a completion
+  /// handler, which has no packet, it sends an empty packet with those fields.
+  ///
+  /// Zero copy: the NIC sends the received buffer itself. The emulator rewrites the frame's
+  /// headers in place in front of the payload when it holds the only reference to the buffer,
+  /// and otherwise (a second forward of the same packet, a multicast copy's shared payload)
+  /// chains a header mbuf in front of a clone of the payload (DPDK's indirect mbufs); it copies
+  /// only where neither is possible (an egress port that sends no chains, no mbuf for the
+  /// header). On eBPF, changes the program made to its packet before the call go with it.
+  ///
+  /// The packet after forward: this handler, and the packet's payload handler after its header
+  /// handler, may still read the payload until they return. It stays as it was: the buffer is
+  /// shared with the outgoing frame, and a NIC that receives a shared buffer gives handlers that
+  /// may write it a private copy (rt::packet::shared). The handler must not write the payload
+  /// after forward: the outgoing frame may carry the bytes from before or after such a write.
+  ///
+  /// Errors as `send`: no_space (TX queue full or no buffer; the packet is not sent and
+  /// counted), not_found (no route to `dest_rank`), out_of_bounds (payload above the MTU),
+  /// invalid_argument (the received fields do not make a valid packet), not_supported (no TX
+  /// port).
   errc forward(u32 dest_rank) {
-    send_desc d{};
+#if SPIN_BPF
+    return static_cast<errc>(spin_bpf_forward(this, dest_rank));
+#else
+    if (api->size_bytes >= __builtin_offsetof(api_table, forward) + sizeof(api->forward))
+      return static_cast<errc>(api->forward(this, dest_rank));
+    send_desc d{};  // a runtime from before forward: a send, which copies the payload
     d.size_bytes = sizeof(send_desc);
     d.dest_rank = dest_rank;
     d.match_bits = msg.match_bits;
@@ -540,6 +569,7 @@ struct ctx {
     d.packet_index = msg.packet_index;
     d.coll = coll;
     return send(d);
+#endif
   }
 
   // ---- host events --------------------------------------------------------------------------

@@ -65,8 +65,14 @@ struct nic_stats {
   /// Multicast copies (ctx::multicast) sent as a header mbuf chained to a shared clone of the
   /// payload, not as a copy of it.
   std::uint64_t multicast_shared = 0;
-  /// Received multicast copies given their own contiguous copy before their handlers ran (the
-  /// EC's handlers may write their packet: ec_limits::read_only_multicast is false).
+  /// ctx::forward frames sent as the received buffer itself, the headers rewritten in place.
+  std::uint64_t forward_in_place = 0;
+  /// ctx::forward frames sent as a header mbuf chained to a clone of the received payload (the
+  /// buffer was shared, or its headroom too small). Forwards counted in neither were copied.
+  std::uint64_t forward_chained = 0;
+  /// Received shared packets (multicast copies, frames forwarded in place whose sender still
+  /// held them) given their own contiguous copy before their handlers ran (the EC's handlers may
+  /// write their packet: ec_limits::read_only_multicast is false).
   std::uint64_t unshared = 0;
   std::uint64_t mbufs_in_use = 0;  ///< mbufs of the NIC's pools not in their pool right now
   std::uint64_t capture_frames = 0;  ///< frames written to the capture file

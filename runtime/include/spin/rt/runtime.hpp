@@ -114,8 +114,9 @@ struct ec_limits {
   /// Capacity of the EC's host event queue (events), rounded up to a power of two.
   std::uint32_t event_queue_depth = 4096;
   /// The EC's handlers never write to a packet that reached them as a multicast copy
-  /// (`ctx::multicast` of any NIC, this one included): the runtime may then run them on the copy in place,
-  /// its payload shared with the other copies (`packet::shared`). False (the default): every
+  /// (`ctx::multicast` of any NIC, this one included) or as a forwarded frame still shared
+  /// with its sender (`ctx::forward`): the runtime may then run them on the packet in place,
+  /// its payload shared with the other holders (`packet::shared`). False (the default): every
   /// packet a handler sees is its own (a shared one is copied first, counted as `unshared` in
   /// the emulator's NIC statistics). A handler of an EC that sets it and writes such a packet
   /// changes what the other copies' handlers read: set it only for handlers that provably do
@@ -176,9 +177,11 @@ struct packet {
   /// `runtime_config::unshare` before its handlers run.
   std::byte* tail = nullptr;
   std::uint32_t tail_len = 0;
-  /// The tail's bytes are shared with other packets (DPDK's indirect mbufs): only ECs whose
-  /// handlers do not write such packets (ec_limits::read_only_multicast) see them in place; any
-  /// other EC gets a private copy from `runtime_config::unshare`.
+  /// The payload's bytes are shared with other holders: the tail of a multicast copy (DPDK's
+  /// indirect mbufs), or a frame another NIC forwarded without copying (`ctx::forward`) while
+  /// the handler that forwarded it may still read it. Only ECs whose handlers do not write such
+  /// packets (ec_limits::read_only_multicast) see them in place; any other EC gets a private
+  /// copy from `runtime_config::unshare`.
   bool shared = false;
 };
 

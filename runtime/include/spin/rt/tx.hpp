@@ -42,6 +42,18 @@ public:
     }
     return sent;
   }
+  /// Transmits a packet with spin header `h` whose payload is `payload`, which lies inside the
+  /// received frame `cookie` (rt::packet::cookie) of the handler calling `ctx::forward`: the
+  /// runtime holds that frame until the packet's handlers have returned. A port that can send
+  /// the frame's own buffer (the emulator's NIC: headers rewritten in place, or a header buffer
+  /// chained in front of a reference to the payload) overrides this; it must leave the payload
+  /// bytes as they are. The default copies, through `send`. Same thread rule and errors as
+  /// `send`.
+  virtual errc forward(std::uint32_t hpu, std::uint32_t dest_rank, const wire::header& h, std::uint64_t cookie,
+                       std::span<const std::byte> payload) noexcept {
+    (void)cookie;
+    return send(hpu, dest_rank, h, payload);
+  }
 };
 
 /// In-memory TX port: each HPU appends encoded frames (wire format v1, addresses from
