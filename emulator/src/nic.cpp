@@ -239,7 +239,7 @@ struct nic::impl {
 
   std::array<counter, nic_drop_count> drops;
   counter host_messages, host_packets, host_bytes;
-  std::atomic<std::uint64_t> unshared{0};  // multicast copies given a private frame (unshare_mbuf, on any HPU's thread)
+  std::atomic<std::uint64_t> unshared{0};  // shared packets given a private frame (unshare_mbuf, on any HPU's thread)
 
   // Control path.
   std::atomic<int> ctl_waiting{0};

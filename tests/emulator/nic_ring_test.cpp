@@ -837,6 +837,56 @@ TEST_CASE("a second forward of the same packet chains a header to a clone of the
   rte_mempool_free(pool);
 }
 
+TEST_CASE("forwarding a multicast copy chains a header to a clone of its shared payload and writes nothing shared") {
+  cable c;
+  auto b = emu::nic::create(config("b", 1, c.port_b));
+  REQUIRE(b.ok());
+  emu::nic& nb = **b;
+  const std::uint64_t base_b = nb.stats().mbufs_in_use;
+  rte_mempool* pool = rte_pktmbuf_pool_create(("t_fwdmc" + std::to_string(seq_no++)).c_str(), 255, 0, 0,
+                                              2048 + RTE_PKTMBUF_HEADROOM, SOCKET_ID_ANY);
+  REQUIRE(pool != nullptr);
+  rt::ec_config ec;
+  ec.name = "forward";
+  ec.match = {0x74, 0};
+  ec.handlers = rt::handler_set(nullptr, forward_ph, nullptr);
+  ec.limits.read_only_multicast = true;  // runs on the shared payload in place
+  REQUIRE(nb.install(ec).ok());
+  // A multicast copy as another NIC sends it: a header mbuf chained to a clone of the payload,
+  // whose mbuf the test keeps (another copy's holder).
+  test_message m = make_message(pool, 0x74, 8, 1, 1024, false);
+  rte_mbuf* whole = m.frames[0];
+  rte_mbuf* payload = rte_pktmbuf_alloc(pool);
+  REQUIRE(payload != nullptr);
+  std::memcpy(rte_pktmbuf_append(payload, 1024), m.payloads[0].data(), 1024);
+  rte_mbuf* hdr = rte_pktmbuf_alloc(pool);
+  REQUIRE(hdr != nullptr);
+  const std::size_t hl = rt::wire::min_overhead;
+  std::memcpy(rte_pktmbuf_append(hdr, static_cast<std::uint16_t>(hl)), rte_pktmbuf_mtod(whole, const std::byte*), hl);
+  rte_pktmbuf_free(whole);
+  rte_mbuf* clone = rte_pktmbuf_clone(payload, pool);
+  REQUIRE(clone != nullptr);
+  REQUIRE(rte_pktmbuf_chain(hdr, clone) == 0);
+  REQUIRE(rte_ring_enqueue(c.ab, hdr) == 0);
+  const std::vector<rte_mbuf*> sent = take_sent(nb, c.ba, 1);
+  REQUIRE(sent.size() == 1);
+  CHECK(sent[0]->nb_segs == 2);
+  CHECK(RTE_MBUF_CLONED(sent[0]->next));
+  CHECK(frame_bytes(sent[0]) == forwarded_frame(m.headers[0], m.payloads[0], 1, 0));
+  CHECK(std::equal(m.payloads[0].begin(), m.payloads[0].end(), rte_pktmbuf_mtod(payload, const std::byte*)));
+  const auto s = nb.stats();
+  CHECK(s.forward_chained == 1);
+  CHECK(s.forward_in_place == 0);
+  CHECK(s.unshared == 0);
+  rte_pktmbuf_free(sent[0]);
+  CHECK(rte_mempool_in_use_count(pool) == 1);  // the payload, which the test still holds
+  rte_pktmbuf_free(payload);
+  CHECK(rte_mempool_in_use_count(pool) == 0);
+  CHECK(nb.stats().mbufs_in_use == base_b);
+  b->reset();
+  rte_mempool_free(pool);
+}
+
 TEST_CASE("forwards that find the TX queue full fail with no_space, and every mbuf comes back, also from a NIC stopped with frames queued") {
   cable c(64);
   auto cfg = config("b", 1, c.port_b);

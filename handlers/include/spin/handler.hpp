@@ -537,19 +537,22 @@ struct ctx {
   /// headers in place in front of the payload when it holds the only reference to the buffer,
   /// and otherwise (a second forward of the same packet, a multicast copy's shared payload)
   /// chains a header mbuf in front of a clone of the payload (DPDK's indirect mbufs); it copies
-  /// only where neither is possible (an egress port that sends no chains, no mbuf for the
-  /// header). On eBPF, changes the program made to its packet before the call go with it.
+  /// only where neither is possible (an egress port that sends no chains, a payload under 256
+  /// bytes that cannot go in place, no mbuf for the header). On eBPF, changes the program made
+  /// to its packet before the call go with it.
   ///
   /// The packet after forward: this handler, and the packet's payload handler after its header
   /// handler, may still read the payload until they return. It stays as it was: the buffer is
   /// shared with the outgoing frame, and a NIC that receives a shared buffer gives handlers that
-  /// may write it a private copy (rt::packet::shared). The handler must not write the payload
-  /// after forward: the outgoing frame may carry the bytes from before or after such a write.
+  /// may write it a private copy (rt::packet::shared). A native handler must not write the
+  /// payload after forward: the write races with the readers of the outgoing frame. On eBPF,
+  /// changes after a forward stay in the program's copy (they reach neither the frame nor the
+  /// packet's later handlers), and forwarding the changed packet again gives bad_state.
   ///
   /// Errors as `send`: no_space (TX queue full or no buffer; the packet is not sent and
   /// counted), not_found (no route to `dest_rank`), out_of_bounds (payload above the MTU),
   /// invalid_argument (the received fields do not make a valid packet), not_supported (no TX
-  /// port).
+  /// port); on eBPF also bad_state (the packet was changed after it was forwarded).
   errc forward(u32 dest_rank) {
 #if SPIN_BPF
     return static_cast<errc>(spin_bpf_forward(this, dest_rank));

@@ -68,7 +68,8 @@ struct nic_stats {
   /// ctx::forward frames sent as the received buffer itself, the headers rewritten in place.
   std::uint64_t forward_in_place = 0;
   /// ctx::forward frames sent as a header mbuf chained to a clone of the received payload (the
-  /// buffer was shared, or its headroom too small). Forwards counted in neither were copied.
+  /// buffer was shared, or its headroom too small). Forwards that went and are counted in
+  /// neither were copied.
   std::uint64_t forward_chained = 0;
   /// Received shared packets (multicast copies, frames forwarded in place whose sender still
   /// held them) given their own contiguous copy before their handlers ran (the EC's handlers may
