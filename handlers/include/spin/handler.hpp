@@ -553,6 +553,10 @@ struct ctx {
   /// counted), not_found (no route to `dest_rank`), out_of_bounds (payload above the MTU),
   /// invalid_argument (the received fields do not make a valid packet), not_supported (no TX
   /// port); on eBPF also bad_state (the packet was changed after it was forwarded).
+  ///
+  /// Compatibility: native code built against an older runtime's table falls back to a copying
+  /// `send`; an eBPF package that calls forward needs a runtime that binds `spin_bpf_forward`
+  /// (an older one rejects the program at load).
   errc forward(u32 dest_rank) {
 #if SPIN_BPF
     return static_cast<errc>(spin_bpf_forward(this, dest_rank));
