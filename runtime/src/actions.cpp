@@ -242,6 +242,7 @@ std::int32_t api_forward(spin::ctx* c, std::uint32_t dest_rank) {
   }
   i.t->sends.add(1);
   i.t->send_bytes.add(d.len_bytes);
+  if (i.pkt != nullptr) i.forwarded = true;
   return 0;
 }
 
@@ -318,6 +319,10 @@ std::int32_t api_unlock(spin::ctx* c, std::uint64_t off) {
 }
 
 } // namespace
+
+bool packet_forwarded(const spin::ctx* c) noexcept {
+  return static_cast<const invocation*>(c->rt)->forwarded;
+}
 
 void fill_api(api_table& api) noexcept {
   api.size_bytes = sizeof(api_table);

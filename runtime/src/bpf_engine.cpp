@@ -58,25 +58,7 @@ struct bpf_call {
   std::uint64_t len[3];
   std::uint8_t* frame;           // the received payload, copied into the bounce buffer on first use
   bool bounced;
-  bool forwarded = false;        // the packet went out by ctx::forward: its frame is shared now
 };
-
-// The packet a program on this thread last forwarded. Its frame is shared with the outgoing
-// frame, which other threads may be reading, so the program's later changes (in its bounce
-// buffer) must not be written into it, also not by the packet's next handler (its payload
-// handler after its header handler: the next run on this thread). A packet is known by its
-// frame and its place in its message; the runtime accepts a (EC, source, message, index) only
-// once while the message is open, so a frame reused for another packet never matches.
-struct forwarded_packet {
-  const std::uint8_t* frame = nullptr;
-  std::uint32_t ec = 0, source = 0, index = 0;
-  std::uint64_t message = 0;
-  bool is(const std::uint8_t* f, const spin::message_desc& m) const noexcept {
-    return frame == f && f != nullptr && ec == m.ec_id && source == m.source_rank && index == m.packet_index &&
-           message == m.message_id;
-  }
-};
-thread_local forwarded_packet tls_forwarded;
 
 struct bounce_buffer {
   std::uint8_t* data = nullptr;
@@ -193,16 +175,10 @@ SPIN_BRIDGE std::int64_t bridge_forward(spin::ctx* c, std::uint64_t dest_rank) {
   bpf_call* k = current(c);
   if (k == nullptr || dest_rank > UINT32_MAX) return bad;
   if (k->bounced && k->len[0] > 0 && std::memcmp(k->frame, k->base[0], k->len[0]) != 0) {
-    if (k->forwarded) return static_cast<std::int64_t>(errc::bad_state);
+    if (packet_forwarded(k->trusted)) return static_cast<std::int64_t>(errc::bad_state);
     std::memcpy(k->frame, k->base[0], k->len[0]);
   }
-  const std::int32_t r = k->trusted->api->forward(k->trusted, static_cast<std::uint32_t>(dest_rank));
-  if (r == 0 && k->len[0] > 0) {
-    k->forwarded = true;
-    const spin::message_desc& m = k->trusted->msg;
-    tls_forwarded = forwarded_packet{k->frame, m.ec_id, m.source_rank, m.packet_index, m.message_id};
-  }
-  return r;
+  return k->trusted->api->forward(k->trusted, static_cast<std::uint32_t>(dest_rank));
 }
 SPIN_BRIDGE std::int64_t bridge_post_event(spin::ctx* c, std::uint64_t v) {
   bpf_call* k = current(c);
@@ -290,15 +266,13 @@ std::int32_t run_bpf(const void* prog, spin::ctx* c) noexcept {
   c->packet = spin::byte_view{bb.data, len};
   bpf_call k{c, *c, {bb.data, c->handler_mem.data, c->scratch.data},
              {len, c->handler_mem.len_bytes, c->scratch.data != nullptr ? c->scratch.len_bytes : 0}, frame_view.data, false};
-  k.forwarded = tls_forwarded.is(frame_view.data, c->msg);
-  if (!k.forwarded) tls_forwarded = {};  // only the next run on the same packet may match
   tls_call = &k;
   const std::uint64_t r = p.jit != nullptr ? p.jit(&k.view) : rte_bpf_exec(p.bpf, &k.view);
   tls_call = nullptr;
   // In-place packet changes reach the received frame, as for native handlers. Only changes: a
   // payload that multicast copies share (ec_limits::read_only_multicast) is not written when
   // the program left it alone. Changes after a forward stay in the bounce buffer (above).
-  if (k.bounced && !k.forwarded && len > 0 && std::memcmp(frame_view.data, bb.data, len) != 0)
+  if (k.bounced && len > 0 && !packet_forwarded(c) && std::memcmp(frame_view.data, bb.data, len) != 0)
     std::memcpy(frame_view.data, bb.data, len);
   c->packet = frame_view;
   return static_cast<std::int32_t>(static_cast<std::int64_t>(r));

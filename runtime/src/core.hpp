@@ -186,6 +186,9 @@ struct invocation {
   const packet* pkt = nullptr;
   std::byte* payload = nullptr;
   std::uint32_t payload_len = 0;
+  // The packet went out by `forward` (in this invocation, or in its header handler when this
+  // is its payload handler): its frame is shared with the outgoing frame now.
+  bool forwarded = false;
 };
 
 /// One HPU: the run-to-completion unit. Fields are grouped by who writes them.
@@ -219,6 +222,7 @@ struct lane {
   counter tasks, busy_ns, preempted, frames, steered;
   std::vector<std::uint32_t> steer_to;  // HPUs this burst pushed frames to (wake them once)
   invocation inv;
+  bool forwarded_carry = false;  // run_header to the same packet's payload invocation: inv.forwarded
 };
 
 inline bool abort_requested(const lane* l) noexcept {

@@ -69,6 +69,8 @@ std::int32_t runtime_core::invoke(lane& l, ec& e, lane_ec& le, const handler_ref
   const message& m = le.table[msg_idx];
   spin::ctx& c = i.c;
   i.pkt = p;
+  i.forwarded = p != nullptr && l.forwarded_carry;
+  l.forwarded_carry = false;
   i.payload = p != nullptr ? payload_of(*p, payload_off) : nullptr;
   i.payload_len = p != nullptr ? payload_len : 0;
   c.packet = byte_view{reinterpret_cast<u8*>(i.payload), i.payload_len};
@@ -223,7 +225,9 @@ void runtime_core::run_header(lane& l, ec& e, lane_ec& le, std::uint32_t idx, co
   }
   if (is_pending(static_cast<ret>(r))) m.pending = true;
   if (continues(r)) {
+    l.forwarded_carry = l.inv.forwarded;  // the same packet's payload handler: invoke takes it over
     run_payload(l, e, le, idx, h, p, payload_off, len);
+    l.forwarded_carry = false;
   } else {  // proceed: the payload handlers of this packet and all later ones are skipped
     m.proceed = true;
     if (len > 0 && e.cfg.handlers.payload != nullptr) le.skipped.add(1);

@@ -404,40 +404,47 @@ TEST_CASE("native and eBPF builds of pingpong send back the same packets") {
 }
 
 TEST_CASE("an eBPF handler's changes to a packet it has forwarded stay in its own copy, and the packet cannot go again") {
-  for (const variant& v : variants) {
-    CAPTURE(std::string(v.name));
-    rt::loaded_package lp = load(std::string("reforward.") + v.package, v.exec);
-    rt::memory_tx_port tx(1, 1 << 20, 0);
-    rt::runtime_config cfg;
-    cfg.hpus = 1;
-    cfg.tx = &tx;
-    fixture f(cfg);
-    rt::ec_config c;
-    c.name = "reforward";
-    REQUIRE(lp.bind(c).ok());
-    const rt::ec_id ec = f.install(c);
-    auto pkts = message_packets(f.pool, 0, 2, 5, 300, 1024);
-    REQUIRE(pkts.size() == 1);
-    const std::byte* frame = pkts[0].frame;
-    const std::uint32_t frame_len = pkts[0].frame_len;
-    const std::vector<std::byte> before(frame, frame + frame_len);
-    REQUIRE(feed(*f.rt, pkts));
-    const std::vector<std::byte> after(frame, frame + frame_len);
-    rt::host_event ev[2];
-    REQUIRE(f.rt->poll_events(ec, ev) == 1);
-    const auto out = tx.take_frames();
-    const bool bpf = std::string(v.package) == "ebpf";
-    if (bpf) {
-      CHECK(ev[0].value == (1u | 4u));  // the first forward went, the second failed with bad_state
-      CHECK(after == before);           // the shared frame was not written
-      REQUIRE(out.size() == 1);
-    } else {
-      CHECK(ev[0].value == (1u | 2u));  // native code writes the frame itself: the rule is its own to keep
-      REQUIRE(out.size() == 2);
+  // Mode 0: forward, change, forward in the payload handler. Mode 1: the header handler
+  // forwards; the payload handler changes the packet and forwards it.
+  for (const std::uint64_t mode : {0u, 1u})
+    for (const variant& v : variants) {
+      CAPTURE(std::string(v.name));
+      CAPTURE(mode);
+      rt::loaded_package lp = load(std::string("reforward.") + v.package, v.exec);
+      rt::memory_tx_port tx(1, 1 << 20, 0);
+      rt::runtime_config cfg;
+      cfg.hpus = 1;
+      cfg.tx = &tx;
+      fixture f(cfg);
+      rt::ec_config c;
+      c.name = "reforward";
+      REQUIRE(lp.bind(c).ok());
+      const rt::ec_id ec = f.install(c);
+      std::memcpy(f.rt->handler_memory(ec).data(), &mode, sizeof mode);
+      auto pkts = message_packets(f.pool, 0, 2, 5, 300, 1024);
+      REQUIRE(pkts.size() == 1);
+      const std::byte* frame = pkts[0].frame;
+      const std::uint32_t frame_len = pkts[0].frame_len;
+      const std::vector<std::byte> before(frame, frame + frame_len);
+      REQUIRE(feed(*f.rt, pkts));
+      const std::vector<std::byte> after(frame, frame + frame_len);
+      rt::host_event ev[4];
+      const std::size_t n = f.rt->poll_events(ec, ev);
+      REQUIRE(n == (mode == 1 ? 2u : 1u));
+      if (mode == 1) CHECK(ev[0].value == 8u);  // the header handler's forward went
+      const std::uint64_t first = mode == 0 ? 1u : 0u;
+      const auto out = tx.take_frames();
+      if (std::string(v.package) == "ebpf") {
+        CHECK(ev[n - 1].value == (first | 4u));  // the forward after the change failed with bad_state
+        CHECK(after == before);                  // the shared frame was not written
+        REQUIRE(out.size() == 1);
+      } else {
+        CHECK(ev[n - 1].value == (first | 2u));  // native code writes the frame itself: the rule is its own to keep
+        REQUIRE(out.size() == 2);
+      }
+      // The first forward carried the packet as received.
+      CHECK(std::equal(before.end() - 300, before.end(), out[0].bytes.end() - 300));
     }
-    // The first forward carried the packet as received.
-    CHECK(std::equal(before.end() - 300, before.end(), out[0].bytes.end() - 300));
-  }
 }
 
 TEST_CASE("packet changes an eBPF handler makes in place are sent and reach the frame, as natively") {
