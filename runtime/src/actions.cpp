@@ -212,19 +212,9 @@ std::int32_t api_multicast(spin::ctx* c, const send_desc* d, const std::uint32_t
 std::int32_t api_forward(spin::ctx* c, std::uint32_t dest_rank) {
   invocation& i = inv_of(c);
   api_guard g(i);
-  const spin::message_desc& m = c->msg;
-  send_desc d{};
-  d.size_bytes = sizeof(send_desc);
-  d.dest_rank = dest_rank;
-  d.match_bits = m.match_bits;
-  d.message_id = m.message_id;
-  d.offset_bytes = m.offset_bytes;
-  d.message_len_bytes = m.message_len_bytes;
-  d.data = i.payload;
+  send_desc d = c->forward_desc(dest_rank);
+  d.data = i.payload;  // the frame: on eBPF c->packet is the program's bounce buffer
   d.len_bytes = i.payload_len;
-  d.flags = m.flags & (msg_start | msg_end | msg_coll);
-  d.packet_index = m.packet_index;
-  d.coll = c->coll;
   wire::header h;
   if (const errc e = send_header(i, &d, h, true); e != errc::ok) return err(i, e);
   tx_port* tx = i.rt->cfg.tx;

@@ -246,6 +246,31 @@ std::vector<rte_mbuf*> take_sent(emu::nic& n, rte_ring* r, std::size_t want) {
   return out;
 }
 
+// NIC b (rank 1) on a cable whose rank-0 end the test drives by hand (rings ab and ba), and a
+// pool for the frames the test injects. `tx_ring_packets` 0: the default stage.
+struct forward_rig {
+  cable c;
+  std::unique_ptr<emu::nic> b;
+  std::uint64_t base_b = 0;  // b's mbufs in use before the test
+  rte_mempool* pool = nullptr;
+  explicit forward_rig(unsigned ring = 1024, std::uint32_t tx_ring_packets = 0) : c(ring) {
+    auto cfg = config("b", 1, c.port_b);
+    if (tx_ring_packets != 0) cfg.tx_ring_packets = tx_ring_packets;
+    auto n = emu::nic::create(cfg);
+    REQUIRE(n.ok());
+    b = std::move(*n);
+    base_b = b->stats().mbufs_in_use;
+    pool = rte_pktmbuf_pool_create(("t_fwd" + std::to_string(seq_no++)).c_str(), 255, 0, 0, 2048 + RTE_PKTMBUF_HEADROOM,
+                                   SOCKET_ID_ANY);
+    REQUIRE(pool != nullptr);
+  }
+  // The NIC goes first: it may still hold frames of the pool.
+  ~forward_rig() {
+    b.reset();
+    if (pool != nullptr) rte_mempool_free(pool);
+  }
+};
+
 }  // namespace
 
 TEST_SUITE("emulator") {
@@ -742,14 +767,11 @@ TEST_CASE("a NIC captures what it sends and receives, and replaying the capture 
 }
 
 TEST_CASE("forward sends the received mbuf itself, headers rewritten in place, byte for byte the frame a copy would send") {
-  cable c;
-  auto b = emu::nic::create(config("b", 1, c.port_b));
-  REQUIRE(b.ok());
-  emu::nic& nb = **b;
-  const std::uint64_t base_b = nb.stats().mbufs_in_use;
-  rte_mempool* pool = rte_pktmbuf_pool_create(("t_fwd" + std::to_string(seq_no++)).c_str(), 255, 0, 0,
-                                              2048 + RTE_PKTMBUF_HEADROOM, SOCKET_ID_ANY);
-  REQUIRE(pool != nullptr);
+  forward_rig r;
+  cable& c = r.c;
+  emu::nic& nb = *r.b;
+  const std::uint64_t base_b = r.base_b;
+  rte_mempool* pool = r.pool;
   rt::ec_config ec;
   ec.name = "forward";
   ec.match = {0x70, 0};
@@ -784,19 +806,14 @@ TEST_CASE("forward sends the received mbuf itself, headers rewritten in place, b
   for (rte_mbuf* m : sent) rte_pktmbuf_free(m);
   CHECK(rte_mempool_in_use_count(pool) == 0);  // the runtime's reference went when the handler was done
   CHECK(nb.stats().mbufs_in_use == base_b);
-  b->reset();
-  rte_mempool_free(pool);
 }
 
 TEST_CASE("a second forward of the same packet chains a header to a clone of the payload, and the packet stays readable after both") {
-  cable c;
-  auto b = emu::nic::create(config("b", 1, c.port_b));
-  REQUIRE(b.ok());
-  emu::nic& nb = **b;
-  const std::uint64_t base_b = nb.stats().mbufs_in_use;
-  rte_mempool* pool = rte_pktmbuf_pool_create(("t_fwd2" + std::to_string(seq_no++)).c_str(), 255, 0, 0,
-                                              2048 + RTE_PKTMBUF_HEADROOM, SOCKET_ID_ANY);
-  REQUIRE(pool != nullptr);
+  forward_rig r;
+  cable& c = r.c;
+  emu::nic& nb = *r.b;
+  const std::uint64_t base_b = r.base_b;
+  rte_mempool* pool = r.pool;
   rt::ec_config ec;
   ec.name = "forward2";
   ec.match = {0x71, 0};
@@ -833,19 +850,14 @@ TEST_CASE("a second forward of the same packet chains a header to a clone of the
   for (std::size_t k = 0; k < 3; ++k) rte_pktmbuf_free(sent[2 * k + 1]);
   CHECK(rte_mempool_in_use_count(pool) == 0);
   CHECK(nb.stats().mbufs_in_use == base_b);
-  b->reset();
-  rte_mempool_free(pool);
 }
 
 TEST_CASE("forwarding a multicast copy chains a header to a clone of its shared payload and writes nothing shared") {
-  cable c;
-  auto b = emu::nic::create(config("b", 1, c.port_b));
-  REQUIRE(b.ok());
-  emu::nic& nb = **b;
-  const std::uint64_t base_b = nb.stats().mbufs_in_use;
-  rte_mempool* pool = rte_pktmbuf_pool_create(("t_fwdmc" + std::to_string(seq_no++)).c_str(), 255, 0, 0,
-                                              2048 + RTE_PKTMBUF_HEADROOM, SOCKET_ID_ANY);
-  REQUIRE(pool != nullptr);
+  forward_rig r;
+  cable& c = r.c;
+  emu::nic& nb = *r.b;
+  const std::uint64_t base_b = r.base_b;
+  rte_mempool* pool = r.pool;
   rt::ec_config ec;
   ec.name = "forward";
   ec.match = {0x74, 0};
@@ -883,20 +895,13 @@ TEST_CASE("forwarding a multicast copy chains a header to a clone of its shared 
   rte_pktmbuf_free(payload);
   CHECK(rte_mempool_in_use_count(pool) == 0);
   CHECK(nb.stats().mbufs_in_use == base_b);
-  b->reset();
-  rte_mempool_free(pool);
 }
 
 TEST_CASE("forwards that find the TX queue full fail with no_space, and every mbuf comes back, also from a NIC stopped with frames queued") {
-  cable c(64);
-  auto cfg = config("b", 1, c.port_b);
-  cfg.tx_ring_packets = 4;  // the port's stage
-  auto b = emu::nic::create(cfg);
-  REQUIRE(b.ok());
-  emu::nic& nb = **b;
-  rte_mempool* pool = rte_pktmbuf_pool_create(("t_fwd3" + std::to_string(seq_no++)).c_str(), 255, 0, 0,
-                                              2048 + RTE_PKTMBUF_HEADROOM, SOCKET_ID_ANY);
-  REQUIRE(pool != nullptr);
+  forward_rig r(64, 4);  // a stage of 4 frames
+  cable& c = r.c;
+  emu::nic& nb = *r.b;
+  rte_mempool* pool = r.pool;
   // The cable towards rank 0 is full: nothing b sends leaves.
   std::vector<rte_mbuf*> filler;
   for (;;) {
@@ -927,23 +932,19 @@ TEST_CASE("forwards that find the TX queue full fail with no_space, and every mb
   // The failed forwards' frames went back when their handlers were done; the four queued ones
   // are still in b's stage.
   CHECK(rte_mempool_in_use_count(pool) == filler.size() + 4);
-  b->reset();  // stops with the four frames queued
+  r.b.reset();  // stops with the four frames queued
   CHECK(rte_mempool_in_use_count(pool) == filler.size());
   for (rte_mbuf* f : drain_ring(c.ba)) rte_pktmbuf_free(f);
   CHECK(rte_mempool_in_use_count(pool) == 0);
-  rte_mempool_free(pool);
 }
 
 TEST_CASE("a received frame that another holder still references is shared: handlers that write get a private copy") {
   for (const bool read_only : {false, true}) {
     CAPTURE(read_only);
-    cable c;
-    auto b = emu::nic::create(config("b", 1, c.port_b));
-    REQUIRE(b.ok());
-    emu::nic& nb = **b;
-    rte_mempool* pool = rte_pktmbuf_pool_create(("t_shr" + std::to_string(seq_no++)).c_str(), 255, 0, 0,
-                                                2048 + RTE_PKTMBUF_HEADROOM, SOCKET_ID_ANY);
-    REQUIRE(pool != nullptr);
+    forward_rig rig;
+    cable& c = rig.c;
+    emu::nic& nb = *rig.b;
+    rte_mempool* pool = rig.pool;
     const std::uint32_t payload = 1024;
     std::vector<std::byte> host(2 * payload);
     auto r = nb.register_host_memory(host);
@@ -977,8 +978,6 @@ TEST_CASE("a received frame that another holder still references is shared: hand
     CHECK(rte_mempool_in_use_count(pool) == 2);  // only the test's references
     for (rte_mbuf* f : m.frames) rte_pktmbuf_free(f);
     CHECK(rte_mempool_in_use_count(pool) == 0);
-    b->reset();
-    rte_mempool_free(pool);
   }
 }
 

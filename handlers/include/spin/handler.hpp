@@ -563,7 +563,13 @@ struct ctx {
 #else
     if (api->size_bytes >= __builtin_offsetof(api_table, forward) + sizeof(api->forward))
       return static_cast<errc>(api->forward(this, dest_rank));
-    send_desc d{};  // a runtime from before forward: a send, which copies the payload
+    return send(forward_desc(dest_rank));  // a runtime from before forward: a send, which copies
+#endif
+  }
+  /// The packet `forward` sends, as a send descriptor: this packet's fields (`msg`, `coll`; the
+  /// start, end and collective flags) and payload, to `dest_rank`.
+  send_desc forward_desc(u32 dest_rank) const {
+    send_desc d{};
     d.size_bytes = sizeof(send_desc);
     d.dest_rank = dest_rank;
     d.match_bits = msg.match_bits;
@@ -575,8 +581,7 @@ struct ctx {
     d.flags = msg.flags & (msg_start | msg_end | msg_coll);
     d.packet_index = msg.packet_index;
     d.coll = coll;
-    return send(d);
-#endif
+    return d;
   }
 
   // ---- host events --------------------------------------------------------------------------
