@@ -2,10 +2,11 @@
 // on the I/O thread. Shared tables (regions, ECs, rings) are guarded by one mutex that is never
 // held across a NIC operation.
 #include <spin/emu/control.hpp>
-#include <spin/emu/shm.hpp>
+#include <spin/host/shm.hpp>
 #include <spin/rt/loader.hpp>
 
-#include "fd_message.hpp"
+#include <spin/host/fd_passing.hpp>
+#include <spin/host/protocol.hpp>
 
 #include <utility>  // before Asio under C++20
 
@@ -14,7 +15,6 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/thread_pool.hpp>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <array>
@@ -38,17 +38,14 @@ namespace spin::emu {
 
 namespace asio = boost::asio;
 using stream = asio::local::stream_protocol;
-using json = nlohmann::json;
+namespace proto = host::protocol;
 
 namespace {
 
-constexpr std::size_t max_fds_per_message = detail::max_passed_fds;
+constexpr std::size_t max_fds_per_message = host::detail::max_passed_fds;
 constexpr std::size_t read_chunk_bytes = 16 * 1024;
 constexpr auto pump_period = std::chrono::microseconds(100);
 constexpr std::size_t pump_burst = 256;
-constexpr std::uint64_t max_send_timeout_ms = 600'000;
-constexpr std::size_t max_name_bytes = 64;
-constexpr std::size_t max_path_bytes = 4096;
 
 std::string errno_text(int e) { return std::string(std::strerror(e)) + " (errno " + std::to_string(e) + ")"; }
 
@@ -78,116 +75,20 @@ private:
   int _fd = -1;
 };
 
-/// A request that failed validation or execution: becomes the error reply.
+/// A request that failed execution: becomes the error reply.
 struct request_error {
   errc code;
   std::string message;
 };
 
-[[noreturn]] void reject(std::string message) { throw request_error{errc::invalid_argument, std::move(message)}; }
-
-std::string pow2_text(std::uint64_t v) {
-  if (v == std::numeric_limits<std::uint64_t>::max()) return "2^64-1";
-  return std::to_string(v);
-}
-
-/// Reads the fields of one JSON object, checking types and ranges, and at the end that no key
-/// was left unread (unknown keys are errors).
-class fields {
-public:
-  fields(const json& j, std::string where) : _j(j), _where(std::move(where)) {
-    if (!_j.is_object()) reject(_where + " must be a JSON object");
-  }
-
-  std::uint64_t u64(const char* key, std::uint64_t lo, std::uint64_t hi) {
-    const json* v = find(key);
-    if (v == nullptr) reject("missing field " + name(key));
-    return as_u64(*v, key, lo, hi);
-  }
-  std::optional<std::uint64_t> opt_u64(const char* key, std::uint64_t lo, std::uint64_t hi) {
-    const json* v = find(key);
-    if (v == nullptr) return std::nullopt;
-    return as_u64(*v, key, lo, hi);
-  }
-  std::string str(const char* key, std::size_t max_bytes) {
-    const json* v = find(key);
-    if (v == nullptr) reject("missing field " + name(key));
-    if (!v->is_string()) reject("field " + name(key) + " must be a string");
-    const auto& s = v->get_ref<const std::string&>();
-    if (s.empty() || s.size() > max_bytes)
-      reject("field " + name(key) + " must have 1.." + std::to_string(max_bytes) + " bytes");
-    for (unsigned char c : s)
-      if (c < 0x20 || c == 0x7f) reject("field " + name(key) + " contains a control character");
-    return s;
-  }
-  std::optional<std::string> opt_str(const char* key, std::size_t max_bytes) {
-    if (find(key) == nullptr) return std::nullopt;
-    return str(key, max_bytes);
-  }
-  bool opt_bool(const char* key, bool dflt) {
-    const json* v = find(key);
-    if (v == nullptr) return dflt;
-    if (!v->is_boolean()) reject("field " + name(key) + " must be true or false");
-    return v->get<bool>();
-  }
-  /// A nested object (null when absent and optional).
-  const json* obj(const char* key, bool required) {
-    const json* v = find(key);
-    if (v == nullptr) {
-      if (required) reject("missing field " + name(key));
-      return nullptr;
-    }
-    if (!v->is_object()) reject("field " + name(key) + " must be a JSON object");
-    return v;
-  }
-  std::string name(const char* key) const { return "'" + (_where.empty() ? std::string() : _where + ".") + key + "'"; }
-  const std::string& where() const { return _where; }
-
-  /// Fails on any key that was not read.
-  void done() const {
-    for (auto it = _j.begin(); it != _j.end(); ++it)
-      if (!_used.contains(it.key())) {
-        std::string k = it.key();
-        if (k.size() > 64) k = k.substr(0, 64) + "...";
-        reject("unknown field " + name(k.c_str()));
-      }
-  }
-
-private:
-  const json* find(const char* key) {
-    _used.insert(key);
-    auto it = _j.find(key);
-    return it == _j.end() ? nullptr : &*it;
-  }
-  std::uint64_t as_u64(const json& v, const char* key, std::uint64_t lo, std::uint64_t hi) const {
-    const std::string range = " must be an integer in " + std::to_string(lo) + ".." + pow2_text(hi);
-    if (v.is_number_unsigned()) {
-      const auto x = v.get<std::uint64_t>();
-      if (x < lo || x > hi) reject("field " + name(key) + range + ", not " + std::to_string(x));
-      return x;
-    }
-    if (v.is_number_integer()) reject("field " + name(key) + range + ", not " + std::to_string(v.get<std::int64_t>()));
-    reject("field " + name(key) + range);
-  }
-
-  const json& _j;
-  std::string _where;
-  std::set<std::string, std::less<>> _used;
-};
-
 /// A reply on its way out: the JSON line and, for "events", a file descriptor to pass.
 struct reply {
-  json body;
+  std::string line;  ///< without its newline
   unique_fd fd;
   bool close_after = false;  ///< close the connection once sent (oversize line, refused peer)
   bool stop_after = false;   ///< run on_stop once sent
 };
 
-json error_body(const json& id, errc code, const std::string& message) {
-  return json{{"id", id}, {"ok", false}, {"error", {{"code", errc_name(code)}, {"message", message}}}};
-}
-
-std::string dump_line(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n"; }
 
 } // namespace
 
@@ -244,7 +145,7 @@ private:
   struct region_entry {
     std::uint32_t node;
     rt::region_id id;
-    shm_region map;
+    host::shm_region map;
     std::uint64_t owner;  ///< session; 0: orphan (kept for a persistent EC's window)
   };
   struct ec_entry {
@@ -256,7 +157,7 @@ private:
   struct ring_entry {
     std::uint32_t node;
     rt::ec_id ec;
-    event_ring_producer ring;
+    host::event_ring_producer ring;
     std::uint64_t owner;
   };
 
@@ -274,8 +175,8 @@ private:
 
   // Workers.
   reply handle(std::uint64_t session, const std::string& line, std::vector<unique_fd> fds, bool fds_truncated);
-  json execute(std::uint64_t session, const std::string& op, fields& f, std::vector<unique_fd>& fds, reply& r);
-  nic_control& node_of(fields& f, std::uint32_t& index);
+  proto::reply execute(std::uint64_t session, const proto::request& req, std::vector<unique_fd>& fds, reply& r);
+  nic_control& node_of(std::uint32_t index);
   void release_session(std::uint64_t session);
   void retry_orphans(std::uint32_t node);
   void forget_ec(std::uint32_t node, rt::ec_id ec);
@@ -437,8 +338,8 @@ void control_server_impl::on_accept(stream::socket s) {
   _nconn = _conns.size();
   if (refuse) {
     auto r = std::make_shared<reply>();
-    r->body = error_body(nullptr, refuse->first, refuse->second);
-    if (refuse->first == errc::not_supported) r->body["error"]["code"] = "permission";
+    r->line = proto::encode_error(std::nullopt, refuse->first == errc::not_supported ? "permission" : errc_name(refuse->first),
+                                  refuse->second);
     r->close_after = true;
     c->busy = true;
     send_reply(c, std::move(r));
@@ -459,7 +360,7 @@ void control_server_impl::on_readable(const conn_ptr& c) {
   std::array<char, read_chunk_bytes> buf;
   std::vector<int> got;
   fd_batch batch;
-  const ssize_t n = detail::recv_with_fds(c->sock.native_handle(), buf, got, batch.truncated, MSG_DONTWAIT);
+  const ssize_t n = host::detail::recv_with_fds(c->sock.native_handle(), buf, got, batch.truncated, MSG_DONTWAIT);
   for (int fd : got) batch.fds.emplace_back(fd);  // owned from here, closed on every path
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return start_read(c);
   if (n < 0) return close_conn(c);
@@ -481,8 +382,8 @@ void control_server_impl::process_next(const conn_ptr& c) {
   const std::size_t limit = _opts.max_request_bytes;
   if ((nl == std::string::npos && c->in.size() > limit) || (nl != std::string::npos && nl > limit)) {
     auto r = std::make_shared<reply>();
-    r->body = error_body(nullptr, errc::invalid_argument,
-                         "request line longer than " + std::to_string(limit) + " bytes; closing the connection");
+    r->line = proto::encode_error(std::nullopt, errc_name(errc::invalid_argument),
+                                  "request line longer than " + std::to_string(limit) + " bytes; closing the connection");
     r->close_after = true;
     c->busy = true;
     c->in.clear();
@@ -518,7 +419,7 @@ void control_server_impl::process_next(const conn_ptr& c) {
 
 void control_server_impl::send_reply(const conn_ptr& c, std::shared_ptr<reply> r) {
   if (c->closed) return;
-  auto bytes = std::make_shared<std::string>(dump_line(r->body));
+  auto bytes = std::make_shared<std::string>(r->line + "\n");
   write_some(c, std::move(r), std::move(bytes), 0);
 }
 
@@ -528,7 +429,7 @@ void control_server_impl::write_some(const conn_ptr& c, std::shared_ptr<reply> r
   while (done < bytes->size()) {
     const int fd = r->fd.get();
     const std::span<const int> fds = done == 0 && fd >= 0 ? std::span<const int>(&fd, 1) : std::span<const int>();
-    const ssize_t n = detail::send_with_fds(c->sock.native_handle(), bytes->data() + done, bytes->size() - done, fds,
+    const ssize_t n = host::detail::send_with_fds(c->sock.native_handle(), bytes->data() + done, bytes->size() - done, fds,
                                             MSG_DONTWAIT | MSG_NOSIGNAL);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
       c->sock.async_wait(stream::socket::wait_write, [this, c, r, bytes, done](const boost::system::error_code& ec) {
@@ -599,102 +500,79 @@ void control_server_impl::pump() {
 reply control_server_impl::handle(std::uint64_t session, const std::string& line, std::vector<unique_fd> fds,
                                   bool fds_truncated) {
   reply r;
-  json id = nullptr;
+  std::optional<std::uint64_t> id;
+  auto fail_with = [&](errc code, const std::string& message) {
+    r.line = proto::encode_error(id, errc_name(code), message);
+    r.fd.reset();
+    r.stop_after = false;
+  };
   try {
-    json req;
-    try {
-      req = json::parse(line);
-    } catch (const json::exception& e) {
-      reject(std::string("request is not valid JSON (UTF-8): ") + e.what());
+    auto req = proto::decode_request(line, id);
+    if (!req) {
+      fail_with(req.err().code, req.err().message);
+      return r;
     }
-    if (!req.is_object()) reject("request must be a JSON object");
-    if (auto it = req.find("id"); it != req.end() && it->is_number_integer()) id = *it;
-    fields f(req, "");
-    (void)f.u64("id", 0, std::numeric_limits<std::int64_t>::max());
-    const std::string op = f.str("op", 32);
-    if (fds_truncated) reject("more than " + std::to_string(max_fds_per_message) + " file descriptors with one request");
-    json body = execute(session, op, f, fds, r);
-    body["id"] = id;
-    body["ok"] = true;
-    r.body = std::move(body);
+    if (fds_truncated) {
+      fail_with(errc::invalid_argument, "more than " + std::to_string(max_fds_per_message) + " file descriptors with one request");
+      return r;
+    }
+    const std::size_t want = proto::fds_of(req->req);
+    if (fds.size() != want) {
+      fail_with(errc::invalid_argument, "'" + std::string(proto::op_name(req->req)) + "' takes " + std::to_string(want) +
+                                            " file descriptor" + (want == 1 ? "" : "s") + ", the request carried " +
+                                            std::to_string(fds.size()));
+      return r;
+    }
+    auto body = proto::encode_reply(req->id, execute(session, req->req, fds, r));
+    if (!body) {
+      fail_with(body.err().code, body.err().message);
+      return r;
+    }
+    r.line = std::move(body.value());
   } catch (const request_error& e) {
-    r.body = error_body(id, e.code, e.message);
-    r.fd.reset();
-    r.stop_after = false;
+    fail_with(e.code, e.message);
   } catch (const std::exception& e) {  // allocation failure and the like: the request fails
-    r.body = error_body(id, errc::no_memory, std::string("request failed: ") + e.what());
-    r.fd.reset();
-    r.stop_after = false;
+    fail_with(errc::no_memory, std::string("request failed: ") + e.what());
   }
   return r;  // unused descriptors close with `fds`
 }
 
-nic_control& control_server_impl::node_of(fields& f, std::uint32_t& index) {
-  const std::uint64_t n = f.u64("node", 0, std::numeric_limits<std::uint32_t>::max());
-  if (n >= _opts.nodes.size())
-    throw request_error{errc::not_found, "node " + std::to_string(n) + " does not exist (" +
+nic_control& control_server_impl::node_of(std::uint32_t index) {
+  if (index >= _opts.nodes.size())
+    throw request_error{errc::not_found, "node " + std::to_string(index) + " does not exist (" +
                                              std::to_string(_opts.nodes.size()) + " nodes)"};
-  index = static_cast<std::uint32_t>(n);
   return *_opts.nodes[index];
 }
 
 namespace {
 [[noreturn]] void pass(const error& e) { throw request_error{e.code, e.message}; }
-
-void expect_fds(const std::vector<unique_fd>& fds, std::size_t n, const std::string& op) {
-  if (fds.size() != n)
-    reject("'" + op + "' takes " + std::to_string(n) + " file descriptor" + (n == 1 ? "" : "s") + ", the request carried " +
-           std::to_string(fds.size()));
-}
 } // namespace
 
-json control_server_impl::execute(std::uint64_t session, const std::string& op, fields& f, std::vector<unique_fd>& fds,
-                                  reply& r) {
-  constexpr std::uint64_t u32_max = std::numeric_limits<std::uint32_t>::max();
-  constexpr std::uint64_t u64_max = std::numeric_limits<std::uint64_t>::max();
-  json out = json::object();
-
-  if (op == "hello") {
-    f.done();
-    expect_fds(fds, 0, op);
-    out["protocol"] = control_protocol_version;
-    out["server"] = "spin-emu";
-    out["nodes"] = _opts.nodes.size();
-    return out;
-  }
-  if (op == "nodes") {
-    f.done();
-    expect_fds(fds, 0, op);
-    json list = json::array();
+proto::reply control_server_impl::execute(std::uint64_t session, const proto::request& req, std::vector<unique_fd>& fds,
+                                          reply& r) {
+  if (std::holds_alternative<proto::hello>(req))
+    return proto::hello_reply{proto::version, "spin-emu", static_cast<std::uint32_t>(_opts.nodes.size())};
+  if (std::holds_alternative<proto::nodes>(req)) {
+    proto::nodes_reply out;
     for (std::size_t i = 0; i < _opts.nodes.size(); ++i)
-      list.push_back({{"node", i},
-                      {"name", _opts.nodes[i]->name()},
-                      {"rank", _opts.nodes[i]->rank()},
-                      {"max_payload_bytes", _opts.nodes[i]->max_payload_bytes()}});
-    out["nodes"] = std::move(list);
+      out.nodes.push_back({static_cast<std::uint32_t>(i), _opts.nodes[i]->name(), _opts.nodes[i]->rank(),
+                           _opts.nodes[i]->max_payload_bytes()});
     return out;
   }
-  if (op == "register") {
-    std::uint32_t node;
-    nic_control& nic = node_of(f, node);
-    const std::uint64_t bytes = f.u64("bytes", 1, std::uint64_t{1} << 46);
-    f.done();
-    expect_fds(fds, 1, op);
-    auto map = shm_region::map_fd(fds[0].get(), static_cast<std::size_t>(bytes));
+  if (const auto* q = std::get_if<proto::register_memory>(&req)) {
+    nic_control& nic = node_of(q->node);
+    auto map = host::shm_region::map_fd(fds[0].get(), static_cast<std::size_t>(q->bytes));
     if (!map) pass(map.err());
     auto id = nic.register_host_memory(map->span());
     if (!id) pass(id.err());
     std::lock_guard lk(_mu);
-    _regions.push_back(std::make_unique<region_entry>(region_entry{node, *id, std::move(map.value()), session}));
-    out["region"] = *id;
-    return out;
+    _regions.push_back(std::make_unique<region_entry>(region_entry{q->node, *id, std::move(map.value()), session}));
+    return proto::register_reply{*id};
   }
-  if (op == "unregister") {
-    std::uint32_t node;
-    nic_control& nic = node_of(f, node);
-    const auto region = static_cast<rt::region_id>(f.u64("region", 0, u32_max));
-    f.done();
-    expect_fds(fds, 0, op);
+  if (const auto* q = std::get_if<proto::unregister_memory>(&req)) {
+    nic_control& nic = node_of(q->node);
+    const std::uint32_t node = q->node;
+    const rt::region_id region = q->region;
     {
       std::lock_guard lk(_mu);
       if (std::none_of(_regions.begin(), _regions.end(), [&](const auto& e) { return e->node == node && e->id == region; }))
@@ -704,111 +582,50 @@ json control_server_impl::execute(std::uint64_t session, const std::string& op, 
     if (auto res = nic.unregister_host_memory(region); !res) pass(res.err());
     std::lock_guard lk(_mu);
     std::erase_if(_regions, [&](const auto& e) { return e->node == node && e->id == region; });
-    return out;
+    return proto::done{};
   }
-  if (op == "install") {
-    std::uint32_t node;
-    nic_control& nic = node_of(f, node);
-    const std::string package = f.str("package", max_path_bytes);
+  if (const auto* q = std::get_if<proto::install>(&req)) {
+    nic_control& nic = node_of(q->node);
+    if (q->package.front() != '/') throw request_error{errc::invalid_argument, "field 'package' must be an absolute path"};
     rt::ec_config cfg;
-    cfg.name = f.str("name", max_name_bytes);
-    {
-      fields m(*f.obj("match", true), "match");
-      cfg.match.bits = m.u64("bits", 0, u64_max);
-      cfg.match.ignore_mask = m.u64("ignore_mask", 0, u64_max);
-      m.done();
-    }
-    const auto handler_mem = f.opt_u64("handler_mem_bytes", 0, std::uint64_t{1} << 40);
-    const auto scratchpad = f.opt_u64("scratchpad_bytes", 0, std::uint64_t{1} << 40);
-    if (const json* w = f.obj("window", false)) {
-      fields wf(*w, "window");
-      rt::host_window win;
-      win.region = static_cast<rt::region_id>(wf.u64("region", 0, u32_max));
-      win.offset_bytes = wf.u64("offset_bytes", 0, u64_max);
-      win.len_bytes = wf.u64("len_bytes", 0, u64_max);
-      wf.done();
-      cfg.window = win;
-    }
-    if (const json* l = f.obj("limits", false)) {
-      fields lf(*l, "limits");
-      using mx = rt::ec_limits_max;
-      auto& lim = cfg.limits;
-      lim.max_messages = static_cast<std::uint32_t>(lf.opt_u64("max_messages", 1, mx::messages).value_or(lim.max_messages));
-      lim.retired_history =
-          static_cast<std::uint32_t>(lf.opt_u64("retired_history", 1, mx::retired_history).value_or(lim.retired_history));
-      lim.window_packets =
-          static_cast<std::uint32_t>(lf.opt_u64("window_packets", 1, mx::window_packets).value_or(lim.window_packets));
-      lim.max_parked_packets =
-          static_cast<std::uint32_t>(lf.opt_u64("max_parked_packets", 1, mx::parked_packets).value_or(lim.max_parked_packets));
-      const auto budget_max = static_cast<std::uint64_t>(mx::handler_budget.count());
-      if (auto b = lf.opt_u64("handler_budget_ns", 1, budget_max)) lim.handler_budget = std::chrono::nanoseconds(*b);
-      lim.event_queue_depth =
-          static_cast<std::uint32_t>(lf.opt_u64("event_queue_depth", 1, mx::event_queue_depth).value_or(lim.event_queue_depth));
-      lim.read_only_multicast = lf.opt_bool("read_only_multicast", lim.read_only_multicast);
-      lf.done();
-    }
+    cfg.name = q->name;
+    cfg.match = q->match;
+    cfg.window = q->window;
+    cfg.limits = q->limits;
+    cfg.scratchpad = q->scratchpad;
+    cfg.handler_mem_bytes = q->handler_mem_bytes.value_or(0);
+    cfg.scratchpad_bytes = q->scratchpad_bytes.value_or(0);
     rt::load_options lo;
-    if (auto b = f.opt_str("bpf", 16)) {
-      if (*b == "jit")
-        lo.bpf = rt::bpf_exec::jit;
-      else if (*b == "interpreter")
-        lo.bpf = rt::bpf_exec::interpreter;
-      else
-        reject("field 'bpf' must be \"jit\" or \"interpreter\"");
-    }
-    if (auto sc = f.opt_str("scratchpad", 16)) {
-      if (*sc == "zeroed")
-        cfg.scratchpad = rt::scratchpad_init::zeroed;
-      else if (*sc == "undefined")
-        cfg.scratchpad = rt::scratchpad_init::undefined;
-      else
-        reject("field 'scratchpad' must be \"zeroed\" or \"undefined\"");
-    }
-    const bool persist = f.opt_bool("persist", false);
-    f.done();
-    expect_fds(fds, 0, op);
-    if (package.front() != '/') reject("field 'package' must be an absolute path");
-    cfg.handler_mem_bytes = handler_mem.value_or(0);
-    cfg.scratchpad_bytes = scratchpad.value_or(0);
-
-    auto lp = rt::load_package_file(package, lo);
+    lo.bpf = q->bpf;
+    auto lp = rt::load_package_file(q->package, lo);
     if (!lp) pass(lp.err());
     if (auto b = lp->bind(cfg); !b) pass(b.err());
     auto ec = nic.install(cfg);
     if (!ec) pass(ec.err());
     std::lock_guard lk(_mu);
-    _ecs.push_back(ec_entry{node, *ec, persist, session});
-    out["ec"] = *ec;
-    return out;
+    _ecs.push_back(ec_entry{q->node, *ec, q->persist, session});
+    return proto::install_reply{*ec};
   }
-  if (op == "uninstall") {
-    std::uint32_t node;
-    nic_control& nic = node_of(f, node);
-    const auto ec = static_cast<rt::ec_id>(f.u64("ec", 0, u32_max));
-    f.done();
-    expect_fds(fds, 0, op);
-    if (auto res = nic.uninstall(ec); !res) pass(res.err());
-    forget_ec(node, ec);
-    retry_orphans(node);
-    return out;
+  if (const auto* q = std::get_if<proto::uninstall>(&req)) {
+    nic_control& nic = node_of(q->node);
+    if (auto res = nic.uninstall(q->ec); !res) pass(res.err());
+    forget_ec(q->node, q->ec);
+    retry_orphans(q->node);
+    return proto::done{};
   }
-  if (op == "events") {
-    std::uint32_t node;
-    nic_control& nic = node_of(f, node);
-    const auto ec = static_cast<rt::ec_id>(f.u64("ec", 0, u32_max));
-    const auto capacity = static_cast<std::uint32_t>(f.u64("capacity", 1, event_ring_layout::max_capacity));
-    f.done();
-    expect_fds(fds, 0, op);
+  if (const auto* q = std::get_if<proto::open_events>(&req)) {
+    nic_control& nic = node_of(q->node);
+    const std::uint32_t node = q->node;
+    const rt::ec_id ec = q->ec;
     const auto st = nic.runtime_stats();
     if (std::none_of(st.ecs.begin(), st.ecs.end(), [&](const rt::ec_stats& s) { return s.ec_id == ec; }))
       throw request_error{errc::not_found, "EC " + std::to_string(ec) + " is not installed on node " + std::to_string(node)};
-    auto ring = event_ring_producer::create(capacity);
+    auto ring = host::event_ring_producer::create(q->capacity);
     if (!ring) pass(ring.err());
     const int dup = ::fcntl(ring->region().fd(), F_DUPFD_CLOEXEC, 0);
     if (dup < 0) throw request_error{errc::no_memory, "events: dup: " + errno_text(errno)};
     unique_fd passed(dup);
-    out["capacity"] = ring->capacity();
-    out["bytes"] = ring->region().size_bytes();
+    proto::events_reply out{ring->capacity(), ring->region().size_bytes()};
     {
       std::lock_guard lk(_mu);
       if (std::any_of(_rings.begin(), _rings.end(), [&](const auto& e) { return e->node == node && e->ec == ec; }))
@@ -820,54 +637,36 @@ json control_server_impl::execute(std::uint64_t session, const std::string& op, 
     kick_pump();
     return out;
   }
-  if (op == "close_events") {
-    std::uint32_t node;
-    (void)node_of(f, node);
-    const auto ec = static_cast<rt::ec_id>(f.u64("ec", 0, u32_max));
-    f.done();
-    expect_fds(fds, 0, op);
+  if (const auto* q = std::get_if<proto::close_events>(&req)) {
+    (void)node_of(q->node);
     std::lock_guard lk(_mu);
-    if (std::erase_if(_rings, [&](const auto& e) { return e->node == node && e->ec == ec; }) == 0)
-      throw request_error{errc::not_found, "EC " + std::to_string(ec) + " of node " + std::to_string(node) + " has no event ring"};
-    return out;
+    if (std::erase_if(_rings, [&](const auto& e) { return e->node == q->node && e->ec == q->ec; }) == 0)
+      throw request_error{errc::not_found, "EC " + std::to_string(q->ec) + " of node " + std::to_string(q->node) +
+                                               " has no event ring"};
+    return proto::done{};
   }
-  if (op == "send") {
-    std::uint32_t node;
-    nic_control& nic = node_of(f, node);
+  if (const auto* q = std::get_if<proto::send>(&req)) {
+    nic_control& nic = node_of(q->node);
     message_send m;
-    m.dest_rank = static_cast<std::uint32_t>(f.u64("dest_rank", 0, u32_max));
-    m.match_bits = f.u64("match_bits", 0, u64_max);
-    m.message_id = f.u64("message_id", 0, u64_max);
-    m.region = static_cast<rt::region_id>(f.u64("region", 0, u32_max));
-    m.offset_bytes = f.u64("offset_bytes", 0, u64_max);
-    m.len_bytes = f.u64("len_bytes", 0, u64_max);
-    const auto timeout = std::chrono::milliseconds(f.u64("timeout_ms", 0, max_send_timeout_ms));
-    f.done();
-    expect_fds(fds, 0, op);
-    if (auto res = nic.send(m, timeout); !res) pass(res.err());
+    m.dest_rank = q->dest_rank;
+    m.match_bits = q->match_bits;
+    m.message_id = q->message_id;
+    m.region = q->region;
+    m.offset_bytes = q->offset_bytes;
+    m.len_bytes = q->len_bytes;
+    if (auto res = nic.send(m, q->timeout); !res) pass(res.err());
+    return proto::done{};
+  }
+  if (std::holds_alternative<proto::stats>(req)) {
+    proto::stats_reply out;
+    for (std::size_t i = 0; i < _opts.nodes.size(); ++i)
+      out.nodes.push_back({static_cast<std::uint32_t>(i), _opts.nodes[i]->name(), _opts.nodes[i]->rank(),
+                           _opts.nodes[i]->stats_json()});
     return out;
   }
-  if (op == "stats") {
-    f.done();
-    expect_fds(fds, 0, op);
-    json list = json::array();
-    for (std::size_t i = 0; i < _opts.nodes.size(); ++i) {
-      json s = json::parse(_opts.nodes[i]->stats_json(), nullptr, false);
-      if (s.is_discarded())
-        throw request_error{errc::bad_state, "node " + std::to_string(i) + " returned statistics that are not JSON"};
-      list.push_back({{"node", i}, {"name", _opts.nodes[i]->name()}, {"rank", _opts.nodes[i]->rank()}, {"stats", std::move(s)}});
-    }
-    out["stats"] = std::move(list);
-    return out;
-  }
-  if (op == "stop") {
-    f.done();
-    expect_fds(fds, 0, op);
-    r.stop_after = true;
-    return out;
-  }
-  std::string shown = op;
-  reject("unknown op '" + shown + "'");
+  // stop
+  r.stop_after = true;
+  return proto::done{};
 }
 
 void control_server_impl::forget_ec(std::uint32_t node, rt::ec_id ec) {

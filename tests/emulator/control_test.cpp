@@ -2,7 +2,6 @@
 // nic_control whose sends are wire frames fed back into the destination runtime, so that a
 // message a host sends really runs handlers, DMAs into shared memory and posts events.
 #include <spin/emu/control.hpp>
-#include <spin/emu/shm.hpp>
 #include <spin/host/host.hpp>
 #include <spin/rt/runtime.hpp>
 #include <spin/rt/stats.hpp>

@@ -56,6 +56,7 @@
 #pragma once
 
 #include <spin/emu/nic_control.hpp>
+#include <spin/host/protocol.hpp>
 #include <spin/rt/result.hpp>
 
 #include <chrono>
@@ -72,7 +73,7 @@
 namespace spin::emu {
 
 /// Version of the control protocol this server speaks ("hello" returns it).
-inline constexpr int control_protocol_version = 1;
+inline constexpr int control_protocol_version = host::protocol::version;
 
 /// How a control server is built.
 struct server_options {

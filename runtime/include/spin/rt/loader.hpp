@@ -18,12 +18,6 @@
 
 namespace spin::rt {
 
-/// How eBPF handlers execute.
-enum class bpf_exec {
-  jit,         ///< rte_bpf's x86-64 JIT; load fails with not_supported when the JIT is unavailable
-  interpreter, ///< rte_bpf_exec, DPDK's interpreter
-};
-
 /// Options of load_package.
 struct load_options {
   bpf_exec bpf = bpf_exec::jit;  ///< ignored for native packages

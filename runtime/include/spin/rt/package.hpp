@@ -33,6 +33,13 @@ enum class package_target : std::uint32_t {
   ebpf = 2,          ///< BPF ELF object, run by DPDK's rte_bpf (JIT or interpreter)
 };
 
+/// How the eBPF handlers of a package execute (a choice of the loader, rt/loader.hpp; here so
+/// that the host client can name it without linking the loader).
+enum class bpf_exec {
+  jit,         ///< rte_bpf's x86-64 JIT; load fails with not_supported when the JIT is unavailable
+  interpreter, ///< rte_bpf_exec, DPDK's interpreter
+};
+
 /// "x86_64" or "ebpf" (the manifest's spelling).
 std::string_view to_string(package_target t);
 

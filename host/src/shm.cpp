@@ -1,4 +1,4 @@
-#include <spin/emu/shm.hpp>
+#include <spin/host/shm.hpp>
 
 #include <atomic>
 #include <bit>
@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-namespace spin::emu {
+namespace spin::host {
 
 namespace {
 
@@ -246,4 +246,4 @@ std::uint64_t event_ring_consumer::dropped() const noexcept {
   return load_shared(_region.span().data(), event_ring_layout::dropped_offset, std::memory_order_relaxed);
 }
 
-} // namespace spin::emu
+} // namespace spin::host

@@ -1,5 +1,5 @@
 // One line of the control protocol with file descriptors attached (SCM_RIGHTS): shared by the
-// control server (control.cpp) and the host library (host.cpp).
+// control server (emulator/src/control.cpp) and the host client (host/src/client.cpp).
 #pragma once
 
 #include <array>
@@ -11,7 +11,7 @@
 #include <sys/socket.h>
 #include <sys/types.h>
 
-namespace spin::emu::detail {
+namespace spin::host::detail {
 
 /// Most descriptors one message carries, in either direction.
 inline constexpr std::size_t max_passed_fds = 16;
@@ -63,4 +63,4 @@ inline ssize_t recv_with_fds(int sock, std::span<char> buf, std::vector<int>& fd
   return n;
 }
 
-}  // namespace spin::emu::detail
+}  // namespace spin::host::detail

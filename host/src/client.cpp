@@ -1,8 +1,7 @@
 #include <spin/host/host.hpp>
 
-#include "fd_message.hpp"
-
-#include <nlohmann/json.hpp>
+#include <spin/host/fd_passing.hpp>
+#include <spin/host/protocol.hpp>
 
 #include <algorithm>
 #include <array>
@@ -20,12 +19,12 @@
 
 namespace spin::host {
 
-using json = nlohmann::json;
+namespace proto = protocol;
 
 namespace {
 
 constexpr std::size_t max_reply_bytes = 64 * 1024 * 1024;
-constexpr std::size_t max_fds = emu::detail::max_passed_fds;
+constexpr std::size_t max_fds = detail::max_passed_fds;
 
 std::string errno_text(int e) { return std::string(std::strerror(e)) + " (errno " + std::to_string(e) + ")"; }
 
@@ -34,15 +33,6 @@ void close_all(std::vector<int>& fds) {
     if (fd >= 0) ::close(fd);
   fds.clear();
 }
-
-errc errc_from_name(const std::string& name) {
-  for (int v = 0; v >= -13; --v)
-    if (name == errc_name(static_cast<errc>(v))) return static_cast<errc>(v);
-  if (name == "permission") return errc::not_supported;
-  return errc::bad_state;
-}
-
-std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 } // namespace
 
@@ -102,12 +92,11 @@ result<client> client::connect(const std::string& socket_path) {
     return fail(e == ENOENT ? errc::not_found : errc::bad_state, "connect to '" + socket_path + "': " + errno_text(e));
   }
   client c(fd);
-  auto hello = c.call(json{{"op", "hello"}}, {}, std::chrono::milliseconds(0), nullptr);
+  auto hello = c.call<proto::hello_reply>(proto::hello{});
   if (!hello) return hello.err();
-  const json& h = *hello;
-  if (!h.contains("protocol") || h["protocol"] != 1)
-    return fail(errc::bad_state, "'" + socket_path + "' speaks control protocol " + dump(h.value("protocol", json())) +
-                                     ", this library speaks 1");
+  if (hello->protocol != proto::version)
+    return fail(errc::bad_state, "'" + socket_path + "' speaks control protocol " + std::to_string(hello->protocol) +
+                                     ", this library speaks " + std::to_string(proto::version));
   return c;
 }
 
@@ -120,7 +109,7 @@ result<client::reply_line> client::exchange(const std::string& line, std::span<c
   const std::string out = line + "\n";
   std::size_t done = 0;
   while (done < out.size()) {
-    const ssize_t n = emu::detail::send_with_fds(_fd, out.data() + done, out.size() - done,
+    const ssize_t n = detail::send_with_fds(_fd, out.data() + done, out.size() - done,
                                                  done == 0 ? fds : std::span<const int>(), MSG_NOSIGNAL);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EPIPE || errno == ECONNRESET)) break;  // the server may have replied before closing
@@ -153,7 +142,7 @@ result<client::reply_line> client::exchange(const std::string& line, std::span<c
     if (pr <= 0) continue;
     std::array<char, 16 * 1024> buf;
     bool truncated = false;
-    const ssize_t n = emu::detail::recv_with_fds(_fd, buf, r.fds, truncated, MSG_DONTWAIT);
+    const ssize_t n = detail::recv_with_fds(_fd, buf, r.fds, truncated, MSG_DONTWAIT);
     if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
     if (n <= 0) {
       const int e = n < 0 ? errno : 0;
@@ -171,66 +160,46 @@ result<client::reply_line> client::exchange(const std::string& line, std::span<c
   }
 }
 
-template <class Json>
-result<Json> client::call(Json req, std::span<const int> fds, std::chrono::milliseconds extra, std::vector<int>* fds_out) {
+template <class R>
+result<R> client::call(const protocol::request& req, std::span<const int> fds, std::chrono::milliseconds extra,
+                       std::vector<int>* fds_out) {
   const std::uint64_t id = _next_id++;
-  req["id"] = id;
-  auto line = exchange(dump(req), fds, extra);
+  auto line = exchange(proto::encode_request(id, req), fds, extra);
   if (!line) return line.err();
   std::vector<int> got = std::move(line->fds);
-  json rep = json::parse(line->text, nullptr, false);
-  if (rep.is_discarded() || !rep.is_object() || !rep.contains("ok") || !rep["ok"].is_boolean()) {
-    close_all(got);
-    return fail(errc::bad_state, "control reply is not a protocol object: " + line->text.substr(0, 200));
-  }
-  if (!rep["ok"].get<bool>()) {
-    close_all(got);
-    const json& e = rep.value("error", json::object());
-    const std::string code = e.is_object() && e.contains("code") && e["code"].is_string() ? e["code"].get<std::string>() : "";
-    const std::string msg =
-        e.is_object() && e.contains("message") && e["message"].is_string() ? e["message"].get<std::string>() : line->text;
-    return fail(errc_from_name(code), msg);
-  }
-  if (!rep.contains("id") || rep["id"] != id) {
+  bool other_id = false;
+  auto rep = proto::decode_reply<R>(line->text, id, other_id);
+  if (other_id) {
     close_all(got);
     close_fd();
-    return fail(errc::bad_state, "control reply for another request (id " + dump(rep.value("id", json())) + ", expected " +
-                                     std::to_string(id) + "); connection closed");
+    return fail(rep.err().code, rep.err().message + "; connection closed");
   }
-  if (fds_out != nullptr)
-    *fds_out = std::move(got);
-  else
+  if (!rep.ok() || fds_out == nullptr)
     close_all(got);
+  else
+    *fds_out = std::move(got);
   return rep;
 }
 
 result<std::vector<node_info>> client::nodes() {
-  auto rep = call(json{{"op", "nodes"}}, {}, std::chrono::milliseconds(0), nullptr);
+  auto rep = call<proto::nodes_reply>(proto::nodes{});
   if (!rep) return rep.err();
   std::vector<node_info> out;
-  try {
-    for (const auto& n : rep->at("nodes"))
-      out.push_back(node_info{n.at("node").get<std::uint32_t>(), n.at("name").get<std::string>(), n.at("rank").get<std::uint32_t>(),
-                              n.at("max_payload_bytes").get<std::uint32_t>()});
-  } catch (const json::exception& e) {
-    return fail(errc::bad_state, std::string("malformed 'nodes' reply: ") + e.what());
-  }
+  for (const auto& n : rep->nodes) out.push_back(node_info{n.node, n.name, n.rank, n.max_payload_bytes});
   return out;
 }
 
 result<memory> client::alloc_memory(std::uint32_t node, std::size_t bytes) {
-  auto map = emu::shm_region::create("spin-host-memory", bytes);
+  auto map = shm_region::create("spin-host-memory", bytes);
   if (!map) return map.err();
   const int fd = map->fd();
-  auto rep = call(json{{"op", "register"}, {"node", node}, {"bytes", bytes}}, std::span(&fd, 1), std::chrono::milliseconds(0), nullptr);
+  auto rep = call<proto::register_reply>(proto::register_memory{node, bytes}, std::span(&fd, 1));
   if (!rep) return rep.err();
-  if (!rep->contains("region") || !(*rep)["region"].is_number_unsigned())
-    return fail(errc::bad_state, "malformed 'register' reply: " + dump(*rep));
-  return memory(std::move(map.value()), node, (*rep)["region"].get<rt::region_id>());
+  return memory(std::move(map.value()), node, rep->region);
 }
 
 result<void> client::free_memory(memory& m) {
-  auto rep = call(json{{"op", "unregister"}, {"node", m._node}, {"region", m._region}}, {}, std::chrono::milliseconds(0), nullptr);
+  auto rep = call<proto::done>(proto::unregister_memory{m._node, m._region});
   if (!rep) return rep.err();
   m = memory();
   return {};
@@ -240,58 +209,48 @@ result<ec> client::install(std::uint32_t node, const install_options& o) {
   std::error_code fec;
   const std::string path = std::filesystem::absolute(o.package, fec).string();
   if (fec) return fail(errc::invalid_argument, "package path '" + o.package + "': " + fec.message());
-  json req{{"op", "install"},
-           {"node", node},
-           {"package", path},
-           {"name", o.name},
-           {"match", {{"bits", o.match.bits}, {"ignore_mask", o.match.ignore_mask}}},
-           {"limits",
-            {{"max_messages", o.limits.max_messages},
-             {"retired_history", o.limits.retired_history},
-             {"window_packets", o.limits.window_packets},
-             {"max_parked_packets", o.limits.max_parked_packets},
-             {"handler_budget_ns", o.limits.handler_budget.count()},
-             {"event_queue_depth", o.limits.event_queue_depth},
-             {"read_only_multicast", o.limits.read_only_multicast}}},
-           {"bpf", o.bpf == rt::bpf_exec::jit ? "jit" : "interpreter"},
-           {"persist", o.life == lifetime::persist}};
-  if (o.handler_mem_bytes != 0) req["handler_mem_bytes"] = o.handler_mem_bytes;
-  if (o.scratchpad_bytes != 0) req["scratchpad_bytes"] = o.scratchpad_bytes;
-  if (o.scratchpad == rt::scratchpad_init::undefined) req["scratchpad"] = "undefined";
-  if (o.window)
-    req["window"] = {{"region", o.window->region}, {"offset_bytes", o.window->offset_bytes}, {"len_bytes", o.window->len_bytes}};
-  auto rep = call(std::move(req), {}, std::chrono::milliseconds(0), nullptr);
+  proto::install req;
+  req.node = node;
+  req.package = path;
+  req.name = o.name;
+  req.match = o.match;
+  req.limits = o.limits;
+  req.bpf = o.bpf;
+  req.persist = o.life == lifetime::persist;
+  if (o.handler_mem_bytes != 0) req.handler_mem_bytes = o.handler_mem_bytes;
+  if (o.scratchpad_bytes != 0) req.scratchpad_bytes = o.scratchpad_bytes;
+  req.scratchpad = o.scratchpad;
+  req.window = o.window;
+  auto rep = call<proto::install_reply>(std::move(req));
   if (!rep) return rep.err();
-  if (!rep->contains("ec") || !(*rep)["ec"].is_number_unsigned())
-    return fail(errc::bad_state, "malformed 'install' reply: " + dump(*rep));
-  return ec{node, (*rep)["ec"].get<rt::ec_id>()};
+  return ec{node, rep->ec};
 }
 
 result<void> client::uninstall(const ec& e) {
-  auto rep = call(json{{"op", "uninstall"}, {"node", e.node}, {"ec", e.id}}, {}, std::chrono::milliseconds(0), nullptr);
+  auto rep = call<proto::done>(proto::uninstall{e.node, e.id});
   if (!rep) return rep.err();
   return {};
 }
 
 result<event_queue> client::open_events(const ec& e, std::uint32_t capacity) {
   std::vector<int> fds;
-  auto rep = call(json{{"op", "events"}, {"node", e.node}, {"ec", e.id}, {"capacity", capacity}}, {}, std::chrono::milliseconds(0), &fds);
+  auto rep = call<proto::events_reply>(proto::open_events{e.node, e.id, capacity}, {}, std::chrono::milliseconds(0), &fds);
   if (!rep) return rep.err();
-  if (fds.size() != 1 || !rep->contains("bytes") || !(*rep)["bytes"].is_number_unsigned()) {
+  if (fds.size() != 1) {
     close_all(fds);
-    (void)call(json{{"op", "close_events"}, {"node", e.node}, {"ec", e.id}}, {}, std::chrono::milliseconds(0), nullptr);
-    return fail(errc::bad_state, "'events' reply without its ring descriptor or size");
+    (void)call<proto::done>(proto::close_events{e.node, e.id});
+    return fail(errc::bad_state, "'events' reply without its ring descriptor");
   }
-  auto map = emu::shm_region::map_fd(fds[0], (*rep)["bytes"].get<std::size_t>());
+  auto map = shm_region::map_fd(fds[0], static_cast<std::size_t>(rep->bytes));
   close_all(fds);
   if (!map) return map.err();
-  auto ring = emu::event_ring_consumer::attach(std::move(map.value()));
+  auto ring = event_ring_consumer::attach(std::move(map.value()));
   if (!ring) return ring.err();
   return event_queue(std::move(ring.value()), e);
 }
 
 result<void> client::close_events(const ec& e) {
-  auto rep = call(json{{"op", "close_events"}, {"node", e.node}, {"ec", e.id}}, {}, std::chrono::milliseconds(0), nullptr);
+  auto rep = call<proto::done>(proto::close_events{e.node, e.id});
   if (!rep) return rep.err();
   return {};
 }
@@ -299,29 +258,20 @@ result<void> client::close_events(const ec& e) {
 result<void> client::send(std::uint32_t node, const message& m) {
   if (m.timeout.count() < 0 || m.timeout > std::chrono::minutes(10))
     return fail(errc::invalid_argument, "send timeout must be 0..600000 ms");
-  auto rep = call(json{{"op", "send"},
-                       {"node", node},
-                       {"dest_rank", m.dest_rank},
-                       {"match_bits", m.match_bits},
-                       {"message_id", m.message_id},
-                       {"region", m.region},
-                       {"offset_bytes", m.offset_bytes},
-                       {"len_bytes", m.len_bytes},
-                       {"timeout_ms", m.timeout.count()}},
-                  {}, m.timeout, nullptr);
+  auto rep = call<proto::done>(
+      proto::send{node, m.dest_rank, m.match_bits, m.message_id, m.region, m.offset_bytes, m.len_bytes, m.timeout}, {}, m.timeout);
   if (!rep) return rep.err();
   return {};
 }
 
 result<std::string> client::stats_json() {
-  auto rep = call(json{{"op", "stats"}}, {}, std::chrono::milliseconds(0), nullptr);
+  auto rep = call<proto::stats_reply>(proto::stats{});
   if (!rep) return rep.err();
-  if (!rep->contains("stats")) return fail(errc::bad_state, "malformed 'stats' reply");
-  return dump((*rep)["stats"]);
+  return proto::stats_array_json(*rep);
 }
 
 result<void> client::stop_emulator() {
-  auto rep = call(json{{"op", "stop"}}, {}, std::chrono::milliseconds(0), nullptr);
+  auto rep = call<proto::done>(proto::stop{});
   if (!rep) return rep.err();
   return {};
 }

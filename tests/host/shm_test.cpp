@@ -1,6 +1,6 @@
 // Shared memory regions and the event ring: what both sides see, wrap-around, drops when full,
 // and a producer that stays inside its mapping whatever the (untrusted) shared header says.
-#include <spin/emu/shm.hpp>
+#include <spin/host/shm.hpp>
 
 #include <doctest/doctest.h>
 
@@ -14,8 +14,8 @@
 #include <unistd.h>
 
 using namespace spin;
-using namespace spin::emu;
-namespace L = spin::emu::event_ring_layout;
+using namespace spin::host;
+namespace L = spin::host::event_ring_layout;
 
 namespace {
 

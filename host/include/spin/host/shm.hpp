@@ -18,7 +18,7 @@
 #include <span>
 #include <string>
 
-namespace spin::emu {
+namespace spin::host {
 
 /// A shared memory file mapped read-write (MAP_SHARED). Move-only; unmaps and closes its file
 /// descriptor on destruction. An object may be used from any thread; the bytes it maps follow
@@ -165,4 +165,4 @@ private:
   std::uint64_t _tail = 0;
 };
 
-} // namespace spin::emu
+} // namespace spin::host

@@ -9,8 +9,9 @@
 // carries the server's errc and message ("permission" refusals arrive as errc::not_supported).
 #pragma once
 
-#include <spin/emu/shm.hpp>
-#include <spin/rt/loader.hpp>
+#include <spin/host/protocol.hpp>
+#include <spin/host/shm.hpp>
+#include <spin/rt/package.hpp>
 #include <spin/rt/result.hpp>
 #include <spin/rt/runtime.hpp>
 
@@ -48,8 +49,8 @@ public:
 
 private:
   friend class client;
-  memory(emu::shm_region m, std::uint32_t node, rt::region_id region) : _map(std::move(m)), _node(node), _region(region) {}
-  emu::shm_region _map;
+  memory(shm_region m, std::uint32_t node, rt::region_id region) : _map(std::move(m)), _node(node), _region(region) {}
+  shm_region _map;
   std::uint32_t _node = 0;
   rt::region_id _region = 0;
 };
@@ -114,8 +115,8 @@ public:
 
 private:
   friend class client;
-  event_queue(emu::event_ring_consumer c, host::ec e) : _ring(std::move(c)), _ec(e) {}
-  std::optional<emu::event_ring_consumer> _ring;
+  event_queue(event_ring_consumer c, host::ec e) : _ring(std::move(c)), _ec(e) {}
+  std::optional<event_ring_consumer> _ring;
   host::ec _ec;
 };
 
@@ -192,9 +193,11 @@ private:
   /// Sends `line` (plus newline) with `fds` and reads one reply line with the descriptors that
   /// came with it, waiting up to the reply timeout plus `extra`.
   result<reply_line> exchange(const std::string& line, std::span<const int> fds, std::chrono::milliseconds extra);
-  /// Builds a request with a fresh id, exchanges it and checks the reply: ok, or its error.
-  template <class Json> result<Json> call(Json req, std::span<const int> fds, std::chrono::milliseconds extra,
-                                          std::vector<int>* fds_out);
+  /// Sends `req` with a fresh id, reads its reply and decodes it as R: the result, or the
+  /// server's error. A reply to another request closes the connection.
+  template <class R> result<R> call(const protocol::request& req, std::span<const int> fds = {},
+                                    std::chrono::milliseconds extra = std::chrono::milliseconds(0),
+                                    std::vector<int>* fds_out = nullptr);
   void close_fd() noexcept;
   int _fd = -1;
   std::uint64_t _next_id = 1;

@@ -1,0 +1,198 @@
+// The control protocol of spin-emu as C++ values: every request and reply, and the one place
+// where their JSON is written and read. The client (spin/host/host.hpp) encodes requests and
+// decodes replies with it; the server (spin/emu/control.hpp, whose header comment is the
+// protocol's reference) decodes requests and encodes replies with it. Neither spells a key.
+//
+// Wire form (version 1): newline-delimited JSON, one object per line (the line is given and
+// returned here without its newline). Requests {"id": <0..2^63-1>, "op": "<name>", ...fields};
+// replies {"id": <same>, "ok": true, ...results} or {"id": <same or null>, "ok": false, "error":
+// {"code": "<spin::errc name or 'permission'>", "message": "..."}}.
+//
+// Validation (decode_request): a line is checked completely before anything happens: not UTF-8
+// JSON, not an object, an unknown op, an unknown or missing key, a value of the wrong type or
+// out of range: invalid_argument with a message naming the field. Semantic checks that need the
+// server's state (does node 3 exist, is the path a package) are the server's.
+//
+// Thread safety: every function is pure and may be called from any thread.
+#pragma once
+
+#include <spin/rt/package.hpp>
+#include <spin/rt/result.hpp>
+#include <spin/rt/runtime.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+namespace spin::host::protocol {
+
+/// The version "hello" reports; a client refuses any other.
+inline constexpr int version = 1;
+/// Longest EC name (bytes).
+inline constexpr std::size_t max_name_bytes = 64;
+/// Longest package path (bytes).
+inline constexpr std::size_t max_path_bytes = 4096;
+/// Longest send timeout (ms).
+inline constexpr std::uint64_t max_send_timeout_ms = 600'000;
+/// Largest registered region (bytes).
+inline constexpr std::uint64_t max_region_bytes = std::uint64_t{1} << 46;
+
+// ---- requests -------------------------------------------------------------------------------
+
+/// "hello": the server's protocol version and node count.
+struct hello {};
+/// "nodes": the NICs the server controls.
+struct nodes {};
+/// "register": `bytes` bytes of the memory file passed with the request (1 descriptor).
+struct register_memory {
+  std::uint32_t node = 0;
+  std::uint64_t bytes = 0;  ///< 1..2^46
+};
+/// "unregister".
+struct unregister_memory {
+  std::uint32_t node = 0;
+  rt::region_id region = 0;
+};
+/// "install": an EC from the package file at `package` (an absolute path).
+struct install {
+  std::uint32_t node = 0;
+  std::string package;  ///< 1..max_path_bytes bytes, no control characters
+  std::string name;     ///< 1..max_name_bytes bytes, no control characters
+  rt::match_rule match;
+  std::optional<std::uint64_t> handler_mem_bytes;  ///< absent: what the package declares
+  std::optional<std::uint64_t> scratchpad_bytes;   ///< absent: what the package declares
+  std::optional<rt::host_window> window;
+  rt::ec_limits limits;  ///< every field travels; absent fields decode as the defaults
+  rt::scratchpad_init scratchpad = rt::scratchpad_init::zeroed;
+  rt::bpf_exec bpf = rt::bpf_exec::jit;
+  bool persist = false;  ///< outlives the connection
+};
+/// "uninstall".
+struct uninstall {
+  std::uint32_t node = 0;
+  rt::ec_id ec = 0;
+};
+/// "events": opens the EC's event ring (the reply passes its memory file).
+struct open_events {
+  std::uint32_t node = 0;
+  rt::ec_id ec = 0;
+  std::uint32_t capacity = 0;  ///< events, 1..2^24, rounded up to a power of two
+};
+/// "close_events".
+struct close_events {
+  std::uint32_t node = 0;
+  rt::ec_id ec = 0;
+};
+/// "send": `len_bytes` bytes of region `region` from `offset_bytes`.
+struct send {
+  std::uint32_t node = 0;
+  std::uint32_t dest_rank = 0;
+  std::uint64_t match_bits = 0;
+  std::uint64_t message_id = 0;
+  rt::region_id region = 0;
+  std::uint64_t offset_bytes = 0;
+  std::uint64_t len_bytes = 0;
+  std::chrono::milliseconds timeout{0};  ///< 0..max_send_timeout_ms
+};
+/// "stats": every node's counters.
+struct stats {};
+/// "stop": the server stops after its reply.
+struct stop {};
+
+/// Any request.
+using request = std::variant<hello, nodes, register_memory, unregister_memory, install, uninstall, open_events,
+                             close_events, send, stats, stop>;
+
+/// The request's "op" ("hello", "register", ...).
+const char* op_name(const request& r) noexcept;
+/// File descriptors the request carries (1 for register, else 0).
+std::size_t fds_of(const request& r) noexcept;
+
+/// The request line (no newline) with id `id` (at most 2^63-1).
+std::string encode_request(std::uint64_t id, const request& r);
+
+/// A decoded request line.
+struct decoded_request {
+  std::uint64_t id = 0;
+  request req;
+};
+/// Decodes and validates a request line. On error, `id_out` holds the request's id when it had
+/// a usable one (for the error reply). Errors: invalid_argument (see the header comment).
+result<decoded_request> decode_request(std::string_view line, std::optional<std::uint64_t>& id_out);
+
+// ---- replies --------------------------------------------------------------------------------
+
+/// Reply of "hello".
+struct hello_reply {
+  int protocol = version;
+  std::string server = "spin-emu";
+  std::uint32_t nodes = 0;
+};
+/// One NIC of "nodes".
+struct node_entry {
+  std::uint32_t node = 0;
+  std::string name;
+  std::uint32_t rank = 0;
+  std::uint32_t max_payload_bytes = 0;
+};
+/// Reply of "nodes".
+struct nodes_reply {
+  std::vector<node_entry> nodes;
+};
+/// Reply of "register".
+struct register_reply {
+  rt::region_id region = 0;
+};
+/// Reply of "install".
+struct install_reply {
+  rt::ec_id ec = 0;
+};
+/// Reply of "events" (the ring's memory file travels with it).
+struct events_reply {
+  std::uint32_t capacity = 0;
+  std::uint64_t bytes = 0;  ///< size of the ring's memory file
+};
+/// One node's counters in "stats".
+struct node_stats {
+  std::uint32_t node = 0;
+  std::string name;
+  std::uint32_t rank = 0;
+  std::string stats_json;  ///< the NIC's statistics object (nic_control::stats_json)
+};
+/// Reply of "stats".
+struct stats_reply {
+  std::vector<node_stats> nodes;
+};
+/// The stats as one JSON array of {node, name, rank, stats} (what client::stats_json returns).
+std::string stats_array_json(const stats_reply& r);
+/// Reply of an operation that returns nothing but success.
+struct done {};
+
+/// Any successful reply.
+using reply = std::variant<done, hello_reply, nodes_reply, register_reply, install_reply, events_reply, stats_reply>;
+
+/// The success reply line for request id `id`. Errors: bad_state (a node's stats_json is not
+/// JSON).
+result<std::string> encode_reply(std::uint64_t id, const reply& r);
+/// The error reply line; `id` empty when the request had no usable id. `code` is an errc name
+/// or "permission".
+std::string encode_error(std::optional<std::uint64_t> id, std::string_view code, std::string_view message);
+/// The error reply line for `e`.
+std::string encode_error(std::optional<std::uint64_t> id, const error& e);
+
+/// A decoded reply line of the request with id `expected_id`, whose success reply is of type R
+/// (done, hello_reply, ...). Errors: the server's error (its errc; "permission" becomes
+/// not_supported, an unknown code bad_state), bad_state (not a protocol object, a malformed
+/// result); `other_id` is set when the line answers another request (the connection is then
+/// out of step).
+template <class R> result<R> decode_reply(std::string_view line, std::uint64_t expected_id, bool& other_id);
+
+/// The errc with name `name` ("permission": not_supported; unknown: bad_state).
+errc errc_from_name(std::string_view name) noexcept;
+
+} // namespace spin::host::protocol

@@ -1,0 +1,455 @@
+// The control protocol's JSON: the only file that spells its keys (spin/host/protocol.hpp).
+#include <spin/host/protocol.hpp>
+
+#include <spin/host/shm.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <limits>
+#include <set>
+
+namespace spin::host::protocol {
+
+using json = nlohmann::json;
+
+namespace {
+
+constexpr std::uint64_t u32_max = std::numeric_limits<std::uint32_t>::max();
+constexpr std::uint64_t u64_max = std::numeric_limits<std::uint64_t>::max();
+constexpr std::uint64_t id_max = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+
+/// A request that failed validation.
+struct invalid {
+  std::string message;
+};
+[[noreturn]] void reject(std::string message) { throw invalid{std::move(message)}; }
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+std::string max_text(std::uint64_t v) { return v == u64_max ? "2^64-1" : std::to_string(v); }
+
+/// Reads the fields of one JSON object, checking types and ranges, and at the end that no key
+/// was left unread (unknown keys are errors).
+class fields {
+public:
+  fields(const json& j, std::string where) : _j(j), _where(std::move(where)) {
+    if (!_j.is_object()) reject(_where + " must be a JSON object");
+  }
+  std::uint64_t u64(const char* key, std::uint64_t lo, std::uint64_t hi) {
+    const json* v = find(key);
+    if (v == nullptr) reject("missing field " + name(key));
+    return as_u64(*v, key, lo, hi);
+  }
+  std::uint32_t u32(const char* key) { return static_cast<std::uint32_t>(u64(key, 0, u32_max)); }
+  std::optional<std::uint64_t> opt_u64(const char* key, std::uint64_t lo, std::uint64_t hi) {
+    const json* v = find(key);
+    if (v == nullptr) return std::nullopt;
+    return as_u64(*v, key, lo, hi);
+  }
+  std::string str(const char* key, std::size_t max_bytes) {
+    const json* v = find(key);
+    if (v == nullptr) reject("missing field " + name(key));
+    if (!v->is_string()) reject("field " + name(key) + " must be a string");
+    const auto& s = v->get_ref<const std::string&>();
+    if (s.empty() || s.size() > max_bytes) reject("field " + name(key) + " must have 1.." + std::to_string(max_bytes) + " bytes");
+    for (unsigned char c : s)
+      if (c < 0x20 || c == 0x7f) reject("field " + name(key) + " contains a control character");
+    return s;
+  }
+  std::optional<std::string> opt_str(const char* key, std::size_t max_bytes) {
+    if (find(key) == nullptr) return std::nullopt;
+    return str(key, max_bytes);
+  }
+  bool opt_bool(const char* key, bool dflt) {
+    const json* v = find(key);
+    if (v == nullptr) return dflt;
+    if (!v->is_boolean()) reject("field " + name(key) + " must be true or false");
+    return v->get<bool>();
+  }
+  /// A nested object (null when absent and optional).
+  const json* obj(const char* key, bool required) {
+    const json* v = find(key);
+    if (v == nullptr) {
+      if (required) reject("missing field " + name(key));
+      return nullptr;
+    }
+    if (!v->is_object()) reject("field " + name(key) + " must be a JSON object");
+    return v;
+  }
+  /// Fails on any key that was not read.
+  void done() const {
+    for (auto it = _j.begin(); it != _j.end(); ++it)
+      if (!_used.contains(it.key())) {
+        std::string k = it.key();
+        if (k.size() > 64) k = k.substr(0, 64) + "...";
+        reject("unknown field " + name(k.c_str()));
+      }
+  }
+
+private:
+  std::string name(const char* key) const { return "'" + (_where.empty() ? std::string() : _where + ".") + key + "'"; }
+  const json* find(const char* key) {
+    _used.insert(key);
+    auto it = _j.find(key);
+    return it == _j.end() ? nullptr : &*it;
+  }
+  std::uint64_t as_u64(const json& v, const char* key, std::uint64_t lo, std::uint64_t hi) const {
+    const std::string range = " must be an integer in " + std::to_string(lo) + ".." + max_text(hi);
+    if (v.is_number_unsigned()) {
+      const auto x = v.get<std::uint64_t>();
+      if (x < lo || x > hi) reject("field " + name(key) + range + ", not " + std::to_string(x));
+      return x;
+    }
+    if (v.is_number_integer()) reject("field " + name(key) + range + ", not " + std::to_string(v.get<std::int64_t>()));
+    reject("field " + name(key) + range);
+  }
+
+  const json& _j;
+  std::string _where;
+  std::set<std::string, std::less<>> _used;
+};
+
+// ---- each request: its op, its fields both ways ----------------------------------------------
+
+template <class R> struct op_of;
+template <> struct op_of<hello> { static constexpr const char* name = "hello"; };
+template <> struct op_of<nodes> { static constexpr const char* name = "nodes"; };
+template <> struct op_of<register_memory> { static constexpr const char* name = "register"; };
+template <> struct op_of<unregister_memory> { static constexpr const char* name = "unregister"; };
+template <> struct op_of<install> { static constexpr const char* name = "install"; };
+template <> struct op_of<uninstall> { static constexpr const char* name = "uninstall"; };
+template <> struct op_of<open_events> { static constexpr const char* name = "events"; };
+template <> struct op_of<close_events> { static constexpr const char* name = "close_events"; };
+template <> struct op_of<send> { static constexpr const char* name = "send"; };
+template <> struct op_of<stats> { static constexpr const char* name = "stats"; };
+template <> struct op_of<stop> { static constexpr const char* name = "stop"; };
+
+void put(json&, const hello&) {}
+void put(json&, const nodes&) {}
+void put(json&, const stats&) {}
+void put(json&, const stop&) {}
+void put(json& j, const register_memory& r) {
+  j["node"] = r.node;
+  j["bytes"] = r.bytes;
+}
+void put(json& j, const unregister_memory& r) {
+  j["node"] = r.node;
+  j["region"] = r.region;
+}
+void put(json& j, const install& r) {
+  j["node"] = r.node;
+  j["package"] = r.package;
+  j["name"] = r.name;
+  j["match"] = {{"bits", r.match.bits}, {"ignore_mask", r.match.ignore_mask}};
+  const auto& l = r.limits;
+  j["limits"] = {{"max_messages", l.max_messages},
+                 {"retired_history", l.retired_history},
+                 {"window_packets", l.window_packets},
+                 {"max_parked_packets", l.max_parked_packets},
+                 {"handler_budget_ns", l.handler_budget.count()},
+                 {"event_queue_depth", l.event_queue_depth},
+                 {"read_only_multicast", l.read_only_multicast}};
+  j["bpf"] = r.bpf == rt::bpf_exec::jit ? "jit" : "interpreter";
+  j["persist"] = r.persist;
+  if (r.handler_mem_bytes) j["handler_mem_bytes"] = *r.handler_mem_bytes;
+  if (r.scratchpad_bytes) j["scratchpad_bytes"] = *r.scratchpad_bytes;
+  if (r.scratchpad == rt::scratchpad_init::undefined) j["scratchpad"] = "undefined";
+  if (r.window)
+    j["window"] = {{"region", r.window->region}, {"offset_bytes", r.window->offset_bytes}, {"len_bytes", r.window->len_bytes}};
+}
+void put(json& j, const uninstall& r) {
+  j["node"] = r.node;
+  j["ec"] = r.ec;
+}
+void put(json& j, const open_events& r) {
+  j["node"] = r.node;
+  j["ec"] = r.ec;
+  j["capacity"] = r.capacity;
+}
+void put(json& j, const close_events& r) {
+  j["node"] = r.node;
+  j["ec"] = r.ec;
+}
+void put(json& j, const send& r) {
+  j["node"] = r.node;
+  j["dest_rank"] = r.dest_rank;
+  j["match_bits"] = r.match_bits;
+  j["message_id"] = r.message_id;
+  j["region"] = r.region;
+  j["offset_bytes"] = r.offset_bytes;
+  j["len_bytes"] = r.len_bytes;
+  j["timeout_ms"] = r.timeout.count();
+}
+
+void get(fields&, hello&) {}
+void get(fields&, nodes&) {}
+void get(fields&, stats&) {}
+void get(fields&, stop&) {}
+void get(fields& f, register_memory& r) {
+  r.node = f.u32("node");
+  r.bytes = f.u64("bytes", 1, max_region_bytes);
+}
+void get(fields& f, unregister_memory& r) {
+  r.node = f.u32("node");
+  r.region = f.u32("region");
+}
+void get(fields& f, install& r) {
+  r.node = f.u32("node");
+  r.package = f.str("package", max_path_bytes);
+  r.name = f.str("name", max_name_bytes);
+  {
+    fields m(*f.obj("match", true), "match");
+    r.match.bits = m.u64("bits", 0, u64_max);
+    r.match.ignore_mask = m.u64("ignore_mask", 0, u64_max);
+    m.done();
+  }
+  r.handler_mem_bytes = f.opt_u64("handler_mem_bytes", 0, std::uint64_t{1} << 40);
+  r.scratchpad_bytes = f.opt_u64("scratchpad_bytes", 0, std::uint64_t{1} << 40);
+  if (const json* w = f.obj("window", false)) {
+    fields wf(*w, "window");
+    rt::host_window win;
+    win.region = wf.u32("region");
+    win.offset_bytes = wf.u64("offset_bytes", 0, u64_max);
+    win.len_bytes = wf.u64("len_bytes", 0, u64_max);
+    wf.done();
+    r.window = win;
+  }
+  if (const json* l = f.obj("limits", false)) {
+    fields lf(*l, "limits");
+    using mx = rt::ec_limits_max;
+    auto& lim = r.limits;
+    auto u32_in = [&](const char* key, std::uint32_t hi, std::uint32_t dflt) {
+      return static_cast<std::uint32_t>(lf.opt_u64(key, 1, hi).value_or(dflt));
+    };
+    lim.max_messages = u32_in("max_messages", mx::messages, lim.max_messages);
+    lim.retired_history = u32_in("retired_history", mx::retired_history, lim.retired_history);
+    lim.window_packets = u32_in("window_packets", mx::window_packets, lim.window_packets);
+    lim.max_parked_packets = u32_in("max_parked_packets", mx::parked_packets, lim.max_parked_packets);
+    const auto budget_max = static_cast<std::uint64_t>(mx::handler_budget.count());
+    if (auto b = lf.opt_u64("handler_budget_ns", 1, budget_max)) lim.handler_budget = std::chrono::nanoseconds(*b);
+    lim.event_queue_depth = u32_in("event_queue_depth", mx::event_queue_depth, lim.event_queue_depth);
+    lim.read_only_multicast = lf.opt_bool("read_only_multicast", lim.read_only_multicast);
+    lf.done();
+  }
+  if (auto b = f.opt_str("bpf", 16)) {
+    if (*b == "jit")
+      r.bpf = rt::bpf_exec::jit;
+    else if (*b == "interpreter")
+      r.bpf = rt::bpf_exec::interpreter;
+    else
+      reject("field 'bpf' must be \"jit\" or \"interpreter\"");
+  }
+  if (auto sc = f.opt_str("scratchpad", 16)) {
+    if (*sc == "zeroed")
+      r.scratchpad = rt::scratchpad_init::zeroed;
+    else if (*sc == "undefined")
+      r.scratchpad = rt::scratchpad_init::undefined;
+    else
+      reject("field 'scratchpad' must be \"zeroed\" or \"undefined\"");
+  }
+  r.persist = f.opt_bool("persist", false);
+}
+void get(fields& f, uninstall& r) {
+  r.node = f.u32("node");
+  r.ec = f.u32("ec");
+}
+void get(fields& f, open_events& r) {
+  r.node = f.u32("node");
+  r.ec = f.u32("ec");
+  r.capacity = static_cast<std::uint32_t>(f.u64("capacity", 1, event_ring_layout::max_capacity));
+}
+void get(fields& f, close_events& r) {
+  r.node = f.u32("node");
+  r.ec = f.u32("ec");
+}
+void get(fields& f, send& r) {
+  r.node = f.u32("node");
+  r.dest_rank = f.u32("dest_rank");
+  r.match_bits = f.u64("match_bits", 0, u64_max);
+  r.message_id = f.u64("message_id", 0, u64_max);
+  r.region = f.u32("region");
+  r.offset_bytes = f.u64("offset_bytes", 0, u64_max);
+  r.len_bytes = f.u64("len_bytes", 0, u64_max);
+  r.timeout = std::chrono::milliseconds(f.u64("timeout_ms", 0, max_send_timeout_ms));
+}
+
+/// Decodes the request whose op is `op` into alternative I or a later one of `request`.
+template <std::size_t I = 0> request decode_op(const std::string& op, fields& f) {
+  if constexpr (I == std::variant_size_v<request>) {
+    std::string shown = op;
+    reject("unknown op '" + shown + "'");
+  } else {
+    using R = std::variant_alternative_t<I, request>;
+    if (op != op_of<R>::name) return decode_op<I + 1>(op, f);
+    R r;
+    get(f, r);
+    return r;
+  }
+}
+
+// ---- replies ------------------------------------------------------------------------------------
+
+void put(json&, const done&) {}
+void put(json& j, const hello_reply& r) {
+  j["protocol"] = r.protocol;
+  j["server"] = r.server;
+  j["nodes"] = r.nodes;
+}
+void put(json& j, const nodes_reply& r) {
+  json list = json::array();
+  for (const auto& n : r.nodes)
+    list.push_back({{"node", n.node}, {"name", n.name}, {"rank", n.rank}, {"max_payload_bytes", n.max_payload_bytes}});
+  j["nodes"] = std::move(list);
+}
+void put(json& j, const register_reply& r) { j["region"] = r.region; }
+void put(json& j, const install_reply& r) { j["ec"] = r.ec; }
+void put(json& j, const events_reply& r) {
+  j["capacity"] = r.capacity;
+  j["bytes"] = r.bytes;
+}
+void put(json& j, const stats_reply& r) {
+  json list = json::array();
+  for (const auto& n : r.nodes) {
+    json s = json::parse(n.stats_json, nullptr, false);
+    if (s.is_discarded()) reject("node " + std::to_string(n.node) + " returned statistics that are not JSON");
+    list.push_back({{"node", n.node}, {"name", n.name}, {"rank", n.rank}, {"stats", std::move(s)}});
+  }
+  j["stats"] = std::move(list);
+}
+
+// Reply decoders read with at() and get<>(): a missing key or a wrong type throws
+// json::exception, which decode_reply turns into bad_state.
+void get(const json&, done&) {}
+void get(const json& j, hello_reply& r) {
+  r.protocol = j.at("protocol").get<int>();
+  r.server = j.at("server").get<std::string>();
+  r.nodes = j.at("nodes").get<std::uint32_t>();
+}
+void get(const json& j, nodes_reply& r) {
+  for (const auto& n : j.at("nodes"))
+    r.nodes.push_back(node_entry{n.at("node").get<std::uint32_t>(), n.at("name").get<std::string>(),
+                                 n.at("rank").get<std::uint32_t>(), n.at("max_payload_bytes").get<std::uint32_t>()});
+}
+void get(const json& j, register_reply& r) { r.region = j.at("region").get<rt::region_id>(); }
+void get(const json& j, install_reply& r) { r.ec = j.at("ec").get<rt::ec_id>(); }
+void get(const json& j, events_reply& r) {
+  r.capacity = j.at("capacity").get<std::uint32_t>();
+  r.bytes = j.at("bytes").get<std::uint64_t>();
+}
+void get(const json& j, stats_reply& r) {
+  for (const auto& n : j.at("stats"))
+    r.nodes.push_back(node_stats{n.at("node").get<std::uint32_t>(), n.at("name").get<std::string>(),
+                                 n.at("rank").get<std::uint32_t>(), dump(n.at("stats"))});
+}
+
+} // namespace
+
+const char* op_name(const request& r) noexcept {
+  return std::visit([](const auto& x) { return op_of<std::decay_t<decltype(x)>>::name; }, r);
+}
+
+std::size_t fds_of(const request& r) noexcept { return std::holds_alternative<register_memory>(r) ? 1 : 0; }
+
+std::string encode_request(std::uint64_t id, const request& r) {
+  json j{{"id", id}, {"op", op_name(r)}};
+  std::visit([&](const auto& x) { put(j, x); }, r);
+  return dump(j);
+}
+
+result<decoded_request> decode_request(std::string_view line, std::optional<std::uint64_t>& id_out) {
+  id_out.reset();
+  try {
+    json req = json::parse(line, nullptr, false);
+    if (req.is_discarded()) {
+      // Parse again for the parser's own words on what is wrong.
+      try {
+        (void)json::parse(line);
+      } catch (const json::exception& e) {
+        reject(std::string("request is not valid JSON (UTF-8): ") + e.what());
+      }
+      reject("request is not valid JSON (UTF-8)");
+    }
+    if (!req.is_object()) reject("request must be a JSON object");
+    if (auto it = req.find("id"); it != req.end() && it->is_number_unsigned() && it->get<std::uint64_t>() <= id_max)
+      id_out = it->get<std::uint64_t>();
+    fields f(req, "");
+    decoded_request out;
+    out.id = f.u64("id", 0, id_max);
+    const std::string op = f.str("op", 32);
+    out.req = decode_op(op, f);
+    f.done();
+    return out;
+  } catch (const invalid& e) {
+    return fail(errc::invalid_argument, e.message);
+  } catch (const json::exception& e) {
+    return fail(errc::invalid_argument, std::string("malformed request: ") + e.what());
+  }
+}
+
+result<std::string> encode_reply(std::uint64_t id, const reply& r) {
+  json j{{"id", id}, {"ok", true}};
+  try {
+    std::visit([&](const auto& x) { put(j, x); }, r);
+  } catch (const invalid& e) {
+    return fail(errc::bad_state, e.message);
+  }
+  return dump(j);
+}
+
+std::string stats_array_json(const stats_reply& r) {
+  json j;
+  put(j, r);  // the NIC's own stats text was parsed when decoded: it is JSON
+  return dump(j["stats"]);
+}
+
+std::string encode_error(std::optional<std::uint64_t> id, std::string_view code, std::string_view message) {
+  json j{{"id", id ? json(*id) : json(nullptr)},
+         {"ok", false},
+         {"error", {{"code", std::string(code)}, {"message", std::string(message)}}}};
+  return dump(j);
+}
+
+std::string encode_error(std::optional<std::uint64_t> id, const error& e) { return encode_error(id, errc_name(e.code), e.message); }
+
+errc errc_from_name(std::string_view name) noexcept {
+  for (int v = 0; v >= -13; --v)
+    if (name == errc_name(static_cast<errc>(v))) return static_cast<errc>(v);
+  if (name == "permission") return errc::not_supported;
+  return errc::bad_state;
+}
+
+template <class R> result<R> decode_reply(std::string_view line, std::uint64_t expected_id, bool& other_id) {
+  other_id = false;
+  json rep = json::parse(line, nullptr, false);
+  if (rep.is_discarded() || !rep.is_object() || !rep.contains("ok") || !rep["ok"].is_boolean())
+    return fail(errc::bad_state, "control reply is not a protocol object: " + std::string(line.substr(0, 200)));
+  if (!rep["ok"].get<bool>()) {
+    const json& e = rep.value("error", json::object());
+    const std::string code = e.is_object() && e.contains("code") && e["code"].is_string() ? e["code"].get<std::string>() : "";
+    const std::string msg = e.is_object() && e.contains("message") && e["message"].is_string() ? e["message"].get<std::string>()
+                                                                                                : std::string(line);
+    return fail(errc_from_name(code), msg);
+  }
+  if (!rep.contains("id") || rep["id"] != expected_id) {
+    other_id = true;
+    return fail(errc::bad_state, "control reply for another request (id " + dump(rep.value("id", json())) + ", expected " +
+                                     std::to_string(expected_id) + ")");
+  }
+  R out;
+  try {
+    get(rep, out);
+  } catch (const json::exception& e) {
+    return fail(errc::bad_state, std::string("malformed control reply (") + e.what() + "): " + std::string(line.substr(0, 200)));
+  }
+  return out;
+}
+
+template result<done> decode_reply<done>(std::string_view, std::uint64_t, bool&);
+template result<hello_reply> decode_reply<hello_reply>(std::string_view, std::uint64_t, bool&);
+template result<nodes_reply> decode_reply<nodes_reply>(std::string_view, std::uint64_t, bool&);
+template result<register_reply> decode_reply<register_reply>(std::string_view, std::uint64_t, bool&);
+template result<install_reply> decode_reply<install_reply>(std::string_view, std::uint64_t, bool&);
+template result<events_reply> decode_reply<events_reply>(std::string_view, std::uint64_t, bool&);
+template result<stats_reply> decode_reply<stats_reply>(std::string_view, std::uint64_t, bool&);
+
+} // namespace spin::host::protocol

@@ -1,0 +1,198 @@
+// The control protocol's one encoding: every request and reply survives a round trip, the
+// validation refuses what the reference (spin/emu/control.hpp) refuses, and replies to other
+// requests are recognised.
+#include <spin/host/protocol.hpp>
+
+#include <doctest/doctest.h>
+
+#include <string>
+
+using namespace spin;
+namespace proto = spin::host::protocol;
+
+namespace {
+
+proto::request round_trip(const proto::request& r, std::uint64_t id = 7) {
+  std::optional<std::uint64_t> seen;
+  auto d = proto::decode_request(proto::encode_request(id, r), seen);
+  REQUIRE_MESSAGE(d.ok(), (d.ok() ? "" : d.err().message));
+  CHECK(d->id == id);
+  CHECK(seen == id);
+  CHECK(std::string(proto::op_name(d->req)) == proto::op_name(r));
+  return d->req;
+}
+
+error refused(const std::string& line) {
+  std::optional<std::uint64_t> id;
+  auto d = proto::decode_request(line, id);
+  REQUIRE_FALSE(d.ok());
+  return d.err();
+}
+
+} // namespace
+
+TEST_SUITE("host") {
+
+TEST_CASE("every request decodes to the value that was encoded") {
+  proto::install in;
+  in.node = 3;
+  in.package = "/tmp/x.spkg";
+  in.name = "ec one";
+  in.match = {0xabcdef0123456789ull, 0xffull};
+  in.handler_mem_bytes = 4096;
+  in.window = rt::host_window{5, 64, 1 << 20};
+  in.limits.max_messages = 9;
+  in.limits.retired_history = 10;
+  in.limits.window_packets = 11;
+  in.limits.max_parked_packets = 12;
+  in.limits.handler_budget = std::chrono::nanoseconds(13);
+  in.limits.event_queue_depth = 14;
+  in.limits.read_only_multicast = true;
+  in.scratchpad = rt::scratchpad_init::undefined;
+  in.bpf = rt::bpf_exec::interpreter;
+  in.persist = true;
+  const auto out = std::get<proto::install>(round_trip(in));
+  CHECK(out.node == 3);
+  CHECK(out.package == in.package);
+  CHECK(out.name == in.name);
+  CHECK(out.match.bits == in.match.bits);
+  CHECK(out.match.ignore_mask == in.match.ignore_mask);
+  CHECK(out.handler_mem_bytes == 4096);
+  CHECK_FALSE(out.scratchpad_bytes.has_value());
+  REQUIRE(out.window.has_value());
+  CHECK(out.window->region == 5);
+  CHECK(out.window->offset_bytes == 64);
+  CHECK(out.window->len_bytes == (1u << 20));
+  CHECK(out.limits.max_messages == 9);
+  CHECK(out.limits.retired_history == 10);
+  CHECK(out.limits.window_packets == 11);
+  CHECK(out.limits.max_parked_packets == 12);
+  CHECK(out.limits.handler_budget == std::chrono::nanoseconds(13));
+  CHECK(out.limits.event_queue_depth == 14);
+  CHECK(out.limits.read_only_multicast);
+  CHECK(out.scratchpad == rt::scratchpad_init::undefined);
+  CHECK(out.bpf == rt::bpf_exec::interpreter);
+  CHECK(out.persist);
+
+  const auto s = std::get<proto::send>(round_trip(proto::send{1, 2, ~0ull, 4, 5, 6, 7, std::chrono::milliseconds(600000)}));
+  CHECK(s.node == 1);
+  CHECK(s.dest_rank == 2);
+  CHECK(s.match_bits == ~0ull);
+  CHECK(s.message_id == 4);
+  CHECK(s.region == 5);
+  CHECK(s.offset_bytes == 6);
+  CHECK(s.len_bytes == 7);
+  CHECK(s.timeout == std::chrono::milliseconds(600000));
+
+  const auto reg = std::get<proto::register_memory>(round_trip(proto::register_memory{2, 1u << 30}));
+  CHECK(reg.node == 2);
+  CHECK(reg.bytes == (1u << 30));
+  CHECK(proto::fds_of(reg) == 1);
+  const auto unr = std::get<proto::unregister_memory>(round_trip(proto::unregister_memory{2, 9}));
+  CHECK(unr.region == 9);
+  const auto un = std::get<proto::uninstall>(round_trip(proto::uninstall{1, 8}));
+  CHECK(un.ec == 8);
+  const auto ev = std::get<proto::open_events>(round_trip(proto::open_events{1, 8, 4096}));
+  CHECK(ev.capacity == 4096);
+  CHECK(proto::fds_of(ev) == 0);
+  CHECK(std::get<proto::close_events>(round_trip(proto::close_events{1, 8})).ec == 8);
+  for (proto::request r : {proto::request(proto::hello{}), proto::request(proto::nodes{}), proto::request(proto::stats{}),
+                           proto::request(proto::stop{})})
+    CHECK(round_trip(r).index() == r.index());
+}
+
+TEST_CASE("an install without optional fields decodes to the defaults") {
+  const auto out = std::get<proto::install>(round_trip(proto::install{0, "/p", "n", {}, {}, {}, {}, {}, {}, {}, false}));
+  CHECK_FALSE(out.handler_mem_bytes.has_value());
+  CHECK_FALSE(out.window.has_value());
+  CHECK(out.scratchpad == rt::scratchpad_init::zeroed);
+  CHECK(out.bpf == rt::bpf_exec::jit);
+  CHECK(out.limits.max_messages == rt::ec_limits{}.max_messages);
+}
+
+TEST_CASE("malformed requests are refused with a message that names the problem") {
+  struct bad {
+    const char* line;
+    const char* says;
+  };
+  for (const auto& b : {
+           bad{"not json", "not valid JSON"},
+           bad{"[1,2]", "must be a JSON object"},
+           bad{R"({"id":1})", "missing field 'op'"},
+           bad{R"({"op":"hello"})", "missing field 'id'"},
+           bad{R"({"id":-1,"op":"hello"})", "field 'id' must be an integer in 0..9223372036854775807, not -1"},
+           bad{R"({"id":1,"op":"fly"})", "unknown op 'fly'"},
+           bad{R"({"id":1,"op":"hello","x":2})", "unknown field 'x'"},
+           bad{R"({"id":1,"op":"uninstall","node":0})", "missing field 'ec'"},
+           bad{R"({"id":1,"op":"uninstall","node":0,"ec":4294967296})", "field 'ec' must be an integer in 0..4294967295"},
+           bad{R"({"id":1,"op":"uninstall","node":"0","ec":1})", "field 'node' must be an integer"},
+           bad{R"({"id":1,"op":"register","node":0,"bytes":0})", "field 'bytes' must be an integer in 1.."},
+           bad{R"({"id":1,"op":"send","node":0,"dest_rank":1,"match_bits":0,"message_id":0,"region":0,"offset_bytes":0,"len_bytes":1,"timeout_ms":600001})",
+               "field 'timeout_ms' must be an integer in 0..600000"},
+           bad{R"({"id":1,"op":"install","node":0,"package":"/p","name":"n","match":{"bits":0}})", "missing field 'match.ignore_mask'"},
+           bad{R"({"id":1,"op":"install","node":0,"package":"/p","name":"n","match":{"bits":0,"ignore_mask":0},"limits":{"max_messages":0}})",
+               "field 'limits.max_messages' must be an integer in 1.."},
+           bad{R"({"id":1,"op":"install","node":0,"package":"/p","name":"n","match":{"bits":0,"ignore_mask":0},"bpf":"fast"})",
+               "field 'bpf' must be \"jit\" or \"interpreter\""},
+           bad{R"({"id":1,"op":"install","node":0,"package":"/p","name":"a\u0001b","match":{"bits":0,"ignore_mask":0}})",
+               "field 'name' contains a control character"},
+       }) {
+    CAPTURE(b.line);
+    const error e = refused(b.line);
+    CHECK(e.code == errc::invalid_argument);
+    CHECK_MESSAGE(e.message.find(b.says) != std::string::npos, e.message);
+  }
+}
+
+TEST_CASE("a refused request still gives its id to the error reply when it had a usable one") {
+  std::optional<std::uint64_t> id;
+  CHECK_FALSE(proto::decode_request(R"({"id":42,"op":"fly"})", id).ok());
+  CHECK(id == 42u);
+  CHECK_FALSE(proto::decode_request(R"({"id":"x","op":"hello"})", id).ok());
+  CHECK_FALSE(id.has_value());
+}
+
+TEST_CASE("replies decode to what the server encoded, and errors carry the server's errc") {
+  bool other = true;
+  auto line = proto::encode_reply(5, proto::nodes_reply{{{0, "host0", 1, 4096}, {1, "sw", 9, 1024}}});
+  REQUIRE(line.ok());
+  auto n = proto::decode_reply<proto::nodes_reply>(*line, 5, other);
+  REQUIRE(n.ok());
+  CHECK_FALSE(other);
+  REQUIRE(n->nodes.size() == 2);
+  CHECK(n->nodes[1].name == "sw");
+  CHECK(n->nodes[1].rank == 9);
+  CHECK(n->nodes[1].max_payload_bytes == 1024);
+
+  auto ev = proto::decode_reply<proto::events_reply>(proto::encode_reply(6, proto::events_reply{64, 8192}).value(), 6, other);
+  REQUIRE(ev.ok());
+  CHECK(ev->capacity == 64);
+  CHECK(ev->bytes == 8192);
+
+  auto st = proto::encode_reply(8, proto::stats_reply{{{0, "host0", 1, R"({"rx":3})"}}});
+  REQUIRE(st.ok());
+  auto sd = proto::decode_reply<proto::stats_reply>(*st, 8, other);
+  REQUIRE(sd.ok());
+  CHECK(proto::stats_array_json(*sd) == R"([{"name":"host0","node":0,"rank":1,"stats":{"rx":3}}])");
+  CHECK(proto::encode_reply(8, proto::stats_reply{{{0, "host0", 1, "{not json"}}}).err().code == errc::bad_state);
+
+  auto e = proto::decode_reply<proto::done>(proto::encode_error(9, "exists", "EC 3 is there"), 9, other);
+  CHECK(e.err().code == errc::exists);
+  CHECK(e.err().message == "EC 3 is there");
+  CHECK(proto::decode_reply<proto::done>(proto::encode_error(std::nullopt, "permission", "no"), 9, other).err().code ==
+        errc::not_supported);
+  CHECK(proto::decode_reply<proto::done>(proto::encode_error(9, "martian", "?"), 9, other).err().code == errc::bad_state);
+}
+
+TEST_CASE("a reply to another request, or one without its result, is not taken for the answer") {
+  bool other = false;
+  auto r = proto::decode_reply<proto::install_reply>(proto::encode_reply(3, proto::install_reply{4}).value(), 4, other);
+  CHECK(other);
+  CHECK(r.err().code == errc::bad_state);
+  auto m = proto::decode_reply<proto::install_reply>(R"({"id":4,"ok":true})", 4, other);
+  CHECK_FALSE(other);
+  CHECK(m.err().code == errc::bad_state);
+  CHECK(proto::decode_reply<proto::done>("garbage", 4, other).err().code == errc::bad_state);
+}
+
+} // TEST_SUITE
