@@ -3,7 +3,7 @@
 #include <spin/coll/engine.hpp>
 #include <spin/coll/kernels.hpp>
 #include <spin/coll/protocol.hpp>
-#include <spin/rt/loader.hpp>
+#include <spin/rt/package.hpp>
 
 #include "engine_ec.hpp"
 #include "port.hpp"
@@ -43,7 +43,7 @@ static_assert(desc_off + 2 * sizeof(pr::start_desc) <= counters_off);
 static_assert(counters_off + sizeof(pr::engine_counters) <= cmd_off);
 static_assert(cmd_off + cmd_slots * 64 <= ctl_bytes && sizeof(pr::cmd) <= 64);
 
-// The standard package, decoded and loaded once per process.
+// The standard package, decoded once per process.
 result<engine_package> standard_package() {
   static std::mutex m;
   static std::unique_ptr<result<engine_package>> cached;
@@ -53,12 +53,10 @@ result<engine_package> standard_package() {
     auto pkg = rt::decode_package(bytes);
     if (!pkg.ok()) {
       cached = std::make_unique<result<engine_package>>(fail(pkg.err().code, "coll.spkg: " + pkg.err().message));
-    } else if (auto lp = rt::load_package(pkg.value()); !lp.ok()) {
-      cached = std::make_unique<result<engine_package>>(lp.err());
     } else {
       engine_package e;
       e.bytes.assign(bytes.begin(), bytes.end());
-      e.loaded = lp.value();
+      e.package = std::make_shared<const rt::package>(std::move(pkg.value()));
       cached = std::make_unique<result<engine_package>>(std::move(e));
     }
   }
@@ -164,7 +162,7 @@ struct communicator::impl {
   result<void> send_cmd(const engine_ec& e, const pr::cmd& c) {
     const std::size_t off = cmd_off + (next_slot++ % cmd_slots) * 64;
     std::memcpy(arena + off, &c, sizeof(c));
-    emu::message_send m;
+    host::message m;
     m.dest_rank = nic->rank();
     m.match_bits = pr::match_bits(e.wire_id, pr::k_cmd);
     m.message_id = next_msg++;
@@ -175,7 +173,7 @@ struct communicator::impl {
     // waits once, for the engine's answer, not also for the command's frame. A port that sends
     // and waits instead (a NIC in another process) may find its transmit queue full for a while
     // on a loaded machine: try again until the collective's own timeout.
-    static_assert(sizeof(c) <= emu::nic::inline_bytes);
+    static_assert(sizeof(c) <= host::post_inline_bytes);
     const auto deadline = clock::now() + o.timeout;
     for (;;) {
       auto r = nic->post(m);
@@ -225,7 +223,8 @@ struct communicator::impl {
     rt::ec_config cfg;
     cfg.name = "coll." + std::to_string(g.id) + "." + what + ".rank" + std::to_string(g.me);
     detail::configure_engine_ec(cfg, e.wire_id, 1024);
-    if (auto r = pkg.loaded.bind(cfg); !r.ok()) return r.err();
+    if (auto r = rt::raise_to_declared(pkg.package->manifest, cfg.name, cfg.handler_mem_bytes, cfg.scratchpad_bytes); !r.ok())
+      return r.err();
     if (cfg.handler_mem_bytes < engine_state_bytes || cfg.scratchpad_bytes < pr::scratch_bytes)
       return fail(errc::invalid_argument, what + ": the package is not a collective engine of this version (it declares " +
                                               std::to_string(cfg.handler_mem_bytes) + " bytes of handler memory, the engine needs " +
@@ -716,6 +715,7 @@ error check_group(const group& g, const options& o) {
 
 result<std::unique_ptr<communicator>> communicator::create_on(std::unique_ptr<detail::port> nic, const group& g,
                                                                const options& o) {
+  if (auto e = check_group(g, o); e.code != errc::ok) return e;
   if (g.members[g.me] != nic->rank())
     return fail(errc::invalid_argument, "communicator: members[me] is " + std::to_string(g.members[g.me]) +
                                             " but the NIC's rank is " + std::to_string(nic->rank()));
@@ -758,11 +758,6 @@ result<std::unique_ptr<communicator>> communicator::create_on(std::unique_ptr<de
   if (!pkg.ok()) return pkg.err();
   if (auto r = p->install_engine(pkg.value(), 0, "standard"); !r.ok()) return fail(r.err().code, "communicator: " + r.err().message);
   return std::unique_ptr<communicator>(new communicator(std::move(p)));
-}
-
-result<std::unique_ptr<communicator>> communicator::create(emu::nic_control& nic, const group& g, const options& o) {
-  if (auto e = check_group(g, o); e.code != errc::ok) return e;
-  return create_on(detail::local_port(nic), g, o);
 }
 
 result<std::unique_ptr<communicator>> communicator::connect(const std::string& socket, std::uint32_t node, const group& g,
@@ -827,11 +822,11 @@ result<custom_op> communicator::add_reduction(const reduction& r) {
     return fail(errc::invalid_argument, "add_reduction " + r.name + ": host kernels missing or element sizes out of 1..4096");
   if (std::max(r.host.elem_bytes, r.host.acc_bytes) > _p->o.packet_bytes)
     return fail(errc::invalid_argument, "add_reduction " + r.name + ": an element is larger than a packet");
-  auto lp = rt::load_package(r.package);
-  if (!lp.ok()) return fail(errc::invalid_argument, "add_reduction " + r.name + ": " + lp.err().message);
+  // The package is loaded where the engine runs: by the NIC's process (its errors come back
+  // from install_engine).
   engine_package pkg;
   pkg.bytes = rt::encode_package(r.package);
-  pkg.loaded = lp.value();
+  pkg.package = std::make_shared<const rt::package>(r.package);
   const auto slot = static_cast<std::uint32_t>(_p->engines.size());
   if (auto res = _p->install_engine(pkg, slot, r.name); !res.ok()) return res.err();
   _p->custom_kernels[slot] = r.host;

@@ -171,7 +171,7 @@ struct fabric::impl {
     cmd.type = pr::cmd_switch_setup;
     cmd.desc_off = 64;
     std::memcpy(base, &cmd, sizeof(cmd));
-    emu::message_send msg;
+    host::message msg;
     msg.dest_rank = nic.rank();
     msg.match_bits = pr::match_bits(wire_id, pr::k_cmd);
     msg.message_id = 1;
@@ -233,75 +233,62 @@ error check_options(const fabric_options& o) {
 }
 } // namespace
 
-result<std::unique_ptr<fabric>> fabric::create(emu::cluster& c, const fabric_options& o) {
+result<std::unique_ptr<fabric>> fabric::over(std::vector<std::unique_ptr<detail::port>> switches,
+                                             const std::vector<std::pair<std::uint32_t, std::uint32_t>>& links,
+                                             const fabric_options& o) {
   if (auto e = check_options(o); e.code != errc::ok) return e;
-  auto p = std::make_unique<impl>(o);
-  const emu::topology& t = c.topo();
-  for (std::uint32_t i = 0; i < t.nodes.size(); ++i) {
-    impl::vertex v;
-    v.rank = c.node(i).rank();
-    if (t.nodes[i].kind == emu::node_kind::switch_) {
-      v.sw = static_cast<std::int32_t>(p->switches.size());
-      impl::sw s;
-      s.port = detail::local_port(c.node(i));
-      s.vertex = i;
-      s.rank = v.rank;
-      s.name = c.node(i).name();
-      s.free = o.slots_per_switch;
-      p->switches.push_back(std::move(s));
-    } else {
-      p->host_vertex[v.rank] = i;
-    }
-    p->g.push_back(std::move(v));
-  }
-  for (const auto& l : t.links) p->link(l.a, l.b);
-  if (p->switches.empty()) return fail(errc::not_found, "fabric: the cluster has no switch");
-  return std::unique_ptr<fabric>(new fabric(std::move(p)));
-}
-
-result<std::unique_ptr<fabric>> fabric::connect(const std::vector<remote_switch>& list, const fabric_options& o) {
-  if (auto e = check_options(o); e.code != errc::ok) return e;
-  if (list.empty()) return fail(errc::invalid_argument, "fabric: no switch");
+  if (switches.empty()) return fail(errc::not_found, "fabric: no switch");
   auto p = std::make_unique<impl>(o);
   std::map<std::uint32_t, std::uint32_t> switch_vertex;  // rank -> vertex
-  for (const auto& r : list) {
-    if (r.links.empty()) return fail(errc::invalid_argument, "fabric: the switch at " + r.socket + " has no links");
-    auto port = detail::remote_port(r.socket, r.node);
-    if (!port.ok()) return fail(port.err().code, "fabric: " + port.err().message);
+  for (auto& port : switches) {
     impl::sw s;
-    s.rank = port.value()->rank();
-    s.name = port.value()->name();
-    s.port = std::move(port.value());
+    s.rank = port->rank();
+    s.name = port->name();
+    s.port = std::move(port);
     s.free = o.slots_per_switch;
-    if (!switch_vertex.emplace(s.rank, static_cast<std::uint32_t>(p->g.size())).second)
-      return fail(errc::invalid_argument, "fabric: two switches have rank " + std::to_string(s.rank) + " (" + r.socket + ")");
     s.vertex = static_cast<std::uint32_t>(p->g.size());
+    if (!switch_vertex.emplace(s.rank, s.vertex).second)
+      return fail(errc::invalid_argument, "fabric: two switches have rank " + std::to_string(s.rank) + " (" + s.name + ")");
     impl::vertex v;
     v.rank = s.rank;
     v.sw = static_cast<std::int32_t>(p->switches.size());
     p->g.push_back(std::move(v));
     p->switches.push_back(std::move(s));
   }
-  // Every rank a switch lists that is not a switch of this fabric is a host.
-  for (std::size_t i = 0; i < list.size(); ++i)
-    for (std::uint32_t r : list[i].links) {
-      std::uint32_t other = 0;
-      if (auto it = switch_vertex.find(r); it != switch_vertex.end()) {
-        other = it->second;
-      } else if (auto h = p->host_vertex.find(r); h != p->host_vertex.end()) {
-        other = h->second;
-      } else {
-        other = static_cast<std::uint32_t>(p->g.size());
-        impl::vertex v;
-        v.rank = r;
-        p->g.push_back(std::move(v));
-        p->host_vertex[r] = other;
-      }
-      if (other == p->switches[i].vertex)
-        return fail(errc::invalid_argument, "fabric: the switch at " + list[i].socket + " lists a link to itself");
-      p->link(p->switches[i].vertex, other);
-    }
+  // Every linked rank that is not a switch of this fabric is a host.
+  auto vertex_of = [&](std::uint32_t rank) {
+    if (auto it = switch_vertex.find(rank); it != switch_vertex.end()) return it->second;
+    if (auto h = p->host_vertex.find(rank); h != p->host_vertex.end()) return h->second;
+    const auto v = static_cast<std::uint32_t>(p->g.size());
+    impl::vertex hv;
+    hv.rank = rank;
+    p->g.push_back(std::move(hv));
+    p->host_vertex[rank] = v;
+    return v;
+  };
+  for (const auto& [a, b] : links) {
+    const std::uint32_t va = vertex_of(a), vb = vertex_of(b);
+    if (va == vb) return fail(errc::invalid_argument, "fabric: a link from rank " + std::to_string(a) + " to itself");
+    p->link(va, vb);
+  }
   return std::unique_ptr<fabric>(new fabric(std::move(p)));
+}
+
+result<std::unique_ptr<fabric>> fabric::connect(const std::vector<remote_switch>& list, const fabric_options& o) {
+  if (auto e = check_options(o); e.code != errc::ok) return e;
+  if (list.empty()) return fail(errc::invalid_argument, "fabric: no switch");
+  std::vector<std::unique_ptr<detail::port>> switches;
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> links;
+  for (const auto& r : list) {
+    if (r.links.empty()) return fail(errc::invalid_argument, "fabric: the switch at " + r.socket + " has no links");
+    auto port = detail::remote_port(r.socket, r.node);
+    if (!port.ok()) return fail(port.err().code, "fabric: " + port.err().message);
+    for (std::uint32_t to : r.links) links.emplace_back(port.value()->rank(), to);
+    switches.push_back(std::move(port.value()));
+  }
+  auto f = over(std::move(switches), links, o);
+  if (!f.ok() && f.err().code == errc::not_found) return fail(errc::invalid_argument, f.err().message);
+  return f;
 }
 
 std::vector<fabric::switch_usage> fabric::usage() const {

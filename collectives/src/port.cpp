@@ -1,4 +1,4 @@
-// The two ways spin::coll reaches a NIC: in this process, or through a spin-emu control socket.
+// How spin::coll reaches a NIC of another spin-emu process: through its control socket.
 #include "port.hpp"
 
 #include <spin/host/host.hpp>
@@ -15,69 +15,6 @@
 
 namespace spin::coll::detail {
 namespace {
-
-// ---- in this process ------------------------------------------------------------------------
-
-class local_memory final : public port_memory {
-public:
-  local_memory(emu::nic_control& nic, std::byte* p, std::size_t n) : _nic(nic) { bytes = {p, n}; }
-  ~local_memory() override {
-    if (_registered) (void)_nic.unregister_host_memory(region);
-    ::munmap(bytes.data(), bytes.size());
-  }
-  bool _registered = false;
-
-private:
-  emu::nic_control& _nic;
-};
-
-class local final : public port {
-public:
-  explicit local(emu::nic_control& nic) : _nic(nic) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%p", static_cast<const void*>(&nic));
-    _key = std::string("local:") + buf;
-  }
-  std::uint32_t rank() const noexcept override { return _nic.rank(); }
-  const std::string& name() const noexcept override { return _nic.name(); }
-  std::uint32_t max_payload_bytes() const noexcept override { return _nic.max_payload_bytes(); }
-  const std::string& key() const noexcept override { return _key; }
-
-  result<std::unique_ptr<port_memory>> alloc(std::size_t bytes) override {
-    // Reserved, not touched: the pages appear when the NIC or the host first writes them.
-    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED) return fail(errc::no_memory, "cannot map " + std::to_string(bytes) + " bytes of host memory");
-    auto m = std::make_unique<local_memory>(_nic, static_cast<std::byte*>(p), bytes);
-    auto reg = _nic.register_host_memory(m->bytes);
-    if (!reg.ok()) return reg.err();
-    m->region = reg.value();
-    m->_registered = true;
-    return std::unique_ptr<port_memory>(std::move(m));
-  }
-
-  result<rt::ec_id> install(const engine_package& pkg, const engine_spec& s) override {
-    rt::ec_config cfg;
-    cfg.name = s.name;
-    cfg.match = s.match;
-    cfg.limits = s.limits;
-    cfg.handler_mem_bytes = s.handler_mem_bytes;
-    cfg.scratchpad = s.scratchpad;
-    if (auto r = pkg.loaded.bind(cfg); !r.ok()) return r.err();
-    cfg.window = s.window;
-    return _nic.install(cfg);
-  }
-  result<void> uninstall(rt::ec_id ec) override { return _nic.uninstall(ec); }
-  std::size_t poll_events(rt::ec_id ec, std::span<rt::host_event> out) override { return _nic.poll_events(ec, out); }
-  std::size_t wait_events(rt::ec_id ec, std::span<rt::host_event> out, std::chrono::nanoseconds timeout) override {
-    return _nic.wait_events(ec, out, timeout);
-  }
-  result<void> send(const emu::message_send& m) override { return _nic.send(m, std::chrono::milliseconds(1000)); }
-  result<void> post(const emu::message_send& m) override { return _nic.post(m); }
-
-private:
-  emu::nic_control& _nic;
-  std::string _key;
-};
 
 // ---- in a spin-emu process --------------------------------------------------------------------
 
@@ -115,9 +52,8 @@ public:
 
   result<rt::ec_id> install(const engine_package& pkg, const engine_spec& s) override {
     // The package's declared memory sizes, as the NIC's bind will see them.
-    rt::ec_config probe;
-    probe.handler_mem_bytes = s.handler_mem_bytes;
-    if (auto r = pkg.loaded.bind(probe); !r.ok()) return r.err();
+    std::uint64_t handler_mem = s.handler_mem_bytes, scratchpad = 0;
+    if (auto r = rt::raise_to_declared(pkg.package->manifest, s.name, handler_mem, scratchpad); !r.ok()) return r.err();
     // spin-emu loads packages from files: a private copy of the bytes, removed once installed.
     std::filesystem::path dir;
     {
@@ -147,9 +83,9 @@ public:
     io.match = s.match;
     io.window = s.window;
     io.limits = s.limits;
-    io.handler_mem_bytes = probe.handler_mem_bytes;
+    io.handler_mem_bytes = handler_mem;
     io.scratchpad = s.scratchpad;
-    io.scratchpad_bytes = probe.scratchpad_bytes;
+    io.scratchpad_bytes = scratchpad;
     auto ec = _c.install(_node, io);
     ::unlink(path.c_str());
     if (!ec.ok()) return ec.err();
@@ -185,17 +121,7 @@ public:
     return it->second.wait_burst(out, std::chrono::ceil<std::chrono::milliseconds>(timeout));
   }
 
-  result<void> send(const emu::message_send& m) override {
-    host::message h;
-    h.dest_rank = m.dest_rank;
-    h.match_bits = m.match_bits;
-    h.message_id = m.message_id;
-    h.region = m.region;
-    h.offset_bytes = m.offset_bytes;
-    h.len_bytes = m.len_bytes;
-    h.timeout = std::chrono::milliseconds(1000);
-    return _c.send(_node, h);
-  }
+  result<void> send(const host::message& m) override { return _c.send(_node, m, std::chrono::milliseconds(1000)); }
 
 private:
   host::client _c;
@@ -207,8 +133,6 @@ private:
 };
 
 } // namespace
-
-std::unique_ptr<port> local_port(emu::nic_control& nic) { return std::make_unique<local>(nic); }
 
 result<std::unique_ptr<port>> remote_port(const std::string& socket, std::uint32_t node) {
   auto c = host::client::connect(socket);

@@ -1,10 +1,11 @@
-// How spin::coll reaches one NIC or switch: in this process (emu::nic_control, cluster mode) or
-// in another spin-emu process (spin::host::client over its control socket). The communicator
-// and the fabric see only this interface.
+// How spin::coll reaches one NIC or switch: in this process (emu::nic_control, cluster mode;
+// local.cpp, in spin_coll_local) or in another spin-emu process (spin::host::client over its
+// control socket; port.cpp, in spin_coll_rank). The communicator and the fabric see only this
+// interface.
 #pragma once
 
 #include <spin/coll/coll.hpp>
-#include <spin/emu/nic_control.hpp>
+#include <spin/host/message.hpp>
 #include <spin/rt/result.hpp>
 #include <spin/rt/runtime.hpp>
 
@@ -62,13 +63,13 @@ public:
   /// polling, where the port allows it).
   virtual std::size_t wait_events(rt::ec_id ec, std::span<rt::host_event> out, std::chrono::nanoseconds timeout) = 0;
   /// Sends a message from the NIC (waits up to 1 s for room in its transmit queue).
-  virtual result<void> send(const emu::message_send& m) = 0;
-  /// Queues a message of at most 256 bytes without waiting for it (emu::nic_control::post:
-  /// copied when queued). The default sends it.
-  virtual result<void> post(const emu::message_send& m) { return send(m); }
+  virtual result<void> send(const host::message& m) = 0;
+  /// Queues a message of at most host::post_inline_bytes without waiting for it
+  /// (emu::nic_control::post: copied when queued). The default sends it.
+  virtual result<void> post(const host::message& m) { return send(m); }
 };
 
-/// A NIC of this process. `nic` must outlive the port.
+/// A NIC of this process. `nic` must outlive the port. (spin_coll_local: local.cpp)
 std::unique_ptr<port> local_port(emu::nic_control& nic);
 /// Node `node` of the spin-emu process whose control socket is `socket`. Errors: those of
 /// host::client::connect and nodes(), not_found (no such node).

@@ -647,14 +647,7 @@ proto::reply control_server_impl::execute(std::uint64_t session, const proto::re
   }
   if (const auto* q = std::get_if<proto::send>(&req)) {
     nic_control& nic = node_of(q->node);
-    message_send m;
-    m.dest_rank = q->dest_rank;
-    m.match_bits = q->match_bits;
-    m.message_id = q->message_id;
-    m.region = q->region;
-    m.offset_bytes = q->offset_bytes;
-    m.len_bytes = q->len_bytes;
-    if (auto res = nic.send(m, q->timeout); !res) pass(res.err());
+    if (auto res = nic.send(q->msg, q->timeout); !res) pass(res.err());
     return proto::done{};
   }
   if (std::holds_alternative<proto::stats>(req)) {

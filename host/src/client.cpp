@@ -255,11 +255,11 @@ result<void> client::close_events(const ec& e) {
   return {};
 }
 
-result<void> client::send(std::uint32_t node, const message& m) {
-  if (m.timeout.count() < 0 || m.timeout > std::chrono::minutes(10))
+result<void> client::send(std::uint32_t node, const message& m, std::chrono::milliseconds timeout) {
+  if (timeout.count() < 0 || timeout > std::chrono::milliseconds(proto::max_send_timeout_ms))
     return fail(errc::invalid_argument, "send timeout must be 0..600000 ms");
   auto rep = call<proto::done>(
-      proto::send{node, m.dest_rank, m.match_bits, m.message_id, m.region, m.offset_bytes, m.len_bytes, m.timeout}, {}, m.timeout);
+      proto::send{node, m, timeout}, {}, timeout);
   if (!rep) return rep.err();
   return {};
 }

@@ -172,12 +172,12 @@ void put(json& j, const close_events& r) {
 }
 void put(json& j, const send& r) {
   j["node"] = r.node;
-  j["dest_rank"] = r.dest_rank;
-  j["match_bits"] = r.match_bits;
-  j["message_id"] = r.message_id;
-  j["region"] = r.region;
-  j["offset_bytes"] = r.offset_bytes;
-  j["len_bytes"] = r.len_bytes;
+  j["dest_rank"] = r.msg.dest_rank;
+  j["match_bits"] = r.msg.match_bits;
+  j["message_id"] = r.msg.message_id;
+  j["region"] = r.msg.region;
+  j["offset_bytes"] = r.msg.offset_bytes;
+  j["len_bytes"] = r.msg.len_bytes;
   j["timeout_ms"] = r.timeout.count();
 }
 
@@ -264,12 +264,12 @@ void get(fields& f, close_events& r) {
 }
 void get(fields& f, send& r) {
   r.node = f.u32("node");
-  r.dest_rank = f.u32("dest_rank");
-  r.match_bits = f.u64("match_bits", 0, u64_max);
-  r.message_id = f.u64("message_id", 0, u64_max);
-  r.region = f.u32("region");
-  r.offset_bytes = f.u64("offset_bytes", 0, u64_max);
-  r.len_bytes = f.u64("len_bytes", 0, u64_max);
+  r.msg.dest_rank = f.u32("dest_rank");
+  r.msg.match_bits = f.u64("match_bits", 0, u64_max);
+  r.msg.message_id = f.u64("message_id", 0, u64_max);
+  r.msg.region = f.u32("region");
+  r.msg.offset_bytes = f.u64("offset_bytes", 0, u64_max);
+  r.msg.len_bytes = f.u64("len_bytes", 0, u64_max);
   r.timeout = std::chrono::milliseconds(f.u64("timeout_ms", 0, max_send_timeout_ms));
 }
 

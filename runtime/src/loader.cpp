@@ -158,20 +158,7 @@ const package_manifest& loaded_package::manifest() const { return _code->manifes
 const handler_set& loaded_package::handlers() const { return _code->handlers; }
 
 result<void> loaded_package::bind(ec_config& cfg) const {
-  const package_manifest& m = _code->manifest;
-  auto raise = [&](std::uint64_t& have, std::uint64_t want, const char* what) -> result<void> {
-    if (have == 0) have = want;
-    if (have < want)
-      return fail(errc::invalid_argument, std::string("EC \"") + cfg.name + "\": " + what + " of " + std::to_string(have) +
-                                              " bytes is smaller than the " + std::to_string(want) + " bytes package '" +
-                                              m.source_name + "' declares");
-    return {};
-  };
-  std::uint64_t mem = cfg.handler_mem_bytes, scratch = cfg.scratchpad_bytes;
-  if (auto r = raise(mem, m.handler_mem_bytes, "handler memory"); !r) return r;
-  if (auto r = raise(scratch, m.scratchpad_bytes, "scratchpad"); !r) return r;
-  cfg.handler_mem_bytes = mem;
-  cfg.scratchpad_bytes = scratch;
+  if (auto r = raise_to_declared(_code->manifest, cfg.name, cfg.handler_mem_bytes, cfg.scratchpad_bytes); !r) return r;
   cfg.handlers = _code->handlers;
   return {};
 }

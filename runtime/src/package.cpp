@@ -329,4 +329,23 @@ result<void> write_package_file(const std::string& path, const package& p) {
   return {};
 }
 
+result<void> raise_to_declared(const package_manifest& m, std::string_view ec_name, std::uint64_t& handler_mem_bytes,
+                               std::uint64_t& scratchpad_bytes) {
+  auto raise = [&](std::uint64_t have, std::uint64_t want, const char* what) -> result<std::uint64_t> {
+    if (have == 0) have = want;
+    if (have < want)
+      return fail(errc::invalid_argument, "EC \"" + std::string(ec_name) + "\": " + what + " of " + std::to_string(have) +
+                                              " bytes is smaller than the " + std::to_string(want) + " bytes package '" +
+                                              m.source_name + "' declares");
+    return have;
+  };
+  auto mem = raise(handler_mem_bytes, m.handler_mem_bytes, "handler memory");
+  if (!mem) return mem.err();
+  auto scratch = raise(scratchpad_bytes, m.scratchpad_bytes, "scratchpad");
+  if (!scratch) return scratch.err();
+  handler_mem_bytes = *mem;
+  scratchpad_bytes = *scratch;
+  return {};
+}
+
 } // namespace spin::rt

@@ -164,8 +164,7 @@ void ping_pong(host_node& ping, host_node& pong, expected_traffic& ping_t, expec
       m.message_id = id;
       m.region = ping.mem->region();
       m.len_bytes = len;
-      m.timeout = 20s;
-      auto s = ping.client->send(0, m);
+      auto s = ping.client->send(0, m, 20s);
       REQUIRE_MESSAGE(s.ok(), s.err().message);
       // The first message also waits for the link (memif connects asynchronously; frames wait
       // in the NIC's transmit stage until then).
@@ -233,8 +232,7 @@ void transfer(host_node& src, host_node& dst, std::uint64_t len, expected_traffi
   m.message_id = 9000;
   m.region = src.mem->region();
   m.len_bytes = len;
-  m.timeout = 60s;
-  auto s = src.client->send(0, m);
+  auto s = src.client->send(0, m, 60s);
   REQUIRE_MESSAGE(s.ok(), s.err().message);
   auto e = q->wait(60s);
   REQUIRE_MESSAGE(e.ok(), "the " << len << "-byte message did not complete: " << e.err().message << "\nsender: "

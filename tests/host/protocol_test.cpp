@@ -74,14 +74,14 @@ TEST_CASE("every request decodes to the value that was encoded") {
   CHECK(out.bpf == rt::bpf_exec::interpreter);
   CHECK(out.persist);
 
-  const auto s = std::get<proto::send>(round_trip(proto::send{1, 2, ~0ull, 4, 5, 6, 7, std::chrono::milliseconds(600000)}));
+  const auto s = std::get<proto::send>(round_trip(proto::send{1, {2, ~0ull, 4, 5, 6, 7}, std::chrono::milliseconds(600000)}));
   CHECK(s.node == 1);
-  CHECK(s.dest_rank == 2);
-  CHECK(s.match_bits == ~0ull);
-  CHECK(s.message_id == 4);
-  CHECK(s.region == 5);
-  CHECK(s.offset_bytes == 6);
-  CHECK(s.len_bytes == 7);
+  CHECK(s.msg.dest_rank == 2);
+  CHECK(s.msg.match_bits == ~0ull);
+  CHECK(s.msg.message_id == 4);
+  CHECK(s.msg.region == 5);
+  CHECK(s.msg.offset_bytes == 6);
+  CHECK(s.msg.len_bytes == 7);
   CHECK(s.timeout == std::chrono::milliseconds(600000));
 
   const auto reg = std::get<proto::register_memory>(round_trip(proto::register_memory{2, 1u << 30}));

@@ -13,13 +13,16 @@
 //
 // Threads: one thread at a time per communicator. Communicators of different ranks (or
 // groups) are independent and may be used from different threads at once.
+//
+// Libraries: the rank side (communicator::connect, fabric::connect and everything a
+// communicator does once created) is spin_coll_rank, which links no DPDK: a program, an MPI
+// interposer or a Python extension whose ranks reach spin-emu processes links only it.
+// communicator::create and fabric::create, which drive NICs of this process (cluster mode),
+// are in spin_coll_local, with the emulator (meson: spin_collectives_dep has both).
 #pragma once
 
 #include <spin/coll/kernels.hpp>
 #include <spin/coll/types.hpp>
-#include <spin/emu/cluster.hpp>
-#include <spin/emu/nic_control.hpp>
-#include <spin/rt/loader.hpp>
 #include <spin/rt/package.hpp>
 #include <spin/rt/result.hpp>
 
@@ -29,7 +32,13 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
+
+namespace spin::emu {
+class cluster;
+class nic_control;
+} // namespace spin::emu
 
 namespace spin::coll {
 
@@ -49,10 +58,11 @@ class port;
 }
 
 /// A collective engine package in the two forms NICs take it (communicator internals): its
-/// bytes, which a spin-emu process loads from a file, and loaded here, for NICs of this process.
+/// bytes, which a spin-emu process loads from a file, and decoded, which a NIC of this process
+/// loads (and whose manifest gives the EC sizes).
 struct engine_package {
   std::vector<std::byte> bytes;
-  rt::loaded_package loaded;
+  std::shared_ptr<const rt::package> package;
 };
 
 /// Options of a communicator. Every member must use the same packet_bytes and staging_bytes.
@@ -177,6 +187,12 @@ public:
   struct impl;
 
 private:
+  /// A fabric over `switches`, linked as `links` says (pairs of ranks; every linked rank that
+  /// is not one of the switches is a host). Errors: those of the options, not_found (no
+  /// switch), invalid_argument (two switches with one rank, a link from a rank to itself).
+  static result<std::unique_ptr<fabric>> over(std::vector<std::unique_ptr<detail::port>> switches,
+                                              const std::vector<std::pair<std::uint32_t, std::uint32_t>>& links,
+                                              const fabric_options& o);
   explicit fabric(std::unique_ptr<impl> p);
   std::unique_ptr<impl> _p;
 };
@@ -295,9 +311,12 @@ public:
                          algorithm a = algorithm::automatic);
 
   /// Installs the engine of a user reduction on this rank's NIC. Every rank must add the same
-  /// reductions in the same order. Errors: invalid_argument (the package does not load or bind,
-  /// elem/acc sizes are zero or above 4096), no_space (15 reductions already), and those of
-  /// create's installation and set-up.
+  /// reductions in the same order. The package is loaded where the NIC runs (this process, or
+  /// the spin-emu process of communicator::connect). Errors: invalid_argument (elem/acc sizes
+  /// are zero or above 4096, the package is not a collective engine), those of loading the
+  /// package there (invalid_argument: an object the loader refuses; not_supported: another
+  /// handler ABI or machine), no_space (15 reductions already), and those of create's
+  /// installation and set-up.
   result<custom_op> add_reduction(const reduction& r);
 
   /// `bytes` of arena memory that collectives use in place (no staging copy), 64-byte aligned;

@@ -187,7 +187,7 @@ public:
   result<void> send(const message_send& m, std::chrono::milliseconds timeout) override;
   result<void> post(const message_send& m) override;
   /// Messages up to this size post() copies when it queues them (nic_control::post).
-  static constexpr std::size_t inline_bytes = 256;
+  static constexpr std::size_t inline_bytes = host::post_inline_bytes;
   rt::runtime_stats runtime_stats() const override;
   std::string stats_json() const override;
 

@@ -3,6 +3,7 @@
 // cluster only see this interface.
 #pragma once
 
+#include <spin/host/message.hpp>
 #include <spin/rt/result.hpp>
 #include <spin/rt/runtime.hpp>
 
@@ -13,17 +14,8 @@
 
 namespace spin::emu {
 
-/// A message the host asks its NIC to send: `len_bytes` bytes from registered host region
-/// `region` at `offset_bytes`, cut into packets of at most the port's payload size, to rank
-/// `dest_rank` with `match_bits` and `message_id` (wire format v1, docs/wire-format.md).
-struct message_send {
-  std::uint32_t dest_rank = 0;
-  std::uint64_t match_bits = 0;
-  std::uint64_t message_id = 0;
-  rt::region_id region = 0;
-  std::uint64_t offset_bytes = 0;
-  std::uint64_t len_bytes = 0;
-};
+/// A message the host asks its NIC to send (spin/host/message.hpp).
+using message_send = host::message;
 
 /// One NIC's control operations. Every member is thread-safe: the implementation runs the
 /// operation on the calling thread, serialised with the NIC's poll loop between two rounds
@@ -65,7 +57,7 @@ public:
   virtual result<void> send(const message_send& m, std::chrono::milliseconds timeout) = 0;
   /// Queues a message for sending and returns at once, without waiting for its packets (a
   /// real NIC's doorbell: the descriptor is posted, the NIC reads the host buffer later). A
-  /// message of at most 256 bytes is copied when posted (an RDMA NIC's inline send), so its
+  /// message of at most host::post_inline_bytes (256) bytes is copied when posted (an RDMA NIC's inline send), so its
   /// buffer may be reused at once; of a larger one the caller must leave the bytes alone until
   /// it knows, from the receiver's answer, that they were read. A queued message waits for room
   /// in the transmit queue as long as it takes; it is dropped only when the NIC stops or

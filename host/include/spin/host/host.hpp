@@ -9,6 +9,7 @@
 // carries the server's errc and message ("permission" refusals arrive as errc::not_supported).
 #pragma once
 
+#include <spin/host/message.hpp>
 #include <spin/host/protocol.hpp>
 #include <spin/host/shm.hpp>
 #include <spin/rt/package.hpp>
@@ -81,19 +82,6 @@ struct install_options {
 struct ec {
   std::uint32_t node = 0;
   rt::ec_id id = 0;
-};
-
-/// A message for client::send: `len_bytes` bytes of registered region `region` from
-/// `offset_bytes`, to rank `dest_rank` with `match_bits` and `message_id`.
-struct message {
-  std::uint32_t dest_rank = 0;
-  std::uint64_t match_bits = 0;
-  std::uint64_t message_id = 0;
-  rt::region_id region = 0;
-  std::uint64_t offset_bytes = 0;
-  std::uint64_t len_bytes = 0;
-  /// How long the NIC may wait for room in its transmit queue (at most 600 s).
-  std::chrono::milliseconds timeout{std::chrono::seconds(5)};
 };
 
 /// The host end of an EC's event ring (shared memory the server fills). Move-only.
@@ -169,9 +157,10 @@ public:
   result<void> close_events(const ec& e);
 
   /// Sends a message from node `node`'s NIC; returns once the NIC copied it into its transmit
-  /// queue. Errors: those of nic_control::send (not_found, out_of_bounds, invalid_argument,
-  /// timeout).
-  result<void> send(std::uint32_t node, const message& m);
+  /// queue, waiting up to `timeout` (at most 600 s) for room there. Errors: those of
+  /// nic_control::send (not_found, out_of_bounds, invalid_argument, timeout), invalid_argument
+  /// (timeout out of range).
+  result<void> send(std::uint32_t node, const message& m, std::chrono::milliseconds timeout = std::chrono::seconds(5));
 
   /// Every node's statistics: a JSON array of {node, name, rank, stats}.
   result<std::string> stats_json();

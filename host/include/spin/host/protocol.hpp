@@ -16,6 +16,7 @@
 // Thread safety: every function is pure and may be called from any thread.
 #pragma once
 
+#include <spin/host/message.hpp>
 #include <spin/rt/package.hpp>
 #include <spin/rt/result.hpp>
 #include <spin/rt/runtime.hpp>
@@ -88,15 +89,10 @@ struct close_events {
   std::uint32_t node = 0;
   rt::ec_id ec = 0;
 };
-/// "send": `len_bytes` bytes of region `region` from `offset_bytes`.
+/// "send": a message from the node's NIC.
 struct send {
   std::uint32_t node = 0;
-  std::uint32_t dest_rank = 0;
-  std::uint64_t match_bits = 0;
-  std::uint64_t message_id = 0;
-  rt::region_id region = 0;
-  std::uint64_t offset_bytes = 0;
-  std::uint64_t len_bytes = 0;
+  message msg;
   std::chrono::milliseconds timeout{0};  ///< 0..max_send_timeout_ms
 };
 /// "stats": every node's counters.

@@ -105,4 +105,11 @@ std::string_view to_string(handler_kind k);
 /// The manifest as JSON text (the same text the package stores), for `spinc --inspect`.
 std::string manifest_json(const package_manifest& m);
 
+/// The EC sizes a package's handlers get (loaded_package::bind applies it): a zero size becomes
+/// what the manifest declares (SPIN_MEMORY); a non-zero one stays. Errors: invalid_argument
+/// when a non-zero size is smaller than the declared one (the message names the EC, the region
+/// and both sizes); the sizes are then unchanged.
+result<void> raise_to_declared(const package_manifest& m, std::string_view ec_name, std::uint64_t& handler_mem_bytes,
+                               std::uint64_t& scratchpad_bytes);
+
 } // namespace spin::rt

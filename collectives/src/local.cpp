@@ -1,0 +1,130 @@
+// spin_coll_local: what spin::coll needs to drive NICs of this process (cluster mode): the
+// local port, communicator::create and fabric::create. The one part of spin::coll that links
+// the emulator (and so DPDK); the rank side (spin_coll_rank) does not.
+#include "port.hpp"
+
+#include <spin/coll/coll.hpp>
+#include <spin/emu/cluster.hpp>
+#include <spin/emu/nic_control.hpp>
+#include <spin/rt/loader.hpp>
+
+#include <sys/mman.h>
+
+#include <cstdio>
+#include <mutex>
+#include <vector>
+
+namespace spin::coll {
+namespace detail {
+namespace {
+
+// Packages loaded in this process, by the decoded package they came from: a communicator's
+// engines and a fabric's groups install the same package many times; each load maps the code
+// anew. An entry goes when its package does (engine_package holds it by make_shared, so its
+// address is not reused while the weak pointer lives).
+result<rt::loaded_package> load_cached(const engine_package& pkg) {
+  struct entry {
+    std::weak_ptr<const rt::package> pkg;
+    rt::loaded_package loaded;
+  };
+  static std::mutex m;
+  static std::vector<entry> cache;
+  if (!pkg.package) return fail(errc::invalid_argument, "engine package: not decoded");
+  std::lock_guard g(m);
+  std::erase_if(cache, [](const entry& e) { return e.pkg.expired(); });
+  for (const auto& e : cache)
+    if (e.pkg.lock() == pkg.package) return e.loaded;
+  auto lp = rt::load_package(*pkg.package);
+  if (!lp.ok()) return lp.err();
+  cache.push_back(entry{pkg.package, lp.value()});
+  return lp.value();
+}
+
+// ---- in this process ------------------------------------------------------------------------
+
+class local_memory final : public port_memory {
+public:
+  local_memory(emu::nic_control& nic, std::byte* p, std::size_t n) : _nic(nic) { bytes = {p, n}; }
+  ~local_memory() override {
+    if (_registered) (void)_nic.unregister_host_memory(region);
+    ::munmap(bytes.data(), bytes.size());
+  }
+  bool _registered = false;
+
+private:
+  emu::nic_control& _nic;
+};
+
+class local final : public port {
+public:
+  explicit local(emu::nic_control& nic) : _nic(nic) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%p", static_cast<const void*>(&nic));
+    _key = std::string("local:") + buf;
+  }
+  std::uint32_t rank() const noexcept override { return _nic.rank(); }
+  const std::string& name() const noexcept override { return _nic.name(); }
+  std::uint32_t max_payload_bytes() const noexcept override { return _nic.max_payload_bytes(); }
+  const std::string& key() const noexcept override { return _key; }
+
+  result<std::unique_ptr<port_memory>> alloc(std::size_t bytes) override {
+    // Reserved, not touched: the pages appear when the NIC or the host first writes them.
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return fail(errc::no_memory, "cannot map " + std::to_string(bytes) + " bytes of host memory");
+    auto m = std::make_unique<local_memory>(_nic, static_cast<std::byte*>(p), bytes);
+    auto reg = _nic.register_host_memory(m->bytes);
+    if (!reg.ok()) return reg.err();
+    m->region = reg.value();
+    m->_registered = true;
+    return std::unique_ptr<port_memory>(std::move(m));
+  }
+
+  result<rt::ec_id> install(const engine_package& pkg, const engine_spec& s) override {
+    auto loaded = load_cached(pkg);
+    if (!loaded.ok()) return loaded.err();
+    rt::ec_config cfg;
+    cfg.name = s.name;
+    cfg.match = s.match;
+    cfg.limits = s.limits;
+    cfg.handler_mem_bytes = s.handler_mem_bytes;
+    cfg.scratchpad = s.scratchpad;
+    if (auto r = loaded.value().bind(cfg); !r.ok()) return r.err();
+    cfg.window = s.window;
+    return _nic.install(cfg);
+  }
+  result<void> uninstall(rt::ec_id ec) override { return _nic.uninstall(ec); }
+  std::size_t poll_events(rt::ec_id ec, std::span<rt::host_event> out) override { return _nic.poll_events(ec, out); }
+  std::size_t wait_events(rt::ec_id ec, std::span<rt::host_event> out, std::chrono::nanoseconds timeout) override {
+    return _nic.wait_events(ec, out, timeout);
+  }
+  result<void> send(const host::message& m) override { return _nic.send(m, std::chrono::milliseconds(1000)); }
+  result<void> post(const host::message& m) override { return _nic.post(m); }
+
+private:
+  emu::nic_control& _nic;
+  std::string _key;
+};
+
+} // namespace
+
+std::unique_ptr<port> local_port(emu::nic_control& nic) { return std::make_unique<local>(nic); }
+
+} // namespace detail
+
+result<std::unique_ptr<communicator>> communicator::create(emu::nic_control& nic, const group& g, const options& o) {
+  return create_on(detail::local_port(nic), g, o);
+}
+
+result<std::unique_ptr<fabric>> fabric::create(emu::cluster& c, const fabric_options& o) {
+  const emu::topology& t = c.topo();
+  std::vector<std::unique_ptr<detail::port>> switches;
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> links;
+  for (std::uint32_t i = 0; i < t.nodes.size(); ++i)
+    if (t.nodes[i].kind == emu::node_kind::switch_) switches.push_back(detail::local_port(c.node(i)));
+  for (const auto& l : t.links) links.emplace_back(c.node(l.a).rank(), c.node(l.b).rank());
+  auto f = over(std::move(switches), links, o);
+  if (!f.ok() && f.err().code == errc::not_found) return fail(errc::not_found, "fabric: the cluster has no switch");
+  return f;
+}
+
+} // namespace spin::coll
