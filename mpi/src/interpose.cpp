@@ -1,0 +1,408 @@
+// libspin-mpi: MPI collectives through spin::coll, everything else through PMPI (spin_mpi.h,
+// docs/mpi.md). A communicator gets its spin::coll communicator at its first collective that
+// spin can run: every member is in that call (MPI's collective order), so the set-up is
+// collective too. The members agree on the outcome, so all of them fall back or none.
+#include <spin/coll/coll.hpp>
+#include <spin/host/host.hpp>
+#include <spin/mpi/spin_mpi.h>
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace spin;
+
+// ---- configuration and counters ----------------------------------------------------------------
+
+struct config {
+  std::string socket = "/run/spin-emu.sock";
+  std::optional<std::uint32_t> node;
+  coll::algorithm algo = coll::algorithm::automatic;
+  std::chrono::milliseconds timeout{10000};
+  int log = 0;
+};
+
+std::optional<std::uint64_t> env_u64(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  char* end = nullptr;
+  const unsigned long long x = std::strtoull(v, &end, 10);
+  if (*end != '\0') {
+    std::fprintf(stderr, "spin-mpi: %s='%s' is not a number; ignored\n", name, v);
+    return std::nullopt;
+  }
+  return x;
+}
+
+config read_config() {
+  config c;
+  if (const char* s = std::getenv("SPIN_MPI_SOCKET"); s != nullptr && *s != '\0') c.socket = s;
+  if (auto n = env_u64("SPIN_MPI_NODE")) {
+    c.node = static_cast<std::uint32_t>(*n);
+  } else {
+    for (const char* local : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
+      if (auto n = env_u64(local)) {
+        c.node = static_cast<std::uint32_t>(*n);
+        break;
+      }
+  }
+  if (const char* a = std::getenv("SPIN_MPI_ALGORITHM"); a != nullptr && *a != '\0') {
+    const std::string s = a;
+    if (s == "edge_ring")
+      c.algo = coll::algorithm::edge_ring;
+    else if (s == "host_ring")
+      c.algo = coll::algorithm::host_ring;
+    else if (s != "automatic")
+      std::fprintf(stderr, "spin-mpi: SPIN_MPI_ALGORITHM='%s' is not automatic, edge_ring or host_ring; using automatic\n", a);
+  }
+  if (auto t = env_u64("SPIN_MPI_TIMEOUT_MS"); t && *t > 0) c.timeout = std::chrono::milliseconds(*t);
+  if (auto l = env_u64("SPIN_MPI_LOG")) c.log = static_cast<int>(*l);
+  return c;
+}
+
+const config& cfg() {
+  static const config c = read_config();
+  return c;
+}
+
+struct counters {
+  std::array<std::atomic<std::uint64_t>, SPIN_MPI_CALLS> spin{}, fallback{};
+  std::array<std::atomic<std::uint64_t>, SPIN_MPI_REASONS> reasons{};
+  std::atomic<std::uint64_t> errors{0}, communicators{0};
+} stats;
+
+constexpr const char* call_names[SPIN_MPI_CALLS] = {"MPI_Allreduce", "MPI_Reduce_scatter_block", "MPI_Allgather", "MPI_Bcast"};
+constexpr const char* reason_names[SPIN_MPI_REASONS] = {"datatype", "op", "communicator", "arguments", "unavailable"};
+
+int world_rank() {
+  int r = -1;
+  int up = 0;
+  MPI_Initialized(&up);
+  if (up) PMPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+// ---- what spin can run --------------------------------------------------------------------------
+
+std::optional<coll::dtype> dtype_of(MPI_Datatype t) {
+  // The C types of an LP64 machine (x86-64): long is 64 bits.
+  if (t == MPI_FLOAT) return coll::dtype::f32;
+  if (t == MPI_DOUBLE) return coll::dtype::f64;
+  if (t == MPI_INT || t == MPI_INT32_T) return coll::dtype::i32;
+  if (t == MPI_INT64_T || t == MPI_LONG || t == MPI_LONG_LONG) return coll::dtype::i64;
+  if (t == MPI_UINT32_T || t == MPI_UNSIGNED) return coll::dtype::u32;
+  if (t == MPI_UINT64_T || t == MPI_UNSIGNED_LONG || t == MPI_UNSIGNED_LONG_LONG) return coll::dtype::u64;
+  return std::nullopt;
+}
+
+std::optional<coll::op> op_of(MPI_Op o) {
+  if (o == MPI_SUM) return coll::op::sum;
+  if (o == MPI_MIN) return coll::op::min;
+  if (o == MPI_MAX) return coll::op::max;
+  if (o == MPI_PROD) return coll::op::prod;
+  return std::nullopt;
+}
+
+std::string type_name(MPI_Datatype t) {
+  char buf[MPI_MAX_OBJECT_NAME] = {};
+  int len = 0;
+  if (MPI_Type_get_name(t, buf, &len) != MPI_SUCCESS || len == 0) return "a derived datatype";
+  return std::string(buf, static_cast<std::size_t>(len));
+}
+
+// ---- one spin communicator per MPI communicator ---------------------------------------------------
+
+struct spin_comm {
+  std::mutex mu;  // spin::coll: one thread at a time per communicator
+  std::unique_ptr<coll::communicator> comm;  // null: this MPI communicator falls back
+  std::string why;                           // when it falls back
+  int rank = 0;
+};
+
+std::mutex registry_mu;
+std::map<spin_comm*, std::unique_ptr<spin_comm>> registry;
+int keyval = MPI_KEYVAL_INVALID;
+std::uint32_t next_group_id = 1;  // this process's next group id (agreed with MAX over the members)
+std::optional<std::uint32_t> nic_rank_cache;
+std::string nic_error;
+
+int delete_attr(MPI_Comm, int, void* value, void*) {
+  std::lock_guard g(registry_mu);
+  registry.erase(static_cast<spin_comm*>(value));
+  return MPI_SUCCESS;
+}
+
+// This rank's NIC rank (its emulated address), asked once of spin-emu.
+std::optional<std::uint32_t> nic_rank() {
+  if (nic_rank_cache || !nic_error.empty()) return nic_rank_cache;
+  const config& c = cfg();
+  const std::uint32_t node = c.node.value_or(static_cast<std::uint32_t>(std::max(0, world_rank())));
+  auto cl = host::client::connect(c.socket);
+  if (!cl.ok()) {
+    nic_error = "no spin-emu at " + c.socket + " (" + errc_name(cl.err().code) + ": " + cl.err().message + ")";
+    return std::nullopt;
+  }
+  auto nodes = cl.value().nodes();
+  if (!nodes.ok()) {
+    nic_error = "spin-emu at " + c.socket + ": " + nodes.err().message;
+    return std::nullopt;
+  }
+  for (const auto& n : nodes.value())
+    if (n.node == node) return nic_rank_cache = n.rank;
+  nic_error = "spin-emu at " + c.socket + " has no node " + std::to_string(node) + " (" + std::to_string(nodes.value().size()) +
+              " nodes; set SPIN_MPI_NODE)";
+  return std::nullopt;
+}
+
+// The spin communicator of `comm`, created at its first use (a collective call over `comm`).
+spin_comm& spin_of(MPI_Comm comm) {
+  static std::once_flag keyval_once;
+  std::call_once(keyval_once, [] { PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, delete_attr, &keyval, nullptr); });
+  void* v = nullptr;
+  int found = 0;
+  PMPI_Comm_get_attr(comm, keyval, &v, &found);
+  if (found) return *static_cast<spin_comm*>(v);
+
+  auto sc = std::make_unique<spin_comm>();
+  int size = 0;
+  PMPI_Comm_rank(comm, &sc->rank);
+  PMPI_Comm_size(comm, &size);
+  // Every member's NIC rank, and a group id no member's NIC holds yet.
+  const auto mine = nic_rank();
+  std::uint32_t my_rank = mine.value_or(0);
+  std::vector<std::uint32_t> members(static_cast<std::size_t>(size));
+  PMPI_Allgather(&my_rank, 1, MPI_UINT32_T, members.data(), 1, MPI_UINT32_T, comm);
+  std::uint32_t gid = next_group_id;
+  PMPI_Allreduce(MPI_IN_PLACE, &gid, 1, MPI_UINT32_T, MPI_MAX, comm);
+  next_group_id = gid + 1;
+
+  int ok = mine.has_value() ? 1 : 0;
+  std::string why = mine ? "" : nic_error;
+  if (ok && gid > 4095) {
+    ok = 0;
+    why = "group ids exhausted (4095 communicators per NIC)";
+  }
+  if (ok) {
+    coll::group g;
+    g.id = gid;
+    g.members = members;
+    g.me = static_cast<std::uint32_t>(sc->rank);
+    coll::options o;
+    o.timeout = cfg().timeout;
+    auto c = coll::communicator::connect(cfg().socket, cfg().node.value_or(static_cast<std::uint32_t>(std::max(0, world_rank()))), g, o);
+    if (c.ok()) {
+      sc->comm = std::move(c.value());
+    } else {
+      ok = 0;
+      why = std::string("spin communicator: ") + errc_name(c.err().code) + ": " + c.err().message;
+    }
+  }
+  // All members use spin, or none does.
+  int all = ok;
+  PMPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, comm);
+  if (!all) {
+    sc->comm.reset();
+    sc->why = why.empty() ? "another rank could not set up its spin communicator" : why;
+    if (!why.empty())
+      std::fprintf(stderr, "spin-mpi: rank %d: %s; this communicator's collectives go to MPI\n", world_rank(), why.c_str());
+  } else {
+    stats.communicators.fetch_add(1, std::memory_order_relaxed);
+  }
+  spin_comm* raw = sc.get();
+  {
+    std::lock_guard g(registry_mu);
+    registry.emplace(raw, std::move(sc));
+  }
+  PMPI_Comm_set_attr(comm, keyval, raw);
+  return *raw;
+}
+
+// ---- the decision and the call ------------------------------------------------------------------
+
+struct decision {
+  bool spin = false;
+  spin_mpi_reason reason = SPIN_MPI_R_UNAVAILABLE;
+  std::string why;
+};
+
+decision fall_back(spin_mpi_reason r, std::string why) { return decision{false, r, std::move(why)}; }
+
+// What does not depend on the arguments: is `comm` an intracommunicator of two or more ranks.
+std::optional<decision> check_comm(MPI_Comm comm) {
+  int inter = 0, size = 0;
+  PMPI_Comm_test_inter(comm, &inter);
+  if (inter) return fall_back(SPIN_MPI_R_COMMUNICATOR, "an intercommunicator");
+  PMPI_Comm_size(comm, &size);
+  if (size < 2) return fall_back(SPIN_MPI_R_COMMUNICATOR, "a communicator of one rank");
+  if (size > 256) return fall_back(SPIN_MPI_R_COMMUNICATOR, "more than 256 ranks");
+  return std::nullopt;
+}
+
+void note(spin_mpi_call call, const decision& d, const std::string& what) {
+  if (d.spin) {
+    stats.spin[call].fetch_add(1, std::memory_order_relaxed);
+  } else {
+    stats.fallback[call].fetch_add(1, std::memory_order_relaxed);
+    stats.reasons[d.reason].fetch_add(1, std::memory_order_relaxed);
+  }
+  if (cfg().log >= 2)
+    std::fprintf(stderr, "spin-mpi: rank %d: %s %s: %s%s\n", world_rank(), call_names[call], what.c_str(),
+                 d.spin ? "spin" : "MPI: ", d.spin ? "" : d.why.c_str());
+}
+
+// A failed spin::coll call: the communicator's error handler, as MPI reports a failed call.
+int failed(MPI_Comm comm, spin_mpi_call call, const error& e) {
+  stats.errors.fetch_add(1, std::memory_order_relaxed);
+  std::fprintf(stderr, "spin-mpi: rank %d: %s failed in spin::coll: %s: %s\n", world_rank(), call_names[call],
+               errc_name(e.code), e.message.c_str());
+  PMPI_Comm_call_errhandler(comm, MPI_ERR_OTHER);
+  return MPI_ERR_OTHER;
+}
+
+// Decides for a call whose arguments passed `pre` (nullopt: spin can run them): the
+// communicator's own state may still send it to MPI.
+decision decide(MPI_Comm comm, std::optional<decision> pre, spin_comm** out) {
+  if (pre) return *pre;
+  if (auto c = check_comm(comm)) return *c;
+  spin_comm& sc = spin_of(comm);
+  if (!sc.comm) return fall_back(SPIN_MPI_R_UNAVAILABLE, sc.why);
+  *out = &sc;
+  return decision{true, SPIN_MPI_R_UNAVAILABLE, ""};
+}
+
+std::string shape(int count, MPI_Datatype t) { return std::to_string(count) + " x " + type_name(t); }
+
+} // namespace
+
+// ---- the interposed calls -------------------------------------------------------------------------
+
+extern "C" {
+
+void spin_mpi_get_counters(struct spin_mpi_counters* out) {
+  if (out == nullptr) return;
+  for (int i = 0; i < SPIN_MPI_CALLS; ++i) {
+    out->spin[i] = stats.spin[i].load(std::memory_order_relaxed);
+    out->fallback[i] = stats.fallback[i].load(std::memory_order_relaxed);
+  }
+  for (int i = 0; i < SPIN_MPI_REASONS; ++i) out->reasons[i] = stats.reasons[i].load(std::memory_order_relaxed);
+  out->errors = stats.errors.load(std::memory_order_relaxed);
+  out->communicators = stats.communicators.load(std::memory_order_relaxed);
+}
+
+int MPI_Allreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype datatype, MPI_Op op, MPI_Comm comm) {
+  std::optional<decision> pre;
+  const auto t = dtype_of(datatype);
+  const auto o = op_of(op);
+  if (!t) pre = fall_back(SPIN_MPI_R_DATATYPE, type_name(datatype) + " is not supported");
+  else if (!o) pre = fall_back(SPIN_MPI_R_OP, "the operation is not SUM, MIN, MAX or PROD");
+  else if (count <= 0) pre = fall_back(SPIN_MPI_R_ARGUMENTS, "count " + std::to_string(count));
+  spin_comm* sc = nullptr;
+  const decision d = decide(comm, pre, &sc);
+  note(SPIN_MPI_ALLREDUCE, d, shape(count, datatype));
+  if (!d.spin) return PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
+  const void* in = sendbuf == MPI_IN_PLACE ? recvbuf : sendbuf;
+  std::lock_guard g(sc->mu);
+  auto r = sc->comm->allreduce(in, recvbuf, static_cast<std::uint64_t>(count), *t, *o, cfg().algo);
+  return r.ok() ? MPI_SUCCESS : failed(comm, SPIN_MPI_ALLREDUCE, r.err());
+}
+
+int MPI_Reduce_scatter_block(const void* sendbuf, void* recvbuf, int recvcount, MPI_Datatype datatype, MPI_Op op,
+                             MPI_Comm comm) {
+  std::optional<decision> pre;
+  const auto t = dtype_of(datatype);
+  const auto o = op_of(op);
+  if (!t) pre = fall_back(SPIN_MPI_R_DATATYPE, type_name(datatype) + " is not supported");
+  else if (!o) pre = fall_back(SPIN_MPI_R_OP, "the operation is not SUM, MIN, MAX or PROD");
+  else if (recvcount <= 0) pre = fall_back(SPIN_MPI_R_ARGUMENTS, "count " + std::to_string(recvcount));
+  spin_comm* sc = nullptr;
+  const decision d = decide(comm, pre, &sc);
+  note(SPIN_MPI_REDUCE_SCATTER_BLOCK, d, shape(recvcount, datatype));
+  if (!d.spin) return PMPI_Reduce_scatter_block(sendbuf, recvbuf, recvcount, datatype, op, comm);
+  std::lock_guard g(sc->mu);
+  const std::uint64_t block = static_cast<std::uint64_t>(recvcount);
+  if (sendbuf != MPI_IN_PLACE) {
+    auto r = sc->comm->reduce_scatter(sendbuf, recvbuf, block, *t, *o, cfg().algo);
+    return r.ok() ? MPI_SUCCESS : failed(comm, SPIN_MPI_REDUCE_SCATTER_BLOCK, r.err());
+  }
+  // MPI's in place: the input is recvbuf (size x recvcount elements), the result lands at its
+  // start. spin::coll's in place (NCCL's) leaves it at this rank's block: move it down.
+  const std::size_t eb = coll::elem_bytes(*t);
+  auto* base = static_cast<std::byte*>(recvbuf);
+  std::byte* mine = base + static_cast<std::size_t>(sc->rank) * block * eb;
+  auto r = sc->comm->reduce_scatter(recvbuf, mine, block, *t, *o, cfg().algo);
+  if (!r.ok()) return failed(comm, SPIN_MPI_REDUCE_SCATTER_BLOCK, r.err());
+  if (mine != base) std::memmove(base, mine, block * eb);
+  return MPI_SUCCESS;
+}
+
+int MPI_Allgather(const void* sendbuf, int sendcount, MPI_Datatype sendtype, void* recvbuf, int recvcount,
+                  MPI_Datatype recvtype, MPI_Comm comm) {
+  std::optional<decision> pre;
+  const auto t = dtype_of(recvtype);
+  if (!t) pre = fall_back(SPIN_MPI_R_DATATYPE, type_name(recvtype) + " is not supported");
+  else if (sendbuf != MPI_IN_PLACE && (sendtype != recvtype || sendcount != recvcount))
+    pre = fall_back(SPIN_MPI_R_ARGUMENTS, "send and receive signatures differ");
+  else if (recvcount <= 0) pre = fall_back(SPIN_MPI_R_ARGUMENTS, "count " + std::to_string(recvcount));
+  spin_comm* sc = nullptr;
+  const decision d = decide(comm, pre, &sc);
+  note(SPIN_MPI_ALLGATHER, d, shape(recvcount, recvtype));
+  if (!d.spin) return PMPI_Allgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
+  std::lock_guard g(sc->mu);
+  const std::uint64_t block = static_cast<std::uint64_t>(recvcount);
+  // MPI's in place is NCCL's: this rank's block of recvbuf is the input.
+  const void* in = sendbuf == MPI_IN_PLACE
+                       ? static_cast<const std::byte*>(recvbuf) + static_cast<std::size_t>(sc->rank) * block * coll::elem_bytes(*t)
+                       : sendbuf;
+  auto r = sc->comm->allgather(in, recvbuf, block, *t, cfg().algo);
+  return r.ok() ? MPI_SUCCESS : failed(comm, SPIN_MPI_ALLGATHER, r.err());
+}
+
+int MPI_Bcast(void* buffer, int count, MPI_Datatype datatype, int root, MPI_Comm comm) {
+  std::optional<decision> pre;
+  const auto t = dtype_of(datatype);
+  if (!t) pre = fall_back(SPIN_MPI_R_DATATYPE, type_name(datatype) + " is not supported");
+  else if (count <= 0) pre = fall_back(SPIN_MPI_R_ARGUMENTS, "count " + std::to_string(count));
+  spin_comm* sc = nullptr;
+  const decision d = decide(comm, pre, &sc);
+  note(SPIN_MPI_BCAST, d, shape(count, datatype));
+  if (!d.spin) return PMPI_Bcast(buffer, count, datatype, root, comm);
+  std::lock_guard g(sc->mu);
+  auto r = sc->comm->broadcast(buffer, buffer, static_cast<std::uint64_t>(count), *t, static_cast<std::uint32_t>(root), cfg().algo);
+  return r.ok() ? MPI_SUCCESS : failed(comm, SPIN_MPI_BCAST, r.err());
+}
+
+int MPI_Finalize(void) {
+  if (cfg().log >= 1) {
+    spin_mpi_counters c{};
+    spin_mpi_get_counters(&c);
+    std::string line = "spin-mpi: rank " + std::to_string(world_rank()) + ": spin";
+    for (int i = 0; i < SPIN_MPI_CALLS; ++i) line += std::string(" ") + call_names[i] + "=" + std::to_string(c.spin[i]);
+    line += "; MPI";
+    for (int i = 0; i < SPIN_MPI_CALLS; ++i) line += std::string(" ") + call_names[i] + "=" + std::to_string(c.fallback[i]);
+    line += "; reasons";
+    for (int i = 0; i < SPIN_MPI_REASONS; ++i) line += std::string(" ") + reason_names[i] + "=" + std::to_string(c.reasons[i]);
+    line += "; errors=" + std::to_string(c.errors) + " communicators=" + std::to_string(c.communicators);
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+  // Spin communicators go before MPI does (MPI_COMM_WORLD's attributes may outlive Finalize).
+  {
+    std::lock_guard g(registry_mu);
+    registry.clear();
+  }
+  return PMPI_Finalize();
+}
+
+} // extern "C"

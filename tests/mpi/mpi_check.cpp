@@ -1,0 +1,184 @@
+// The interposer's behaviour, run by tests/mpi/run_mpi_test.sh under mpirun against a spin-emu
+// cluster: every supported collective, datatype and operation (in place too, on
+// MPI_COMM_WORLD, a split and a duplicate) gives exactly what Open MPI's own PMPI call gives;
+// unsupported datatypes, operations and communicators go to MPI, each counted with its reason.
+// Exits 0 when every check held on this rank; prints what differed otherwise.
+#include <spin/mpi/spin_mpi.h>
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+int rank = 0, size = 0, failures = 0;
+
+void check(bool ok, const std::string& what) {
+  if (ok) return;
+  ++failures;
+  std::fprintf(stderr, "mpi_check: rank %d: FAILED: %s\n", rank, what.c_str());
+}
+
+struct type_case {
+  MPI_Datatype t;
+  int bytes;
+  const char* name;
+};
+const type_case types[] = {{MPI_FLOAT, 4, "MPI_FLOAT"},     {MPI_DOUBLE, 8, "MPI_DOUBLE"},     {MPI_INT, 4, "MPI_INT"},
+                           {MPI_INT64_T, 8, "MPI_INT64_T"}, {MPI_UINT32_T, 4, "MPI_UINT32_T"}, {MPI_UINT64_T, 8, "MPI_UINT64_T"},
+                           {MPI_LONG, 8, "MPI_LONG"}};
+struct op_case {
+  MPI_Op o;
+  const char* name;
+};
+const op_case ops[] = {{MPI_SUM, "SUM"}, {MPI_MIN, "MIN"}, {MPI_MAX, "MAX"}, {MPI_PROD, "PROD"}};
+
+// Small integers (1..5) in the type's representation: sums and products of up to 8 ranks stay
+// exact in every type, so any order of combination gives Open MPI's bytes.
+std::vector<std::byte> values(const type_case& tc, int n, int seed) {
+  std::vector<std::byte> v(static_cast<std::size_t>(n) * tc.bytes);
+  for (int i = 0; i < n; ++i) {
+    const int x = 1 + (i * 7 + seed * 3) % 5;
+    std::byte* p = v.data() + static_cast<std::size_t>(i) * tc.bytes;
+    if (tc.t == MPI_FLOAT) {
+      const float f = static_cast<float>(x);
+      std::memcpy(p, &f, 4);
+    } else if (tc.t == MPI_DOUBLE) {
+      const double d = x;
+      std::memcpy(p, &d, 8);
+    } else if (tc.bytes == 4) {
+      const std::int32_t k = x;
+      std::memcpy(p, &k, 4);
+    } else {
+      const std::int64_t k = x;
+      std::memcpy(p, &k, 8);
+    }
+  }
+  return v;
+}
+
+void run_suite(MPI_Comm comm, const char* cname, int n) {
+  int r = 0, s = 0;
+  MPI_Comm_rank(comm, &r);
+  MPI_Comm_size(comm, &s);
+  for (const auto& tc : types) {
+    const std::string tn = std::string(cname) + " " + tc.name + " n=" + std::to_string(n);
+    for (const auto& oc : ops) {
+      auto in = values(tc, n, r + 1);
+      std::vector<std::byte> want(in.size()), got(in.size());
+      PMPI_Allreduce(in.data(), want.data(), n, tc.t, oc.o, comm);
+      MPI_Allreduce(in.data(), got.data(), n, tc.t, oc.o, comm);
+      check(got == want, "MPI_Allreduce " + tn + " " + oc.name);
+      auto inplace = in;
+      MPI_Allreduce(MPI_IN_PLACE, inplace.data(), n, tc.t, oc.o, comm);
+      check(inplace == want, "MPI_Allreduce in place " + tn + " " + oc.name);
+    }
+    {  // Reduce_scatter_block: s blocks of n elements in, one block out.
+      auto in = values(tc, n * s, r + 2);
+      std::vector<std::byte> want(static_cast<std::size_t>(n) * tc.bytes), got(want.size());
+      PMPI_Reduce_scatter_block(in.data(), want.data(), n, tc.t, MPI_SUM, comm);
+      MPI_Reduce_scatter_block(in.data(), got.data(), n, tc.t, MPI_SUM, comm);
+      check(got == want, "MPI_Reduce_scatter_block " + tn);
+      auto inplace = in;
+      MPI_Reduce_scatter_block(MPI_IN_PLACE, inplace.data(), n, tc.t, MPI_SUM, comm);
+      check(std::memcmp(inplace.data(), want.data(), want.size()) == 0, "MPI_Reduce_scatter_block in place " + tn);
+    }
+    {  // Allgather.
+      auto in = values(tc, n, r + 3);
+      std::vector<std::byte> want(in.size() * s), got(want.size());
+      PMPI_Allgather(in.data(), n, tc.t, want.data(), n, tc.t, comm);
+      MPI_Allgather(in.data(), n, tc.t, got.data(), n, tc.t, comm);
+      check(got == want, "MPI_Allgather " + tn);
+      std::vector<std::byte> inplace(want.size());
+      std::memcpy(inplace.data() + static_cast<std::size_t>(r) * in.size(), in.data(), in.size());
+      MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, inplace.data(), n, tc.t, comm);
+      check(inplace == want, "MPI_Allgather in place " + tn);
+    }
+    for (int root : {0, s - 1}) {  // Bcast from the first and the last rank.
+      auto want = values(tc, n, 40 + root);
+      auto got = r == root ? want : std::vector<std::byte>(want.size());
+      MPI_Bcast(got.data(), n, tc.t, root, comm);
+      check(got == want, "MPI_Bcast root " + std::to_string(root) + " " + tn);
+    }
+  }
+}
+
+void user_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  for (int i = 0; i < *len; ++i) static_cast<int*>(inout)[i] += static_cast<int*>(in)[i];
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+
+  // Supported: 7 types x (8 allreduce + 2 reduce-scatter + 2 allgather + 2 bcast) per suite.
+  run_suite(MPI_COMM_WORLD, "world", 1000);
+  run_suite(MPI_COMM_WORLD, "world", 5000);  // several packets per rank and block
+  MPI_Comm dup, half;
+  MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+  run_suite(dup, "dup", 300);
+  MPI_Comm_split(MPI_COMM_WORLD, rank % 2, rank, &half);
+  run_suite(half, "split", 300);
+  const int suites = 4;
+
+  // Unsupported: each goes to MPI and gives MPI's answer.
+  {
+    std::vector<short> in(64, static_cast<short>(rank + 1)), out(64);
+    MPI_Allreduce(in.data(), out.data(), 64, MPI_SHORT, MPI_SUM, MPI_COMM_WORLD);
+    check(out[5] == size * (size + 1) / 2, "MPI_SHORT allreduce through MPI");
+    std::vector<int> iv(64, rank + 1), ov(64);
+    MPI_Allreduce(iv.data(), ov.data(), 64, MPI_INT, MPI_BAND, MPI_COMM_WORLD);
+    int band = 1;
+    for (int k = 2; k <= size; ++k) band &= k;
+    check(ov[3] == band, "MPI_BAND allreduce through MPI");
+    MPI_Op mine;
+    MPI_Op_create(user_sum, 1, &mine);
+    MPI_Allreduce(iv.data(), ov.data(), 64, MPI_INT, mine, MPI_COMM_WORLD);
+    check(ov[7] == size * (size + 1) / 2, "user op allreduce through MPI");
+    MPI_Op_free(&mine);
+    MPI_Comm self_comm;
+    MPI_Comm_split(MPI_COMM_WORLD, rank, 0, &self_comm);  // one rank each
+    MPI_Allreduce(iv.data(), ov.data(), 64, MPI_INT, MPI_SUM, self_comm);
+    check(ov[0] == rank + 1, "one-rank communicator through MPI");
+    MPI_Comm_free(&self_comm);
+    MPI_Comm inter;
+    MPI_Intercomm_create(half, 0, MPI_COMM_WORLD, rank % 2 == 0 ? 1 : 0, 99, &inter);
+    int one = 1, sum = 0;
+    MPI_Allreduce(&one, &sum, 1, MPI_INT, MPI_SUM, inter);  // the remote group's sum
+    check(sum == size / 2, "intercommunicator allreduce through MPI");
+    MPI_Comm_free(&inter);
+    MPI_Allreduce(iv.data(), ov.data(), 0, MPI_INT, MPI_SUM, MPI_COMM_WORLD);  // count 0
+  }
+  MPI_Comm_free(&half);
+  MPI_Comm_free(&dup);
+
+  spin_mpi_counters c{};
+  spin_mpi_get_counters(&c);
+  const std::uint64_t per_suite = 7;  // types
+  check(c.spin[SPIN_MPI_ALLREDUCE] == suites * per_suite * 8, "allreduce calls on spin: " + std::to_string(c.spin[SPIN_MPI_ALLREDUCE]));
+  check(c.spin[SPIN_MPI_REDUCE_SCATTER_BLOCK] == suites * per_suite * 2,
+        "reduce_scatter_block calls on spin: " + std::to_string(c.spin[SPIN_MPI_REDUCE_SCATTER_BLOCK]));
+  check(c.spin[SPIN_MPI_ALLGATHER] == suites * per_suite * 2, "allgather calls on spin: " + std::to_string(c.spin[SPIN_MPI_ALLGATHER]));
+  check(c.spin[SPIN_MPI_BCAST] == suites * per_suite * 2, "bcast calls on spin: " + std::to_string(c.spin[SPIN_MPI_BCAST]));
+  check(c.fallback[SPIN_MPI_ALLREDUCE] == 6, "allreduce calls on MPI: " + std::to_string(c.fallback[SPIN_MPI_ALLREDUCE]));
+  check(c.reasons[SPIN_MPI_R_DATATYPE] == 1, "datatype fallbacks: " + std::to_string(c.reasons[SPIN_MPI_R_DATATYPE]));
+  check(c.reasons[SPIN_MPI_R_OP] == 2, "op fallbacks: " + std::to_string(c.reasons[SPIN_MPI_R_OP]));
+  check(c.reasons[SPIN_MPI_R_COMMUNICATOR] == 2, "communicator fallbacks: " + std::to_string(c.reasons[SPIN_MPI_R_COMMUNICATOR]));
+  check(c.reasons[SPIN_MPI_R_ARGUMENTS] == 1, "argument fallbacks: " + std::to_string(c.reasons[SPIN_MPI_R_ARGUMENTS]));
+  check(c.reasons[SPIN_MPI_R_UNAVAILABLE] == 0, "unavailable: " + std::to_string(c.reasons[SPIN_MPI_R_UNAVAILABLE]));
+  check(c.errors == 0, "errors: " + std::to_string(c.errors));
+  check(c.communicators == 3, "spin communicators: " + std::to_string(c.communicators));
+
+  int all = 0;
+  PMPI_Allreduce(&failures, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  if (rank == 0) std::printf("mpi_check: %d ranks, %s\n", size, all == 0 ? "every check held" : "CHECKS FAILED");
+  MPI_Finalize();
+  return all == 0 ? 0 : 1;
+}

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Runs an MPI program under Open MPI's mpirun against a spin-emu cluster (4 hosts around one
+# switch, lossless) started here with its own control socket, then stops spin-emu.
+#
+#   run_mpi_test.sh SPIN_EMU NP PRELOAD -- PROGRAM [ARGS...]
+#
+# PRELOAD is libspin-mpi.so's path for LD_PRELOAD, or "" for a program linked with it. Every
+# rank reaches its NIC through the control socket (SPIN_MPI_SOCKET); rank k uses node k (its
+# local rank), which the topology makes host k. Exits with mpirun's status; spin-emu not coming
+# up is a failure too. SPIN_MPI_LOG=1: each rank prints its counters at MPI_Finalize.
+set -euo pipefail
+
+spin_emu=$1 np=$2 preload=$3
+shift 3
+[[ ${1:-} == -- ]] && shift
+
+dir=$(mktemp -d "${TMPDIR:-/tmp}/spin_mpi.XXXXXX")
+emu_pid=
+cleanup() {
+  if [[ -n $emu_pid ]] && kill -0 "$emu_pid" 2>/dev/null; then
+    kill -TERM "$emu_pid" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$emu_pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$emu_pid" 2>/dev/null || true
+    wait "$emu_pid" 2>/dev/null || true
+  fi
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+trap 'exit 143' INT TERM
+
+{
+  echo '[defaults]'
+  echo 'rate_gbps = 100'
+  echo 'latency_ns = 1000'
+  for ((h = 0; h < np; h++)); do printf '[[host]]\nname = "h%d"\n' "$h"; done
+  printf '[[switch]]\nname = "s0"\n'
+  for ((h = 0; h < np; h++)); do printf '[[link]]\na = "h%d"\nb = "s0"\n' "$h"; done
+} > "$dir/star.toml"
+
+sock=$dir/emu.sock
+"$spin_emu" --topology "$dir/star.toml" --socket "$sock" --duration 600 -q > "$dir/emu.log" 2>&1 &
+emu_pid=$!
+for _ in $(seq 200); do
+  [[ -S $sock ]] && break
+  kill -0 "$emu_pid" 2>/dev/null || { echo "spin-emu exited early:"; cat "$dir/emu.log"; exit 1; }
+  sleep 0.1
+done
+[[ -S $sock ]] || { echo "spin-emu's control socket did not appear within 20 s:"; cat "$dir/emu.log"; exit 1; }
+
+env_args=(-x SPIN_MPI_SOCKET="$sock" -x SPIN_MPI_LOG="${SPIN_MPI_LOG:-1}")
+[[ -z $preload ]] || env_args+=(-x LD_PRELOAD="$preload")
+for v in ASAN_OPTIONS LSAN_OPTIONS UBSAN_OPTIONS TSAN_OPTIONS PYTHONPATH; do
+  [[ -z ${!v:-} ]] || env_args+=(-x "$v=${!v}")
+done
+status=0
+timeout 500 mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$np" \
+  --mca btl self,vader --mca btl_vader_single_copy_mechanism none \
+  "${env_args[@]}" "$@" || status=$?
+if [[ $status -ne 0 ]]; then
+  echo "mpirun exited with $status; spin-emu's log:"
+  cat "$dir/emu.log"
+fi
+exit $status
