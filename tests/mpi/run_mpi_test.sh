@@ -5,9 +5,10 @@
 #   run_mpi_test.sh SPIN_EMU NP PRELOAD -- PROGRAM [ARGS...]
 #
 # PRELOAD is libspin-mpi.so's path for LD_PRELOAD, or "" for a program linked with it. Every
-# rank reaches its NIC through the control socket (SPIN_MPI_SOCKET); rank k uses node k (its
+# rank reaches its NIC through the control socket (SPIN_MPI_SOCKET, SPIN_TORCH_SOCKET); rank k uses node k (its
 # local rank), which the topology makes host k. Exits with mpirun's status; spin-emu not coming
-# up is a failure too. SPIN_MPI_LOG=1: each rank prints its counters at MPI_Finalize.
+# up is a failure too. SPIN_MPI_LOG=1: each rank prints its counters at MPI_Finalize. An
+# argument "{port}" becomes a free TCP port of 127.0.0.1 (for torch.distributed's store).
 set -euo pipefail
 
 spin_emu=$1 np=$2 preload=$3
@@ -47,15 +48,18 @@ for _ in $(seq 200); do
 done
 [[ -S $sock ]] || { echo "spin-emu's control socket did not appear within 20 s:"; cat "$dir/emu.log"; exit 1; }
 
-env_args=(-x SPIN_MPI_SOCKET="$sock" -x SPIN_MPI_LOG="${SPIN_MPI_LOG:-1}")
+env_args=(-x SPIN_MPI_SOCKET="$sock" -x SPIN_TORCH_SOCKET="$sock" -x SPIN_MPI_LOG="${SPIN_MPI_LOG:-1}")
 [[ -z $preload ]] || env_args+=(-x LD_PRELOAD="$preload")
-for v in ASAN_OPTIONS LSAN_OPTIONS UBSAN_OPTIONS TSAN_OPTIONS PYTHONPATH; do
+for v in ASAN_OPTIONS LSAN_OPTIONS UBSAN_OPTIONS TSAN_OPTIONS PYTHONPATH OMP_NUM_THREADS; do
   [[ -z ${!v:-} ]] || env_args+=(-x "$v=${!v}")
 done
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+args=()
+for a in "$@"; do [[ $a == "{port}" ]] && args+=("$port") || args+=("$a"); done
 status=0
 timeout 500 mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$np" \
   --mca btl self,vader --mca btl_vader_single_copy_mechanism none \
-  "${env_args[@]}" "$@" || status=$?
+  "${env_args[@]}" "${args[@]}" || status=$?
 if [[ $status -ne 0 ]]; then
   echo "mpirun exited with $status; spin-emu's log:"
   cat "$dir/emu.log"

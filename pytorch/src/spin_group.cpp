@@ -1,0 +1,93 @@
+// spin::coll behind the backend's C++17-visible facade (spin_group.hpp).
+#include "spin_group.hpp"
+
+#include <spin/coll/coll.hpp>
+#include <spin/host/host.hpp>
+
+namespace spin::torch_backend {
+
+namespace {
+coll::dtype to_dtype(elem t) { return static_cast<coll::dtype>(static_cast<std::uint8_t>(t)); }
+coll::op to_op(red r) {
+  switch (r) {
+  case red::sum: return coll::op::sum;
+  case red::min: return coll::op::min;
+  case red::max: return coll::op::max;
+  case red::prod: return coll::op::prod;
+  }
+  return coll::op::sum;
+}
+coll::algorithm to_algorithm(algo a) {
+  switch (a) {
+  case algo::automatic: return coll::algorithm::automatic;
+  case algo::edge_ring: return coll::algorithm::edge_ring;
+  case algo::host_ring: return coll::algorithm::host_ring;
+  }
+  return coll::algorithm::automatic;
+}
+std::string text(const result<void>& r) {
+  return r.ok() ? std::string() : std::string(errc_name(r.err().code)) + ": " + r.err().message;
+}
+} // namespace
+
+std::uint32_t nic_rank(const std::string& socket, std::uint32_t node, std::string& error) {
+  auto cl = host::client::connect(socket);
+  if (!cl.ok()) {
+    error = "no spin-emu at " + socket + " (" + errc_name(cl.err().code) + ": " + cl.err().message + "; set SPIN_TORCH_SOCKET)";
+    return 0;
+  }
+  auto nodes = cl.value().nodes();
+  if (!nodes.ok()) {
+    error = "spin-emu at " + socket + ": " + nodes.err().message;
+    return 0;
+  }
+  for (const auto& n : nodes.value())
+    if (n.node == node) return n.rank;
+  error = "spin-emu at " + socket + " has no node " + std::to_string(node) + " (" + std::to_string(nodes.value().size()) +
+          " nodes; set SPIN_TORCH_NODE)";
+  return 0;
+}
+
+struct group::impl {
+  std::unique_ptr<coll::communicator> comm;
+  coll::algorithm a = coll::algorithm::automatic;
+};
+
+group::group(const std::string& socket, std::uint32_t node, std::uint32_t id, const std::vector<std::uint32_t>& members,
+             std::uint32_t me, std::chrono::milliseconds timeout, algo a, std::string& error)
+    : _p(std::make_unique<impl>()) {
+  _p->a = to_algorithm(a);
+  coll::group g;
+  g.id = id;
+  g.members = members;
+  g.me = me;
+  coll::options o;
+  o.timeout = timeout;
+  auto c = coll::communicator::connect(socket, node, g, o);
+  if (!c.ok()) {
+    error = std::string("spin communicator: ") + errc_name(c.err().code) + ": " + c.err().message;
+    return;
+  }
+  _p->comm = std::move(c.value());
+}
+
+group::~group() = default;
+
+std::string group::allreduce(void* data, std::uint64_t count, elem t, red r) {
+  if (!_p->comm) return "not connected";
+  return text(_p->comm->allreduce(data, data, count, to_dtype(t), to_op(r), _p->a));
+}
+std::string group::broadcast(void* data, std::uint64_t count, elem t, std::uint32_t root) {
+  if (!_p->comm) return "not connected";
+  return text(_p->comm->broadcast(data, data, count, to_dtype(t), root, _p->a));
+}
+std::string group::allgather(const void* in, void* out, std::uint64_t block_count, elem t) {
+  if (!_p->comm) return "not connected";
+  return text(_p->comm->allgather(in, out, block_count, to_dtype(t), _p->a));
+}
+std::string group::reduce_scatter(const void* in, void* out, std::uint64_t block_count, elem t, red r) {
+  if (!_p->comm) return "not connected";
+  return text(_p->comm->reduce_scatter(in, out, block_count, to_dtype(t), to_op(r), _p->a));
+}
+
+} // namespace spin::torch_backend

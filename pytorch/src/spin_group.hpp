@@ -1,0 +1,49 @@
+// The part of the "spin" torch.distributed backend that talks to spin::coll, behind types that
+// both C++ standards of the backend can see: spin::coll is C++20, and Debian's libtorch 1.13
+// headers compile only as C++17 under clang 16 (incomplete c10::IValue in std::vector). The
+// process group (process_group_spin.cpp) is built C++17; this file's implementation C++20.
+// Errors come back as text (empty: it worked); the process group raises them.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace spin::torch_backend {
+
+/// Element types (the values of spin::coll::dtype).
+enum class elem : std::uint8_t { f32 = 1, f64 = 2, f16 = 3, bf16 = 4, i32 = 5, i64 = 6, u32 = 7, u64 = 8 };
+/// Reductions.
+enum class red : std::uint8_t { sum, min, max, prod };
+/// Who does the work: automatic, edge_ring, host_ring (docs/collectives.md, "Algorithms").
+enum class algo : std::uint8_t { automatic, edge_ring, host_ring };
+
+/// The NIC rank (emulated address) of node `node` of the spin-emu at `socket`; on failure
+/// `error` says why and the result is 0.
+std::uint32_t nic_rank(const std::string& socket, std::uint32_t node, std::string& error);
+
+/// One rank's spin::coll communicator. Not thread-safe: one call at a time.
+class group {
+public:
+  /// Connects node `node` of the spin-emu at `socket` as member `me` of group `id` whose NIC
+  /// ranks are `members`. On failure `error` says why and every call fails.
+  group(const std::string& socket, std::uint32_t node, std::uint32_t id, const std::vector<std::uint32_t>& members,
+        std::uint32_t me, std::chrono::milliseconds timeout, algo a, std::string& error);
+  ~group();
+  group(const group&) = delete;
+  group& operator=(const group&) = delete;
+
+  // Each returns "" or why it failed (spin::coll's errc and message).
+  std::string allreduce(void* data, std::uint64_t count, elem t, red r);
+  std::string broadcast(void* data, std::uint64_t count, elem t, std::uint32_t root);
+  std::string allgather(const void* in, void* out, std::uint64_t block_count, elem t);
+  std::string reduce_scatter(const void* in, void* out, std::uint64_t block_count, elem t, red r);
+
+private:
+  struct impl;
+  std::unique_ptr<impl> _p;
+};
+
+} // namespace spin::torch_backend
