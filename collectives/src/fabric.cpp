@@ -40,6 +40,7 @@ struct fabric::impl {
   struct job {
     std::vector<std::uint32_t> members;
     std::uint32_t asked = 0;
+    bool decided = false;  // the first member's join has its answer (l); later members wait for it
     lease l;
     std::uint32_t refs = 0;
     std::vector<placement> placed;  // the root first, then the leaves
@@ -307,12 +308,24 @@ result<fabric::lease> fabric::join(std::uint32_t wire_id, const std::vector<std:
     if (j.members != members || j.asked != slots)
       return fail(errc::invalid_argument, "switch slots: this member's group (members or switch_slots) differs from the first member's");
     ++j.refs;
+    // One answer for every member: while the first member waits for slots (switch_wait), the
+    // others wait for its answer instead of taking an empty lease.
+    _p->cv.wait(l, [&] { return j.decided; });
     return j.l;
   }
   impl::job& j = _p->jobs[wire_id];
   j.members = members;
   j.asked = slots;
   j.refs = 1;
+  // Whatever the outcome below, the later members learn it (std::map keeps `j` in place).
+  struct decide {
+    impl& p;
+    impl::job& j;
+    ~decide() {
+      j.decided = true;
+      p.cv.notify_all();
+    }
+  } decided_on_return{*_p, j};
   const std::int32_t root = _p->switch_for(members);
   if (root < 0) {
     j.l.reason = "no switch reaches every member";

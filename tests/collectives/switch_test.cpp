@@ -219,6 +219,65 @@ TEST_CASE("groups share a switch's slots first come, first served; a group witho
   log_lines = nullptr;
 }
 
+TEST_CASE("switch_wait gives every member of a group one answer: a member that joins while the first waits for slots gets them too") {
+  emu::cluster_options co;
+  auto c = emu::cluster::create(emu::star(4, {}), co);
+  REQUIRE(c.ok());
+  test::driver drv;
+  drv.start(*c.value());
+  fabric_options fo;
+  fo.slots_per_switch = 100;
+  auto fab = fabric::create(*c.value(), fo);
+  REQUIRE(fab.ok());
+  auto make = [&](std::uint32_t id, std::vector<std::uint32_t> members, std::uint32_t me, std::chrono::milliseconds wait) {
+    options o;
+    o.switches = fab.value().get();
+    o.switch_slots = 64;
+    o.switch_wait = wait;
+    o.log = capture_log;
+    group g;
+    g.id = id;
+    g.members = std::move(members);
+    g.me = me;
+    return communicator::create(*c.value()->host(g.members[me]), g, o);
+  };
+  // Group 1 holds 64 of the 100 slots; group 2 asks for 64 and may wait 20 s for them.
+  std::vector<std::unique_ptr<communicator>> first;
+  for (std::uint32_t r = 0; r < 2; ++r) {
+    auto cm = make(1, {0, 1}, r, std::chrono::milliseconds(0));
+    REQUIRE_MESSAGE(cm.ok(), cm.err().message);
+    first.push_back(std::move(cm.value()));
+  }
+  REQUIRE(fab.value()->usage()[0].free == 36);
+  // Both members of group 2 join while the slots are taken: the first waits for them, the second
+  // joins during that wait. Then group 1 ends and frees its slots.
+  std::vector<result<std::unique_ptr<communicator>>> second;
+  second.emplace_back(fail(errc::bad_state, "not created"));
+  second.emplace_back(fail(errc::bad_state, "not created"));
+  std::thread t0([&] { second[0] = make(2, {2, 3}, 0, std::chrono::seconds(20)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  std::thread t1([&] { second[1] = make(2, {2, 3}, 1, std::chrono::seconds(20)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  first.clear();
+  t0.join();
+  t1.join();
+  REQUIRE_MESSAGE(second[0].ok(), second[0].err().message);
+  REQUIRE_MESSAGE(second[1].ok(), second[1].err().message);
+  CHECK(fab.value()->usage()[0].free == 36);
+  // Both members hold the slots: the switch aggregates their allreduce (not_supported otherwise).
+  std::vector<std::vector<std::int32_t>> in = {std::vector<std::int32_t>(5000, 3), std::vector<std::int32_t>(5000, 4)};
+  std::vector<std::vector<std::int32_t>> out(2, std::vector<std::int32_t>(5000));
+  std::vector<result<void>> res(2);
+  std::thread a([&] { res[0] = second[0].value()->allreduce(in[0].data(), out[0].data(), 5000, dtype::i32, op::sum, algorithm::switch_agg); });
+  std::thread b([&] { res[1] = second[1].value()->allreduce(in[1].data(), out[1].data(), 5000, dtype::i32, op::sum, algorithm::switch_agg); });
+  a.join();
+  b.join();
+  for (std::uint32_t r = 0; r < 2; ++r) {
+    REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+    CHECK(out[r] == std::vector<std::int32_t>(5000, 7));
+  }
+}
+
 TEST_CASE("in a leaf-spine network leaves combine integer and min/max reductions; float sums go to the spine for the ring's bits") {
   emu::cluster_options co;
   auto no_switch = emu::cluster::create(emu::ring(3, {}), co);

@@ -104,7 +104,8 @@ struct options {
   /// the same number.
   std::uint32_t switch_slots = 64;
   /// How long the first member waits for a switch's slots to free up before the group runs
-  /// without them (fabric_options, "first come, first served").
+  /// without them (fabric_options, "first come, first served"). Members that join meanwhile
+  /// wait for the first member's answer: every member gets the same one.
   std::chrono::milliseconds switch_wait{0};
   /// Where the communicator says why it runs without the switch (one line per reason). Null:
   /// standard error.
