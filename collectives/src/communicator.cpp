@@ -5,6 +5,7 @@
 #include <spin/coll/protocol.hpp>
 #include <spin/rt/package.hpp>
 
+#include "cmd_key.hpp"
 #include "engine_ec.hpp"
 #include "port.hpp"
 #include "repair_timer.hpp"
@@ -31,14 +32,14 @@ using clock = std::chrono::steady_clock;
 namespace pr = proto;
 
 // Arena layout: a control area, two staging buffers, then what alloc() hands out.
-constexpr std::size_t members_off = 0;
+constexpr std::size_t members_off = 64;     // after the command key (proto::cmd_key_off, 16 bytes)
 constexpr std::size_t desc_off = 4096;       // two start_desc slots, by epoch parity
 constexpr std::size_t counters_off = 6144;   // engine_counters (cmd_stats)
 constexpr std::size_t cmd_off = 8192;        // command slots, used in turn
 constexpr std::size_t cmd_slots = 16;
 constexpr std::size_t ctl_bytes = 64 * 1024;
 
-static_assert(members_off + pr::max_ranks * sizeof(std::uint32_t) <= desc_off);
+static_assert(pr::cmd_key_off + 16 <= members_off && members_off + pr::max_ranks * sizeof(std::uint32_t) <= desc_off);
 static_assert(desc_off + 2 * sizeof(pr::start_desc) <= counters_off);
 static_assert(counters_off + sizeof(pr::engine_counters) <= cmd_off);
 static_assert(cmd_off + cmd_slots * 64 <= ctl_bytes && sizeof(pr::cmd) <= 64);
@@ -128,6 +129,7 @@ struct communicator::impl {
   std::uint32_t base_id = 0;  // group id << 4
   std::unique_ptr<detail::port_memory> arena_mem;  // registered with the NIC
   std::byte* arena = nullptr;
+  detail::cmd_key key;  // signs every command (protocol.hpp, cmd_key_off); in the arena at 0
   std::size_t arena_bytes = 0;
   rt::region_id region = 0;
   std::vector<engine_ec> engines;
@@ -159,8 +161,9 @@ struct communicator::impl {
   std::size_t staging_out() const { return ctl_bytes + o.staging_bytes; }
   std::size_t heap_off() const { return ctl_bytes + 2 * o.staging_bytes; }
 
-  result<void> send_cmd(const engine_ec& e, const pr::cmd& c) {
+  result<void> send_cmd(const engine_ec& e, pr::cmd c) {
     const std::size_t off = cmd_off + (next_slot++ % cmd_slots) * 64;
+    key.sign(c);
     std::memcpy(arena + off, &c, sizeof(c));
     host::message m;
     m.dest_rank = nic->rank();
@@ -750,6 +753,12 @@ result<std::unique_ptr<communicator>> communicator::create_on(std::unique_ptr<de
   if (!mem.ok()) return fail(mem.err().code, "communicator: the arena: " + mem.err().message);
   p->arena_mem = std::move(mem.value());
   p->arena = p->arena_mem->bytes.data();
+  {
+    auto k = detail::cmd_key::random();
+    if (!k.ok()) return fail(k.err().code, "communicator: " + k.err().message);
+    p->key = k.value();
+    p->key.write(p->arena);
+  }
   p->arena_bytes = p->arena_mem->bytes.size();
   p->region = p->arena_mem->region;
   p->free_list[p->heap_off()] = o.arena_bytes - p->heap_off();
@@ -865,7 +874,9 @@ result<std::string> communicator::engine_stats_json() {
   if (!ev.ok()) return ev.err();
   pr::engine_counters k;
   std::memcpy(&k, _p->arena + counters_off, sizeof(k));
-  static constexpr const char* drop_names[] = {"stale", "malformed", "stranger", "early", "duplicate", "send_failed", "dma_failed"};
+  static constexpr const char* drop_names[] = {"stale",       "malformed",  "stranger", "early",
+                                               "duplicate",   "send_failed", "dma_failed", "forged"};
+  static_assert(std::size(drop_names) == pr::dr_count);
   static constexpr const char* kind_names[] = {"",     "cmd",  "hello", "hello_req", "rs",    "ag",    "nack",
                                                "done", "done_req", "ack", "up",   "down", "xfer", "mcast",
                                                "mdown", "up2", "down2", "probe", "probe_ans"};

@@ -4,6 +4,7 @@
 #include <spin/coll/engine.hpp>
 #include <spin/coll/protocol.hpp>
 
+#include "cmd_key.hpp"
 #include "engine_ec.hpp"
 #include "port.hpp"
 
@@ -146,7 +147,7 @@ struct fabric::impl {
     detail::port& nic = *s.port;
     const std::uint32_t inputs = std::max<std::uint32_t>(setup.nranks, setup.nleaves);
     const std::uint64_t stride = engine_detail::slot_stride_bytes(inputs, o.slot_bytes);
-    auto mem = nic.alloc(4096 + sizeof(pr::switch_setup) + 2 * pr::max_ranks * 4);
+    auto mem = nic.alloc(4096 + 128 + sizeof(pr::switch_setup) + 2 * pr::max_ranks * 4);
     if (!mem.ok()) return fail(mem.err().code, "registering the set-up memory on " + s.name + ": " + mem.err().message);
     pl.mem = std::move(mem.value());
     std::byte* base = pl.mem->bytes.data();
@@ -163,21 +164,26 @@ struct fabric::impl {
     if (!ec.ok()) return fail(ec.err().code, "installing the aggregation engine on " + s.name + ": " + ec.err().message);
     pl.ec = ec.value();
     pl.ec_ok = true;
-    std::memcpy(base + 64, &setup, sizeof(setup));
-    std::memcpy(base + 64 + sizeof(setup), members.data(), members.size() * sizeof(std::uint32_t));
+    // The window: the command key at 0, the command at 64, the set-up and its tables at 128.
+    auto key = detail::cmd_key::random();
+    if (!key.ok()) return key.err();
+    key.value().write(base);
+    std::memcpy(base + 128, &setup, sizeof(setup));
+    std::memcpy(base + 128 + sizeof(setup), members.data(), members.size() * sizeof(std::uint32_t));
     if (!leaves.empty())
-      std::memcpy(base + 64 + sizeof(setup) + members.size() * sizeof(std::uint32_t), leaves.data(),
+      std::memcpy(base + 128 + sizeof(setup) + members.size() * sizeof(std::uint32_t), leaves.data(),
                   leaves.size() * sizeof(std::uint32_t));
     pr::cmd cmd{};
     cmd.type = pr::cmd_switch_setup;
-    cmd.desc_off = 64;
-    std::memcpy(base, &cmd, sizeof(cmd));
+    cmd.desc_off = 128;
+    key.value().sign(cmd);
+    std::memcpy(base + 64, &cmd, sizeof(cmd));
     host::message msg;
     msg.dest_rank = nic.rank();
     msg.match_bits = pr::match_bits(wire_id, pr::k_cmd);
     msg.message_id = 1;
     msg.region = pl.mem->region;
-    msg.offset_bytes = 0;
+    msg.offset_bytes = 64;
     msg.len_bytes = sizeof(cmd);
     const auto deadline = clock::now() + std::chrono::seconds(10);
     for (;;) {  // a full transmit queue queued nothing of this one-packet message: try again

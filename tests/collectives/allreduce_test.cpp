@@ -4,6 +4,9 @@
 #include "coll_world.hpp"
 
 #include <spin/coll/kernels.hpp>
+#include <spin/coll/protocol.hpp>
+
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <bit>
@@ -13,6 +16,7 @@
 #include <ctime>
 #include <random>
 #include <string>
+#include <thread>
 #include <thread>
 
 using namespace spin;
@@ -266,6 +270,43 @@ TEST_CASE("float16 sums accumulate in float32 and round once") {
     std::memcpy(&got, &out[r][0], 2);
     CHECK(static_cast<float>(got) == 2050.0f);
   }
+}
+
+TEST_CASE("a command without the host's MAC is dropped and counted as forged, also when it claims the NIC's own address") {
+  world w(test::topology_for(2));
+  // A frame that claims to come from host 0's own address (a host message from its own NIC is
+  // what a forged source looks like to the engine), with a command that is not signed with the
+  // communicator's key: cmd_stats, which would otherwise DMA the counters to offset 0 of the
+  // window, over the key.
+  emu::nic_control& nic = *w.cluster->host(0);
+  std::vector<std::byte> buf(4096);
+  auto region = nic.register_host_memory(buf);
+  REQUIRE(region.ok());
+  for (const std::uint64_t mac : {std::uint64_t{0}, std::uint64_t{0x0123456789abcdefull}}) {
+    proto::cmd c{};
+    c.type = proto::cmd_stats;
+    c.desc_off = 0;
+    c.nonce = 1;
+    c.mac = mac;
+    std::memcpy(buf.data(), &c, sizeof(c));
+    REQUIRE(nic.send(emu::message_send{nic.rank(), proto::match_bits(1u << 4, proto::k_cmd), 900 + mac % 7, *region, 0, sizeof(c)},
+                     std::chrono::seconds(5))
+                .ok());
+  }
+  // The engine counts both as forged and ignores them: the group works as before.
+  auto stats = nlohmann::json::parse(w.comms[0]->engine_stats_json().value());
+  for (int i = 0; i < 200 && stats["ignored"]["forged"] != 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    stats = nlohmann::json::parse(w.comms[0]->engine_stats_json().value());
+  }
+  CHECK(stats["ignored"]["forged"] == 2);
+  vectors v = make_vectors(dtype::i32, op::sum, 2, 5000);
+  auto res = w.run([&](std::uint32_t r) { return w.comms[r]->allreduce(v.in[r].data(), v.out[r].data(), 5000, dtype::i32, op::sum); });
+  for (std::uint32_t r = 0; r < 2; ++r) {
+    REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+    CHECK(first_wrong(v.out[r], v.expected, 2) < 0);
+  }
+  REQUIRE(nic.unregister_host_memory(*region).ok());
 }
 
 TEST_CASE("allreduce works in place, on arena buffers, and across several epochs") {

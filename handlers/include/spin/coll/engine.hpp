@@ -23,6 +23,7 @@
 #pragma once
 
 #include <spin/coll/protocol.hpp>
+#include <spin/coll/siphash.hpp>
 #include <spin/coll/types.hpp>
 #include <spin/handler.hpp>
 
@@ -1328,9 +1329,23 @@ template <class Red> struct engine {
            (!via_host || buffer_fits(recv, g, chunks, d->p.acc_bytes, ctx->host_window_len_bytes));
   }
 
+  // The command's MAC under the host's key (protocol.hpp, cmd_key_off).
+  struct cmd_key {
+    u64 k0, k1;
+  };
+  static bool authentic(spin::ctx* ctx, const cmd* c) {
+    // DMA lands in the invocation's own memory: the command's scratchpad, used after this.
+    cmd_key* key = ctx->scratchpad<cmd_key>(0);
+    if (key == nullptr || ctx->dma_from_host(key, cmd_key_off, sizeof(cmd_key)) != errc::ok) return false;
+    const u64 k0 = key->k0, k1 = key->k1;
+    if ((k0 | k1) == 0) return false;
+    return siphash24(k0, k1, reinterpret_cast<const u8*>(c), cmd_mac_bytes) == c->mac;
+  }
+
   static ret on_cmd(spin::ctx* ctx, state* s) {
     const cmd* c = ctx->payload<cmd>(0);
     if (c == nullptr || ctx->packet.size() != sizeof(cmd)) return drop(s, dr_malformed), ret::drop;
+    if (!authentic(ctx, c)) return drop(s, dr_forged), ret::drop;
     if (c->type == cmd_setup) {
       // Once only: afterwards commands must come from this rank's own address.
       if (load_acq(&s->nranks) != 0) return drop(s, dr_stranger), ret::drop;

@@ -172,7 +172,18 @@ struct cmd {
   u64 desc_off;  ///< host window offset of the members table, the start_desc, or cmd_xfer's data
   u32 phase;     ///< cmd_xfer: xfer_rs or xfer_ag
   u32 chunk;     ///< cmd_xfer: the chunk
+  u64 nonce;     ///< the host's command counter: no two commands of one key carry the same bytes
+  u64 mac;       ///< SipHash-2-4 of the bytes before this field under the key at cmd_key_off
 };
+
+/// Host window offset of the 16-byte command key (SipHash-2-4, siphash.hpp). The host writes a
+/// random key there before its first command; the engine reads it for every command and drops
+/// (dr_forged) a command whose `mac` does not match, or any command while the key is all zero.
+/// A frame from the network cannot write host memory, so a forged command (a stranger's, or one
+/// with this NIC's own address as its source) cannot carry a valid MAC, cmd_setup included.
+inline constexpr u64 cmd_key_off = 0;
+/// Bytes of a command the MAC covers.
+inline constexpr u64 cmd_mac_bytes = __builtin_offsetof(cmd, mac);
 
 /// host_ring phases: reduce-scatter partials travel in accumulator format, allgather results
 /// in element format. `coll_desc::slot` of k_xfer and k_ack is phase << 1 | ring_again.
@@ -279,7 +290,8 @@ enum drop_reason : u32 {
   dr_duplicate = 4,  ///< a result this rank already holds
   dr_send = 5,       ///< a send failed (transmit queue full); repair resends
   dr_dma = 6,        ///< a DMA failed (descriptor outside the host window)
-  dr_count = 7,
+  dr_forged = 7,     ///< a command whose MAC does not match the host's key (cmd_key_off)
+  dr_count = 8,
 };
 
 // ---- the ring (docs/collectives.md, "Edge ring") ------------------------------------------------
