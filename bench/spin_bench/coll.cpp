@@ -405,7 +405,10 @@ std::string spawn_and_wait(const std::vector<std::string>& argv, const std::stri
   return argv[0] + " failed (" + how + "); its output is in " + log_path;
 }
 
-std::string run_mpi(const coll_options& o, std::vector<coll_row>& rows) {
+// spin-bench-mpi under mpirun; `extra` goes between mpirun's options and the peer (-x ...), the
+// rows are labelled `label`.
+std::string run_mpi(const coll_options& o, std::vector<coll_row>& rows, const std::vector<std::string>& extra = {},
+                    const std::string& label = "mpi") {
   if (o.mpi_peer.empty())
     return "spin-bench-mpi was not built (Open MPI's development files were missing at configure time: Debian libopenmpi-dev)";
   if (access(o.mpi_peer.c_str(), X_OK) != 0) return o.mpi_peer + " (--mpi-peer) is not an executable file";
@@ -416,10 +419,13 @@ std::string run_mpi(const coll_options& o, std::vector<coll_row>& rows) {
     for (std::string w; words >> w;) argv.push_back(w);
   }
   if (argv.empty()) return "--mpirun is empty";
-  const std::string json_path = o.out_dir + "/coll-mpi.json", log_path = o.out_dir + "/coll-mpi.log";
+  const std::string json_path = o.out_dir + "/coll-" + label + ".json", log_path = o.out_dir + "/coll-" + label + ".log";
   std::filesystem::remove(json_path);
   // Root may run mpirun only when told; more ranks than cores need --oversubscribe.
-  for (std::string a : {std::string("--allow-run-as-root"), std::string("--oversubscribe"), std::string("-np"), std::to_string(o.ranks), o.mpi_peer,
+  for (std::string a : {std::string("--allow-run-as-root"), std::string("--oversubscribe"), std::string("-np"), std::to_string(o.ranks)})
+    argv.push_back(std::move(a));
+  for (const auto& a : extra) argv.push_back(a);
+  for (std::string a : {o.mpi_peer, std::string("--label"), label,
                         std::string("--min-bytes"), std::to_string(o.min_bytes), std::string("--max-bytes"), std::to_string(o.max_bytes),
                         std::string("--factor"), std::to_string(o.factor), std::string("--iters"), std::to_string(o.max_iters),
                         std::string("--warmup"), std::to_string(o.warmup_iters), std::string("--budget-bytes"), std::to_string(o.budget_bytes),
@@ -427,7 +433,7 @@ std::string run_mpi(const coll_options& o, std::vector<coll_row>& rows) {
     argv.push_back(std::move(a));
   std::string line;
   for (const auto& a : argv) line += (line.empty() ? "" : " ") + a;
-  std::fprintf(stderr, "  mpi: %s > %s\n", line.c_str(), log_path.c_str());
+  std::fprintf(stderr, "  %s: %s > %s\n", label.c_str(), line.c_str(), log_path.c_str());
   if (std::string why = spawn_and_wait(argv, log_path); !why.empty()) return why;
   std::ifstream f(json_path);
   if (!f) return "mpirun ran, but the peer wrote no results to " + json_path + "; its output is in " + log_path;
@@ -438,6 +444,71 @@ std::string run_mpi(const coll_options& o, std::vector<coll_row>& rows) {
     return "cannot read " + json_path + ": " + e.what();
   }
   return "";
+}
+
+// ---- spin::coll with one process per rank (libspin-mpi under mpirun) ----------------------------
+
+// A spin-emu cluster process (a star of o.ranks hosts around one switch, lossless) and
+// spin-bench-mpi under mpirun with libspin-mpi preloaded: every rank's MPI_Allreduce runs on
+// spin::coll `algo` (edge_ring or host_ring) through its NIC in that process. Rows are labelled
+// <algo>_mpi. Returns "" or why it did not run.
+std::string run_spin_mpi(const coll_options& o, const std::string& algo, std::vector<coll_row>& rows) {
+  const std::string label = algo + "_mpi";
+  if (o.spin_mpi_lib.empty() || o.spin_emu.empty())
+    return "libspin-mpi was not built (Open MPI's development files or the collectives were missing at configure time)";
+  if (access(o.spin_mpi_lib.c_str(), R_OK) != 0) return o.spin_mpi_lib + " (--spin-mpi) cannot be read";
+  if (access(o.spin_emu.c_str(), X_OK) != 0) return o.spin_emu + " (--spin-emu) is not an executable file";
+  const std::string topo = o.out_dir + "/coll-" + label + ".toml", sock = o.out_dir + "/coll-" + label + ".sock",
+                    emu_log = o.out_dir + "/coll-" + label + "-emu.log";
+  {
+    std::ofstream t(topo);
+    t << "# spin-bench coll " << label << ": " << o.ranks << " hosts around one switch, lossless\n[defaults]\nrate_gbps = 100\n";
+    if (o.link_latency_ns > 0) t << "latency_ns = " << o.link_latency_ns << "\n";
+    for (std::uint32_t h = 0; h < o.ranks; ++h) t << "[[host]]\nname = \"h" << h << "\"\n";
+    t << "[[switch]]\nname = \"s0\"\n";
+    for (std::uint32_t h = 0; h < o.ranks; ++h) t << "[[link]]\na = \"h" << h << "\"\nb = \"s0\"\n";
+    if (!t) return "cannot write " + topo;
+  }
+  std::filesystem::remove(sock);
+  std::vector<std::string> emu_argv = {o.spin_emu, "--topology", topo, "--socket", std::filesystem::absolute(sock).string(), "--duration",
+                                       "86400", "-q"};
+  if (o.lcores > 0) emu_argv.insert(emu_argv.end(), {"--lcores", std::to_string(o.lcores)});
+  std::vector<char*> args;
+  for (auto& a : emu_argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  const int log = open(emu_log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (log < 0) return "cannot write " + emu_log + ": " + std::strerror(errno);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, log, STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&fa, log, STDERR_FILENO);
+  pid_t emu = 0;
+  const int err = posix_spawn(&emu, args[0], &fa, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  close(log);
+  if (err != 0) return "cannot start " + o.spin_emu + ": " + std::strerror(err);
+  auto stop_emu = [&] {
+    kill(emu, SIGTERM);
+    int status = 0;
+    while (waitpid(emu, &status, 0) < 0 && errno == EINTR) {
+    }
+  };
+  for (int i = 0; i < 200 && !std::filesystem::exists(sock); ++i) {
+    int status = 0;
+    if (waitpid(emu, &status, WNOHANG) == emu) return "spin-emu exited before its control socket appeared; its output is in " + emu_log;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (!std::filesystem::exists(sock)) {
+    stop_emu();
+    return "spin-emu's control socket did not appear within 20 s; its output is in " + emu_log;
+  }
+  const std::string why = run_mpi(o, rows,
+                                  {"--bind-to", "none", "-x", "LD_PRELOAD=" + o.spin_mpi_lib, "-x",
+                                   "SPIN_MPI_SOCKET=" + std::filesystem::absolute(sock).string(), "-x", "SPIN_MPI_ALGORITHM=" + algo, "-x",
+                                   "SPIN_MPI_LOG=1"},
+                                  label);
+  stop_emu();
+  return why;
 }
 
 // ---- report --------------------------------------------------------------------------------
@@ -455,6 +526,12 @@ const char* describe(const std::string& a) {
   if (a == "host_ring") return "spin::coll without INC: host threads reduce, NICs move chunks (algorithm::host_ring)";
   if (a == "gloo") return "Gloo ring allreduce, TCP over loopback, one thread per rank";
   if (a == "mpi") return "Open MPI MPI_Allreduce under mpirun, one process per rank";
+  if (a == "edge_ring_mpi")
+    return "spin::coll Edge-INC with one process per rank: MPI_Allreduce under mpirun through libspin-mpi (edge_ring), NICs in a "
+           "spin-emu cluster process";
+  if (a == "host_ring_mpi")
+    return "spin::coll without INC with one process per rank: MPI_Allreduce under mpirun through libspin-mpi (host_ring), NICs "
+           "in a spin-emu cluster process";
   return "";
 }
 
@@ -462,8 +539,10 @@ const char* describe(const std::string& a) {
 
 int run_coll(const coll_options& o) {
   for (const auto& a : o.algorithms)
-    if (a != "switch" && a != "edge_ring" && a != "host_ring" && a != "gloo" && a != "mpi") {
-      std::fprintf(stderr, "spin-bench coll: unknown algorithm '%s' (switch, edge_ring, host_ring, gloo, mpi)\n", a.c_str());
+    if (a != "switch" && a != "edge_ring" && a != "host_ring" && a != "gloo" && a != "mpi" && a != "edge_ring_mpi" &&
+        a != "host_ring_mpi") {
+      std::fprintf(stderr, "spin-bench coll: unknown algorithm '%s' (switch, edge_ring, host_ring, gloo, mpi, edge_ring_mpi, host_ring_mpi)\n",
+                   a.c_str());
       return 2;
     }
   if (o.ranks < 2 || o.ranks > 64) {
@@ -510,6 +589,8 @@ int run_coll(const coll_options& o) {
 #endif
     } else if (a == "mpi") {
       if (std::string why = run_mpi(o, rows); !why.empty()) not_run.emplace_back("mpi", why);
+    } else if (a == "edge_ring_mpi" || a == "host_ring_mpi") {
+      if (std::string why = run_spin_mpi(o, a.substr(0, a.size() - 4), rows); !why.empty()) not_run.emplace_back(a, why);
     }
   }
   // spin::coll last: EAL stays initialised for the rest of the process.

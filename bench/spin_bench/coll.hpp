@@ -13,8 +13,10 @@ struct coll_options {
   std::uint64_t min_bytes = 8;
   std::uint64_t max_bytes = std::uint64_t{256} << 20;
   std::uint64_t factor = 4;                         ///< nccl-tests' -f
-  /// switch, edge_ring, host_ring (spin::coll on the emulated cluster), gloo (Gloo's ring
-  /// allreduce over TCP on loopback), mpi (Open MPI's MPI_Allreduce under mpirun).
+  /// switch, edge_ring, host_ring (spin::coll on the emulated cluster in this process), gloo
+  /// (Gloo's ring allreduce over TCP on loopback), mpi (Open MPI's MPI_Allreduce under mpirun),
+  /// edge_ring_mpi and host_ring_mpi (spin::coll with one process per rank: spin-bench-mpi under
+  /// mpirun with libspin-mpi preloaded, against a spin-emu cluster process).
   std::vector<std::string> algorithms{"switch", "edge_ring", "host_ring", "gloo", "mpi"};
   std::uint32_t max_iters = 20;                     ///< nccl-tests' -n
   std::uint32_t warmup_iters = 2;                   ///< nccl-tests' -w (for messages up to 8 MiB; 1 above)
@@ -33,6 +35,8 @@ struct coll_options {
   std::string out_dir = "spin-bench-out";
   std::string mpi_peer;                             ///< the spin-bench-mpi binary
   std::string mpirun = "mpirun";
+  std::string spin_mpi_lib;                         ///< libspin-mpi.so (for edge_ring_mpi, host_ring_mpi)
+  std::string spin_emu;                             ///< the spin-emu binary (ditto)
   bool plots = true;
 };
 

@@ -1,5 +1,6 @@
 // spin-bench-mpi: the Open MPI peer of spin-bench coll. Run under mpirun (spin-bench coll does
-// that); every rank times MPI_Allreduce (float32 sum) out of place and in place (MPI_IN_PLACE)
+// that, also with libspin-mpi preloaded, so that the same MPI_Allreduce calls run on spin::coll
+// with one process per rank); every rank times MPI_Allreduce (float32 sum) out of place and in place (MPI_IN_PLACE)
 // on the same data as spin-bench's other implementations (coll_data.hpp), with the same
 // warm-up, iteration counts and barrier before each call; rank 0 writes the rows as JSON.
 //
@@ -59,7 +60,7 @@ int main(int argc, char** argv) {
   CLI::App app{"spin-bench-mpi: MPI_Allreduce timings for spin-bench coll (run under mpirun)"};
   std::uint64_t min_bytes = 8, max_bytes = std::uint64_t{256} << 20, factor = 4, budget = std::uint64_t{64} << 20;
   std::uint32_t iters = 20, warmup = 2;
-  std::string json_path;
+  std::string json_path, label = "mpi";
   app.add_option("--min-bytes", min_bytes)->check(CLI::Range(std::uint64_t{4}, std::uint64_t{1} << 33));
   app.add_option("--max-bytes", max_bytes)->check(CLI::Range(std::uint64_t{4}, std::uint64_t{1} << 33));
   app.add_option("--factor", factor)->check(CLI::Range(std::uint64_t{2}, std::uint64_t{1024}));
@@ -67,6 +68,7 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup)->check(CLI::Range(0u, 1000u));
   app.add_option("--budget-bytes", budget)->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 40));
   app.add_option("--json", json_path, "rank 0 writes the rows here")->required();
+  app.add_option("--label", label, "the rows' algorithm name (edge_ring_mpi when libspin-mpi is preloaded)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -85,7 +87,7 @@ int main(int argc, char** argv) {
   bool exact = true;
   for (std::uint64_t bytes : sizes) {
     coll_row r;
-    r.algorithm = "mpi";
+    r.algorithm = label;
     r.ranks = static_cast<std::uint32_t>(size);
     r.bytes = bytes;
     r.count = bytes / 4;
