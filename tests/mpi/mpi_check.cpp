@@ -117,6 +117,29 @@ int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
+  // --unavailable: no spin-emu answers (SPIN_MPI_SOCKET names nothing). Every call must still
+  // give MPI's answer, every member must fall back together, and the reason must be counted.
+  if (argc > 1 && std::strcmp(argv[1], "--unavailable") == 0) {
+    run_suite(MPI_COMM_WORLD, "world", 300);
+    spin_mpi_counters c{};
+    spin_mpi_get_counters(&c);
+    const std::uint64_t calls = 7 * (8 + 2 + 2 + 2);
+    std::uint64_t on_spin = 0, on_mpi = 0;
+    for (int i = 0; i < SPIN_MPI_CALLS; ++i) {
+      on_spin += c.spin[i];
+      on_mpi += c.fallback[i];
+    }
+    check(on_spin == 0, "calls on spin without a spin-emu: " + std::to_string(on_spin));
+    check(on_mpi == calls && c.reasons[SPIN_MPI_R_UNAVAILABLE] == calls,
+          "fallbacks " + std::to_string(on_mpi) + ", unavailable " + std::to_string(c.reasons[SPIN_MPI_R_UNAVAILABLE]) +
+              ", expected " + std::to_string(calls));
+    check(c.communicators == 0, "spin communicators: " + std::to_string(c.communicators));
+    int all = 0;
+    PMPI_Allreduce(&failures, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    if (rank == 0) std::printf("mpi_check --unavailable: %d ranks, %s\n", size, all == 0 ? "every check held" : "CHECKS FAILED");
+    MPI_Finalize();
+    return all == 0 ? 0 : 1;
+  }
 
   // Supported: 7 types x (8 allreduce + 2 reduce-scatter + 2 allgather + 2 bcast) per suite.
   run_suite(MPI_COMM_WORLD, "world", 1000);

@@ -48,7 +48,10 @@ for _ in $(seq 200); do
 done
 [[ -S $sock ]] || { echo "spin-emu's control socket did not appear within 20 s:"; cat "$dir/emu.log"; exit 1; }
 
-env_args=(-x SPIN_MPI_SOCKET="$sock" -x SPIN_TORCH_SOCKET="$sock" -x SPIN_MPI_LOG="${SPIN_MPI_LOG:-1}")
+# SPIN_TEST_SOCKET overrides the socket the ranks are told (a path where nothing listens tests
+# what a rank does without its spin-emu).
+rank_sock=${SPIN_TEST_SOCKET:-$sock}
+env_args=(-x SPIN_MPI_SOCKET="$rank_sock" -x SPIN_TORCH_SOCKET="$rank_sock" -x SPIN_MPI_LOG="${SPIN_MPI_LOG:-1}")
 [[ -z $preload ]] || env_args+=(-x LD_PRELOAD="$preload")
 for v in ASAN_OPTIONS LSAN_OPTIONS UBSAN_OPTIONS TSAN_OPTIONS PYTHONPATH OMP_NUM_THREADS; do
   [[ -z ${!v:-} ]] || env_args+=(-x "$v=${!v}")
