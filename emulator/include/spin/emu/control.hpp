@@ -25,7 +25,8 @@
 //   events     node, ec, capacity          -> capacity, bytes  + 1 fd (the event ring memfd)
 //   close_events node, ec                  -> {}
 //   send       node, dest_rank, match_bits, message_id, region, offset_bytes, len_bytes,
-//              timeout_ms                  -> {}
+//              timeout_ms                  -> {}   (up to host::post_inline_bytes: posted, see
+//                                                   nic_control::post; larger: nic_control::send)
 //   stats                                  -> stats: [{node, name, rank, stats: <stats_json>}]
 //   stop                                   -> {}   (then server_options::on_stop runs)
 //

@@ -156,10 +156,12 @@ public:
   /// not_found (no ring).
   result<void> close_events(const ec& e);
 
-  /// Sends a message from node `node`'s NIC; returns once the NIC copied it into its transmit
-  /// queue, waiting up to `timeout` (at most 600 s) for room there. Errors: those of
-  /// nic_control::send (not_found, out_of_bounds, invalid_argument, timeout), invalid_argument
-  /// (timeout out of range).
+  /// Sends a message from node `node`'s NIC; returns once the NIC copied it: a message of at most
+  /// post_inline_bytes is posted (copied at once and sent as soon as the transmit queue has room,
+  /// as a doorbell; `timeout` does not apply), a larger one waits up to `timeout` (at most 600 s)
+  /// for room in the transmit queue. The buffer may be reused when this returns. Errors: those
+  /// of nic_control::post and send (not_found, out_of_bounds, invalid_argument, timeout),
+  /// invalid_argument (timeout out of range).
   result<void> send(std::uint32_t node, const message& m, std::chrono::milliseconds timeout = std::chrono::seconds(5));
 
   /// Every node's statistics: a JSON array of {node, name, rank, stats}.

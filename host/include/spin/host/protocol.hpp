@@ -89,7 +89,9 @@ struct close_events {
   std::uint32_t node = 0;
   rt::ec_id ec = 0;
 };
-/// "send": a message from the node's NIC.
+/// "send": a message from the node's NIC. One of at most post_inline_bytes is posted
+/// (nic_control::post: copied at once, sent when the transmit queue has room, timeout unused);
+/// a larger one waits up to `timeout` for room (nic_control::send).
 struct send {
   std::uint32_t node = 0;
   message msg;
