@@ -3,11 +3,15 @@
 #include <atomic>
 #include <bit>
 #include <cerrno>
+#include <climits>
 #include <cstring>
+#include <ctime>
 #include <thread>
 
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -29,6 +33,19 @@ std::uint64_t load_shared(std::byte* base, std::size_t off, std::memory_order mo
 }
 void store_shared(std::byte* base, std::size_t off, std::uint64_t v, std::memory_order mo) noexcept {
   std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(base + off)).store(v, mo);
+}
+
+static_assert(std::atomic_ref<std::uint32_t>::is_always_lock_free, "cross-process futex words need lock-free u32");
+std::atomic_ref<std::uint32_t> shared_u32(std::byte* base, std::size_t off) noexcept {
+  return std::atomic_ref<std::uint32_t>(*reinterpret_cast<std::uint32_t*>(base + off));
+}
+// Futexes on memory shared between processes: the non-private operations.
+void futex_wait_shared(std::byte* word, std::uint32_t expected, std::chrono::nanoseconds timeout) noexcept {
+  timespec ts{static_cast<time_t>(timeout.count() / 1000000000), static_cast<long>(timeout.count() % 1000000000)};
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+void futex_wake_shared(std::byte* word) noexcept {
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
 struct header_fields {
@@ -192,6 +209,15 @@ std::size_t event_ring_producer::try_push_burst(std::span<const rt::host_event> 
   }
   _head += n;
   store_shared(base, L::head_offset, _head, std::memory_order_release);
+  if (n > 0) {
+    // A consumer asleep on `wake` (the layout's protocol): bump it and wake it. `waiting` is the
+    // host's to write; whatever it holds costs at most one system call here.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (shared_u32(base, L::waiting_offset).load(std::memory_order_relaxed) != 0) {
+      shared_u32(base, L::wake_offset).fetch_add(1, std::memory_order_release);
+      futex_wake_shared(base + L::wake_offset);
+    }
+  }
   if (n < events.size()) {
     _dropped += events.size() - n;
     store_shared(base, L::dropped_offset, _dropped, std::memory_order_relaxed);
@@ -230,14 +256,26 @@ std::size_t event_ring_consumer::pop_wait(std::span<rt::host_event> out, std::ch
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
   const auto deadline = start + timeout;
+  namespace L = event_ring_layout;
   for (;;) {
     if (const std::size_t n = try_pop_burst(out); n > 0) return n;
     const auto now = clock::now();
-    if (now >= deadline) return 0;
-    if (now - start < std::chrono::microseconds(20))
+    if (now >= deadline || !_region) return 0;
+    if (now - start < std::chrono::microseconds(20)) {
       std::this_thread::yield();
-    else
-      std::this_thread::sleep_for(std::min<clock::duration>(std::chrono::microseconds(50), deadline - now));
+      continue;
+    }
+    // Announce the sleep, look once more, then sleep until the producer bumps `wake`.
+    std::byte* base = _region.span().data();
+    const std::uint32_t seen = shared_u32(base, L::wake_offset).load(std::memory_order_acquire);
+    shared_u32(base, L::waiting_offset).store(1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    const std::size_t n = try_pop_burst(out);
+    if (n == 0)
+      futex_wait_shared(base + L::wake_offset, seen,
+                        std::min<std::chrono::nanoseconds>(std::chrono::milliseconds(2), deadline - now));
+    shared_u32(base, L::waiting_offset).store(0, std::memory_order_relaxed);
+    if (n > 0) return n;
   }
 }
 

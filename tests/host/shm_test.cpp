@@ -258,4 +258,26 @@ TEST_CASE("a consumer that lags more than a ring behind resumes at data that is 
   CHECK(word(*m, L::tail_offset) == 10);
 }
 
+TEST_CASE("a consumer that sleeps on an empty ring says so in the header, and the producer's push wakes it through the futex") {
+  auto p = event_ring_producer::create(8);
+  REQUIRE(p.ok());
+  auto c = consumer_of(*p);
+  const shm_region& r = p->region();
+  auto u32_at = [&](std::size_t off) { return std::atomic_ref<std::uint32_t>(*reinterpret_cast<std::uint32_t*>(r.span().data() + off)).load(); };
+  std::size_t got = 0;
+  rt::host_event e;
+  std::thread t([&] { got = c.pop_wait(std::span(&e, 1), std::chrono::seconds(20)); });
+  // The consumer announces its sleep (bounded wait for the thread to get there).
+  for (int i = 0; i < 2000 && u32_at(L::waiting_offset) == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  CHECK(u32_at(L::waiting_offset) == 1);
+  CHECK(u32_at(L::wake_offset) == 0);
+  const rt::host_event sent = ev(3);
+  CHECK(p->try_push_burst(std::span(&sent, 1)) == 1);
+  t.join();
+  CHECK(got == 1);
+  CHECK(same(e, sent));
+  CHECK(u32_at(L::wake_offset) >= 1);  // the producer bumped the futex word and woke the sleeper
+  CHECK(u32_at(L::waiting_offset) == 0);
+}
+
 } // TEST_SUITE

@@ -71,19 +71,29 @@ private:
 ///   bytes   0..63   magic (u64 "SPINEVQ1"), layout version (u32 = 1), record_bytes (u32 = 32),
 ///                   capacity (u64, a power of two), the rest zero
 ///   bytes  64..127  head (u64 atomic: records ever written; the producer's line),
-///                   dropped (u64 atomic: events lost because the ring was full)
-///   bytes 128..191  tail (u64 atomic: records ever read; the consumer's line)
+///                   dropped (u64 atomic: events lost because the ring was full),
+///                   wake (u32 at 80: the producer adds one, then wakes the futex on it, after
+///                   a push that finds `waiting` set)
+///   bytes 128..191  tail (u64 atomic: records ever read; the consumer's line),
+///                   waiting (u32 at 136: the consumer sets it before it sleeps on `wake`)
 ///   bytes 192..     record i of the sequence lives at 192 + (i mod capacity) * 32
 ///
 /// The producer writes records, then stores head with release order; the consumer loads head
-/// with acquire order, reads records, then stores tail with release order.
+/// with acquire order, reads records, then stores tail with release order. A consumer with
+/// nothing to read sets `waiting`, checks head again and sleeps on `wake` (a futex word shared
+/// between the processes); the producer, after storing head, reads `waiting` and, when set,
+/// bumps `wake` and wakes it. Both sides fence (seq_cst) between their store and their load, so
+/// one of them sees the other's store: no wake-up is lost. A producer that never wakes (an older
+/// one) costs only latency: the consumer sleeps at most 2 ms at a time.
 namespace event_ring_layout {
 inline constexpr std::uint64_t magic = 0x3151564550495053ull;  // "SPINEVQ1"
 inline constexpr std::uint32_t version = 1;
 inline constexpr std::size_t header_bytes = 192;
 inline constexpr std::size_t head_offset = 64;
 inline constexpr std::size_t dropped_offset = 72;
+inline constexpr std::size_t wake_offset = 80;
 inline constexpr std::size_t tail_offset = 128;
+inline constexpr std::size_t waiting_offset = 136;
 /// Largest capacity a ring may have (events).
 inline constexpr std::uint32_t max_capacity = 1u << 24;
 
@@ -150,7 +160,8 @@ public:
   std::size_t try_pop_burst(std::span<rt::host_event> out) noexcept;
 
   /// Reads up to out.size() events, waiting at most `timeout` for the first one: polls for about
-  /// 20 microseconds, then sleeps 50 microseconds between polls. Returns the count, 0 on timeout.
+  /// 20 microseconds (yielding the core), then sleeps on the ring's futex until the producer
+  /// wakes it (the layout above). Returns the count, 0 on timeout.
   std::size_t pop_wait(std::span<rt::host_event> out, std::chrono::milliseconds timeout) noexcept;
 
   /// Events the producer could not store because the ring was full (from the shared header).
