@@ -56,6 +56,8 @@ env_args=(-x SPIN_MPI_SOCKET="$rank_sock" -x SPIN_TORCH_SOCKET="$rank_sock" -x S
 for v in ASAN_OPTIONS LSAN_OPTIONS UBSAN_OPTIONS TSAN_OPTIONS PYTHONPATH OMP_NUM_THREADS; do
   [[ -z ${!v:-} ]] || env_args+=(-x "$v=${!v}")
 done
+# SPIN_TEST_RANK_ASAN_OPTIONS: ASAN_OPTIONS for the ranks only (spin-emu keeps the caller's).
+[[ -z ${SPIN_TEST_RANK_ASAN_OPTIONS:-} ]] || env_args+=(-x "ASAN_OPTIONS=$SPIN_TEST_RANK_ASAN_OPTIONS")
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 args=()
 for a in "$@"; do [[ $a == "{port}" ]] && args+=("$port") || args+=("$a"); done
