@@ -58,6 +58,8 @@ for v in ASAN_OPTIONS LSAN_OPTIONS UBSAN_OPTIONS TSAN_OPTIONS PYTHONPATH OMP_NUM
 done
 # SPIN_TEST_RANK_ASAN_OPTIONS: ASAN_OPTIONS for the ranks only (spin-emu keeps the caller's).
 [[ -z ${SPIN_TEST_RANK_ASAN_OPTIONS:-} ]] || env_args+=(-x "ASAN_OPTIONS=$SPIN_TEST_RANK_ASAN_OPTIONS")
+# SPIN_TEST_RANK_TSAN_OPTIONS: TSAN_OPTIONS for the ranks only.
+[[ -z ${SPIN_TEST_RANK_TSAN_OPTIONS:-} ]] || env_args+=(-x "TSAN_OPTIONS=$SPIN_TEST_RANK_TSAN_OPTIONS")
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 args=()
 for a in "$@"; do [[ $a == "{port}" ]] && args+=("$port") || args+=("$a"); done
