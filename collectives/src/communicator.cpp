@@ -695,12 +695,12 @@ error check_group(const group& g, const options& o) {
     return fail(errc::invalid_argument, "communicator: a group has 1 to " + std::to_string(pr::max_ranks) + " members");
   if (g.me >= g.members.size()) return fail(errc::invalid_argument, "communicator: me is not a member index");
   if (g.id < 1 || g.id > 4095) return fail(errc::invalid_argument, "communicator: group id out of 1..4095");
-  {
-    std::vector<std::uint32_t> s = g.members;
-    std::sort(s.begin(), s.end());
-    if (std::adjacent_find(s.begin(), s.end()) != s.end())
-      return fail(errc::invalid_argument, "communicator: a member is listed twice");
-  }
+  for (std::size_t i = 0; i < g.members.size(); ++i)
+    for (std::size_t j = i + 1; j < g.members.size(); ++j)
+      if (g.members[i] == g.members[j])
+        return fail(errc::invalid_argument, "communicator: members " + std::to_string(i) + " and " + std::to_string(j) +
+                                                " share NIC rank " + std::to_string(g.members[i]) +
+                                                "; each member needs a NIC of its own (an emulated host per rank)");
   if (o.window_packets < 1 || o.window_packets > pr::max_window)
     return fail(errc::invalid_argument, "communicator: window_packets out of 1..256");
   if (o.packet_bytes != 0 && (o.packet_bytes < 16 || o.packet_bytes > pr::max_packet_bytes))

@@ -457,8 +457,11 @@ TEST_CASE("bad arguments are refused before anything is sent") {
   r = w.comms[0]->reduce_scatter(a.data(), b.data(), 5, dtype::i32, op::sum, algorithm::host_ring);
   CHECK(r.err().code == errc::not_supported);
   group g;
-  g.members = {0, 0};
-  CHECK(communicator::create(*w.cluster->host(0), g).err().code == errc::invalid_argument);
+  g.members = {0, 1, 0};  // members 0 and 2 on one NIC: said so, not a bare "invalid"
+  auto shared = communicator::create(*w.cluster->host(0), g);
+  CHECK(shared.err().code == errc::invalid_argument);
+  CHECK(shared.err().message ==
+        "communicator: members 0 and 2 share NIC rank 0; each member needs a NIC of its own (an emulated host per rank)");
   g.members = {0, 1};
   g.id = 1;  // taken by the world's communicator
   CHECK(communicator::create(*w.cluster->host(0), g).err().code == errc::exists);

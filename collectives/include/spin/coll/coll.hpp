@@ -248,7 +248,7 @@ public:
   /// Installs the collective engine on `nic` (an EC matching the group id), registers the
   /// arena, and tells the engine the members. `nic` must outlive the communicator and be
   /// polled by its driving thread meanwhile. Errors: invalid_argument (empty group, more than
-  /// 256 members, me out of range, a member listed twice, id out of 1..4095, options out of
+  /// 256 members, me out of range, two members with the same NIC rank, id out of 1..4095, options out of
   /// range), no_memory (arena), those of nic_control::install (exists: another EC already
   /// matches this group id on the NIC), timeout (the NIC did not confirm the set-up).
   static result<std::unique_ptr<communicator>> create(emu::nic_control& nic, const group& g, const options& o = {});
