@@ -3,6 +3,7 @@
 // spin can run: every member is in that call (MPI's collective order), so the set-up is
 // collective too. The members agree on the outcome, so all of them fall back or none.
 #include <spin/coll/coll.hpp>
+#include <spin/host/env.hpp>
 #include <spin/host/host.hpp>
 #include <spin/mpi/spin_mpi.h>
 
@@ -35,26 +36,26 @@ struct config {
   int log = 0;
 };
 
-std::optional<std::uint64_t> env_u64(const char* name) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return std::nullopt;
-  char* end = nullptr;
-  const unsigned long long x = std::strtoull(v, &end, 10);
-  if (*end != '\0') {
-    std::fprintf(stderr, "spin-mpi: %s='%s' is not a number; ignored\n", name, v);
-    return std::nullopt;
-  }
-  return x;
+// A setting from the environment; a bad value is reported and ignored (an MPI library cannot
+// refuse to start).
+std::optional<std::uint64_t> env_u64(const char* name, std::uint64_t max) {
+  auto r = host::env_number(name, max);
+  if (r.ok()) return r.value();
+  std::fprintf(stderr, "spin-mpi: %s; ignored\n", r.err().message.c_str());
+  return std::nullopt;
 }
+
+constexpr std::uint64_t max_node = 0xffffffffu;
+constexpr std::uint64_t max_timeout_ms = 24ull * 3600 * 1000;  // a day
 
 config read_config() {
   config c;
   if (const char* s = std::getenv("SPIN_MPI_SOCKET"); s != nullptr && *s != '\0') c.socket = s;
-  if (auto n = env_u64("SPIN_MPI_NODE")) {
+  if (auto n = env_u64("SPIN_MPI_NODE", max_node)) {
     c.node = static_cast<std::uint32_t>(*n);
   } else {
     for (const char* local : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
-      if (auto n = env_u64(local)) {
+      if (auto n = env_u64(local, max_node)) {
         c.node = static_cast<std::uint32_t>(*n);
         break;
       }
@@ -68,8 +69,8 @@ config read_config() {
     else if (s != "automatic")
       std::fprintf(stderr, "spin-mpi: SPIN_MPI_ALGORITHM='%s' is not automatic, edge_ring or host_ring; using automatic\n", a);
   }
-  if (auto t = env_u64("SPIN_MPI_TIMEOUT_MS"); t && *t > 0) c.timeout = std::chrono::milliseconds(*t);
-  if (auto l = env_u64("SPIN_MPI_LOG")) c.log = static_cast<int>(*l);
+  if (auto t = env_u64("SPIN_MPI_TIMEOUT_MS", max_timeout_ms); t && *t > 0) c.timeout = std::chrono::milliseconds(*t);
+  if (auto l = env_u64("SPIN_MPI_LOG", 2)) c.log = static_cast<int>(*l);
   return c;
 }
 
@@ -285,6 +286,74 @@ decision decide(MPI_Comm comm, std::optional<decision> pre, spin_comm** out) {
 
 std::string shape(int count, MPI_Datatype t) { return std::to_string(count) + " x " + type_name(t); }
 
+// ---- moving data as bytes -------------------------------------------------------------------------
+// MPI_Bcast and MPI_Allgather move data without combining it, and MPI asks only that the ranks'
+// type signatures match, not their datatypes (MPI-4.0 section 6.1): one rank may pass 4 MPI_INT,
+// another a contiguous type of 4 MPI_INT, a third 16 MPI_BYTE. So these calls decide on byte
+// counts and the root, which every rank agrees on, and spin::coll moves packed bytes (as 32-bit
+// words, zero-padded): the datatype is used only to pack and unpack.
+
+constexpr MPI_Count max_piece_bytes = MPI_Count{1} << 30;  // MPI_Pack counts bytes in an int
+
+struct layout {             // `count` elements of a datatype
+  MPI_Count bytes = 0;      // packed size
+  MPI_Count elem_bytes = 0; // packed size of one element
+  MPI_Aint extent = 0;      // from one element to the next
+  MPI_Aint true_lb = 0;     // the first byte of data, from the buffer's address
+  bool contiguous = false;  // the packed bytes lie as they are at buffer + true_lb
+};
+
+layout layout_of(int count, MPI_Datatype t) {
+  layout l;
+  if (count < 0) return l;
+  MPI_Count size = 0, lb = 0, extent = 0, true_lb = 0, true_extent = 0;
+  if (PMPI_Type_size_x(t, &size) != MPI_SUCCESS || size == MPI_UNDEFINED || size < 0) return l;
+  PMPI_Type_get_extent_x(t, &lb, &extent);
+  PMPI_Type_get_true_extent_x(t, &true_lb, &true_extent);
+  l.elem_bytes = size;
+  l.bytes = size * count;
+  l.extent = static_cast<MPI_Aint>(extent);
+  l.true_lb = static_cast<MPI_Aint>(true_lb);
+  l.contiguous = size == true_extent && (count <= 1 || extent == size);
+  return l;
+}
+
+std::uint64_t words_of(MPI_Count bytes) { return static_cast<std::uint64_t>((bytes + 3) / 4); }
+
+int comm_size(MPI_Comm comm) {
+  int s = 0;
+  PMPI_Comm_size(comm, &s);
+  return s;
+}
+
+bool is_rank(MPI_Comm comm, int r) {
+  int inter = 0;
+  PMPI_Comm_test_inter(comm, &inter);
+  return inter != 0 || (r >= 0 && r < comm_size(comm));  // intercommunicators fall back anyway
+}
+
+// Packs `count` elements of `t` at `buf` into `out` (l.bytes bytes), in pieces of at most
+// max_piece_bytes (layout_of's caller refused larger elements).
+void pack(const void* buf, int count, MPI_Datatype t, const layout& l, std::byte* out, MPI_Comm comm) {
+  const int per_piece = static_cast<int>(std::max<MPI_Count>(1, max_piece_bytes / std::max<MPI_Count>(1, l.elem_bytes)));
+  for (int i = 0; i < count; i += per_piece) {
+    const int n = std::min(per_piece, count - i);
+    int pos = 0;
+    PMPI_Pack(static_cast<const std::byte*>(buf) + static_cast<MPI_Aint>(i) * l.extent, n, t, out + i * l.elem_bytes,
+              static_cast<int>(n * l.elem_bytes), &pos, comm);
+  }
+}
+
+void unpack(const std::byte* in, void* buf, int count, MPI_Datatype t, const layout& l, MPI_Comm comm) {
+  const int per_piece = static_cast<int>(std::max<MPI_Count>(1, max_piece_bytes / std::max<MPI_Count>(1, l.elem_bytes)));
+  for (int i = 0; i < count; i += per_piece) {
+    const int n = std::min(per_piece, count - i);
+    int pos = 0;
+    PMPI_Unpack(in + i * l.elem_bytes, static_cast<int>(n * l.elem_bytes), &pos,
+                static_cast<std::byte*>(buf) + static_cast<MPI_Aint>(i) * l.extent, n, t, comm);
+  }
+}
+
 } // namespace
 
 // ---- the interposed calls -------------------------------------------------------------------------
@@ -350,38 +419,66 @@ int MPI_Reduce_scatter_block(const void* sendbuf, void* recvbuf, int recvcount, 
 
 int MPI_Allgather(const void* sendbuf, int sendcount, MPI_Datatype sendtype, void* recvbuf, int recvcount,
                   MPI_Datatype recvtype, MPI_Comm comm) {
+  const bool in_place = sendbuf == MPI_IN_PLACE;
+  const layout rl = layout_of(recvcount, recvtype);  // one block of recvbuf
+  const layout sl = in_place ? rl : layout_of(sendcount, sendtype);
   std::optional<decision> pre;
-  const auto t = dtype_of(recvtype);
-  if (!t) pre = fall_back(SPIN_MPI_R_DATATYPE, type_name(recvtype) + " is not supported");
-  else if (sendbuf != MPI_IN_PLACE && (sendtype != recvtype || sendcount != recvcount))
-    pre = fall_back(SPIN_MPI_R_ARGUMENTS, "send and receive signatures differ");
-  else if (recvcount <= 0) pre = fall_back(SPIN_MPI_R_ARGUMENTS, "count " + std::to_string(recvcount));
+  if (rl.bytes <= 0) pre = fall_back(SPIN_MPI_R_ARGUMENTS, "0 bytes per rank");
+  else if (sl.bytes != rl.bytes) pre = fall_back(SPIN_MPI_R_ARGUMENTS, "send and receive sizes differ");
+  else if (rl.elem_bytes > max_piece_bytes) pre = fall_back(SPIN_MPI_R_ARGUMENTS, "an element of more than 1 GiB");
   spin_comm* sc = nullptr;
   const decision d = decide(comm, pre, &sc);
-  note(SPIN_MPI_ALLGATHER, d, shape(recvcount, recvtype));
+  note(SPIN_MPI_ALLGATHER, d, std::to_string(rl.bytes) + " bytes");
   if (!d.spin) return PMPI_Allgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
   std::lock_guard g(sc->mu);
-  const std::uint64_t block = static_cast<std::uint64_t>(recvcount);
-  // MPI's in place is NCCL's: this rank's block of recvbuf is the input.
-  const void* in = sendbuf == MPI_IN_PLACE
-                       ? static_cast<const std::byte*>(recvbuf) + static_cast<std::size_t>(sc->rank) * block * coll::elem_bytes(*t)
-                       : sendbuf;
-  auto r = sc->comm->allgather(in, recvbuf, block, *t, cfg().algo);
-  return r.ok() ? MPI_SUCCESS : failed(comm, SPIN_MPI_ALLGATHER, r.err());
+  const std::uint64_t words = words_of(rl.bytes);
+  auto* recv = static_cast<std::byte*>(recvbuf);
+  const MPI_Aint stride = static_cast<MPI_Aint>(recvcount) * rl.extent;  // MPI's block j: recvbuf + j * stride
+  std::byte* my_block = recv + static_cast<MPI_Aint>(sc->rank) * stride;
+  if (rl.contiguous && sl.contiguous && rl.bytes % 4 == 0) {
+    // Blocks abut (stride == bytes): spin::coll moves them where they are. MPI's in place is
+    // NCCL's: this rank's block of recvbuf is the input.
+    const void* in = in_place ? my_block + rl.true_lb : static_cast<const std::byte*>(sendbuf) + sl.true_lb;
+    auto r = sc->comm->allgather(in, recv + rl.true_lb, words, coll::dtype::u32, cfg().algo);
+    return r.ok() ? MPI_SUCCESS : failed(comm, SPIN_MPI_ALLGATHER, r.err());
+  }
+  std::vector<std::byte> mine(words * 4), all(mine.size() * static_cast<std::size_t>(comm_size(comm)));
+  if (in_place)
+    pack(my_block, recvcount, recvtype, rl, mine.data(), comm);
+  else
+    pack(sendbuf, sendcount, sendtype, sl, mine.data(), comm);
+  auto r = sc->comm->allgather(mine.data(), all.data(), words, coll::dtype::u32, cfg().algo);
+  if (!r.ok()) return failed(comm, SPIN_MPI_ALLGATHER, r.err());
+  for (int j = 0; j < comm_size(comm); ++j)
+    unpack(all.data() + static_cast<std::size_t>(j) * mine.size(), recv + static_cast<MPI_Aint>(j) * stride, recvcount,
+           recvtype, rl, comm);
+  return MPI_SUCCESS;
 }
 
 int MPI_Bcast(void* buffer, int count, MPI_Datatype datatype, int root, MPI_Comm comm) {
+  const layout l = layout_of(count, datatype);
   std::optional<decision> pre;
-  const auto t = dtype_of(datatype);
-  if (!t) pre = fall_back(SPIN_MPI_R_DATATYPE, type_name(datatype) + " is not supported");
-  else if (count <= 0) pre = fall_back(SPIN_MPI_R_ARGUMENTS, "count " + std::to_string(count));
+  if (l.bytes <= 0) pre = fall_back(SPIN_MPI_R_ARGUMENTS, "0 bytes");
+  else if (!is_rank(comm, root)) pre = fall_back(SPIN_MPI_R_ARGUMENTS, "root " + std::to_string(root) + " is not a rank of the communicator");
+  else if (l.elem_bytes > max_piece_bytes) pre = fall_back(SPIN_MPI_R_ARGUMENTS, "an element of more than 1 GiB");
   spin_comm* sc = nullptr;
   const decision d = decide(comm, pre, &sc);
-  note(SPIN_MPI_BCAST, d, shape(count, datatype));
+  note(SPIN_MPI_BCAST, d, std::to_string(l.bytes) + " bytes");
   if (!d.spin) return PMPI_Bcast(buffer, count, datatype, root, comm);
   std::lock_guard g(sc->mu);
-  auto r = sc->comm->broadcast(buffer, buffer, static_cast<std::uint64_t>(count), *t, static_cast<std::uint32_t>(root), cfg().algo);
-  return r.ok() ? MPI_SUCCESS : failed(comm, SPIN_MPI_BCAST, r.err());
+  const std::uint64_t words = words_of(l.bytes);
+  const auto from = static_cast<std::uint32_t>(root);
+  if (l.contiguous && l.bytes % 4 == 0) {
+    std::byte* p = static_cast<std::byte*>(buffer) + l.true_lb;
+    auto r = sc->comm->broadcast(p, p, words, coll::dtype::u32, from, cfg().algo);
+    return r.ok() ? MPI_SUCCESS : failed(comm, SPIN_MPI_BCAST, r.err());
+  }
+  std::vector<std::byte> stage(words * 4);
+  if (sc->rank == root) pack(buffer, count, datatype, l, stage.data(), comm);
+  auto r = sc->comm->broadcast(stage.data(), stage.data(), words, coll::dtype::u32, from, cfg().algo);
+  if (!r.ok()) return failed(comm, SPIN_MPI_BCAST, r.err());
+  if (sc->rank != root) unpack(stage.data(), buffer, count, datatype, l, comm);
+  return MPI_SUCCESS;
 }
 
 int MPI_Finalize(void) {

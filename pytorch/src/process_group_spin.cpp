@@ -38,13 +38,11 @@ namespace {
 
 namespace tb = spin::torch_backend;
 
-std::optional<std::uint64_t> env_u64(const char* name) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return std::nullopt;
-  char* end = nullptr;
-  const unsigned long long x = std::strtoull(v, &end, 10);
-  if (*end != '\0') throw std::invalid_argument(std::string("spin: ") + name + "='" + v + "' is not a number");
-  return x;
+std::optional<std::uint64_t> env_u64(const char* name, std::uint64_t max = 0xffffffffu) {
+  std::string error;
+  auto v = tb::env_number(name, max, error);
+  if (!error.empty()) throw std::invalid_argument("spin: " + error);
+  return v;
 }
 
 struct config {

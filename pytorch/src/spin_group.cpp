@@ -2,6 +2,7 @@
 #include "spin_group.hpp"
 
 #include <spin/coll/coll.hpp>
+#include <spin/host/env.hpp>
 #include <spin/host/host.hpp>
 
 namespace spin::torch_backend {
@@ -29,6 +30,13 @@ std::string text(const result<void>& r) {
   return r.ok() ? std::string() : std::string(errc_name(r.err().code)) + ": " + r.err().message;
 }
 } // namespace
+
+std::optional<std::uint64_t> env_number(const char* name, std::uint64_t max, std::string& error) {
+  auto r = host::env_number(name, max);
+  if (r.ok()) return r.value();
+  error = r.err().message;
+  return std::nullopt;
+}
 
 std::uint32_t nic_rank(const std::string& socket, std::uint32_t node, std::string& error) {
   auto cl = host::client::connect(socket);

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,10 @@ enum class elem : std::uint8_t { f32 = 1, f64 = 2, f16 = 3, bf16 = 4, i32 = 5, i
 enum class red : std::uint8_t { sum, min, max, prod };
 /// Who does the work: automatic, edge_ring, host_ring (docs/collectives.md, "Algorithms").
 enum class algo : std::uint8_t { automatic, edge_ring, host_ring };
+
+/// Environment variable `name` as a decimal number in 0..`max` (spin::host::env_number);
+/// nullopt when unset or empty. A sign, a suffix or a value above `max` sets `error`.
+std::optional<std::uint64_t> env_number(const char* name, std::uint64_t max, std::string& error);
 
 /// The NIC rank (emulated address) of node `node` of the spin-emu at `socket`; on failure
 /// `error` says why and the result is 0.

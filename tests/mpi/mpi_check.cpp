@@ -7,6 +7,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -107,6 +108,86 @@ void run_suite(MPI_Comm comm, const char* cname, int n) {
   }
 }
 
+// MPI_Bcast and MPI_Allgather with datatypes that differ between ranks but have one type
+// signature (MPI-4.0 section 6.1): MPI_INT on some ranks, a contiguous type of MPI_INT, bytes, a
+// strided vector on others. Every rank must take the same path and get Open MPI's bytes.
+// Returns the number of calls made through the interposer (all of them spin's).
+int mixed_types(MPI_Comm comm) {
+  int r = 0, s = 0, calls = 0;
+  MPI_Comm_rank(comm, &r);
+  MPI_Comm_size(comm, &s);
+  MPI_Datatype four_ints, strided;  // 4 MPI_INT in a row; 3 blocks of 4 MPI_INT, every other block
+  MPI_Type_contiguous(4, MPI_INT, &four_ints);
+  MPI_Type_commit(&four_ints);
+  MPI_Type_vector(3, 4, 8, MPI_INT, &strided);
+  MPI_Type_commit(&strided);
+  // 12 ints as (count, type) on rank r; `sparse`: the strided type, whose buffer spans 20 ints.
+  struct view {
+    int count;
+    MPI_Datatype t;
+    bool sparse;
+  };
+  const auto view_of = [&](int k) {
+    switch (k % 4) {
+    case 0: return view{12, MPI_INT, false};
+    case 1: return view{3, four_ints, false};
+    case 2: return view{48, MPI_BYTE, false};
+    default: return view{1, strided, true};
+    }
+  };
+  const auto dense = [](const std::vector<int>& sparse) {  // the 12 ints a strided buffer holds
+    std::vector<int> d;
+    for (int b = 0; b < 3; ++b)
+      for (int i = 0; i < 4; ++i) d.push_back(sparse[static_cast<std::size_t>(b * 8 + i)]);
+    return d;
+  };
+  for (int root : {0, s - 1}) {  // Bcast: 48 bytes, a different datatype on each rank
+    const view v = view_of(r);
+    std::vector<int> want(12), got(v.sparse ? 20 : 12, -7);
+    for (int i = 0; i < 12; ++i) want[static_cast<std::size_t>(i)] = 1000 * root + i;
+    if (r == root) {
+      if (v.sparse)
+        for (int i = 0; i < 12; ++i) got[static_cast<std::size_t>((i / 4) * 8 + i % 4)] = want[static_cast<std::size_t>(i)];
+      else
+        got = want;
+    }
+    MPI_Bcast(got.data(), v.count, v.t, root, comm);
+    ++calls;
+    check((v.sparse ? dense(got) : got) == want, "MPI_Bcast of differing datatypes, root " + std::to_string(root));
+    if (v.sparse) check(got[4] == -7 && got[15] == -7, "MPI_Bcast wrote into a strided type's gap");
+  }
+  {  // Bcast of 6 bytes: 3 MPI_SHORT on even ranks, 6 MPI_BYTE on odd ones (not a multiple of 4)
+    std::vector<short> got(3, 0);
+    const short want[3] = {-3, 12345, 7};
+    if (r == 0) std::memcpy(got.data(), want, sizeof want);
+    if (r % 2 == 0) MPI_Bcast(got.data(), 3, MPI_SHORT, 0, comm);
+    else MPI_Bcast(got.data(), 6, MPI_BYTE, 0, comm);
+    ++calls;
+    check(std::memcmp(got.data(), want, sizeof want) == 0, "MPI_Bcast of 6 bytes as MPI_SHORT and MPI_BYTE");
+  }
+  {  // Allgather: each rank sends 12 ints as its own view and receives as the next rank's view
+    const view sv = view_of(r), rv = view_of(r + 1);
+    std::vector<int> send(sv.sparse ? 20 : 12, -1);
+    for (int i = 0; i < 12; ++i)
+      send[static_cast<std::size_t>(sv.sparse ? (i / 4) * 8 + i % 4 : i)] = 100 * r + i;
+    const std::size_t extent_ints = rv.sparse ? 20 : 12;  // a strided element spans 20 ints; blocks follow at that stride
+    std::vector<int> want(extent_ints * static_cast<std::size_t>(s), -9), got(want.size(), -9);
+    PMPI_Allgather(send.data(), sv.count, sv.t, want.data(), rv.count, rv.t, comm);
+    MPI_Allgather(send.data(), sv.count, sv.t, got.data(), rv.count, rv.t, comm);
+    ++calls;
+    check(got == want, "MPI_Allgather of differing datatypes");
+    std::vector<int> inplace(want.size(), -9);  // in place, in the receive view
+    const auto mine = static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r) * extent_ints);
+    std::copy(want.begin() + mine, want.begin() + mine + static_cast<std::ptrdiff_t>(extent_ints), inplace.begin() + mine);
+    MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, inplace.data(), rv.count, rv.t, comm);
+    ++calls;
+    check(inplace == want, "MPI_Allgather in place of differing datatypes");
+  }
+  MPI_Type_free(&strided);
+  MPI_Type_free(&four_ints);
+  return calls;
+}
+
 void user_sum(void* in, void* inout, int* len, MPI_Datatype*) {
   for (int i = 0; i < *len; ++i) static_cast<int*>(inout)[i] += static_cast<int*>(in)[i];
 }
@@ -150,6 +231,15 @@ int main(int argc, char** argv) {
   MPI_Comm_split(MPI_COMM_WORLD, rank % 2, rank, &half);
   run_suite(half, "split", 300);
   const int suites = 4;
+  const int mixed = mixed_types(MPI_COMM_WORLD);  // 3 bcast, 2 allgather
+
+  {  // A root that is not a rank: MPI's error (MPI_ERR_ROOT), from MPI itself.
+    MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
+    int x = 5, cls = 0;
+    const int rc = MPI_Bcast(&x, 1, MPI_INT, size, dup);
+    MPI_Error_class(rc, &cls);
+    check(cls == MPI_ERR_ROOT, "MPI_Bcast with root " + std::to_string(size) + " gave error class " + std::to_string(cls));
+  }
 
   // Unsupported: each goes to MPI and gives MPI's answer.
   {
@@ -188,13 +278,15 @@ int main(int argc, char** argv) {
   check(c.spin[SPIN_MPI_ALLREDUCE] == suites * per_suite * 8, "allreduce calls on spin: " + std::to_string(c.spin[SPIN_MPI_ALLREDUCE]));
   check(c.spin[SPIN_MPI_REDUCE_SCATTER_BLOCK] == suites * per_suite * 2,
         "reduce_scatter_block calls on spin: " + std::to_string(c.spin[SPIN_MPI_REDUCE_SCATTER_BLOCK]));
-  check(c.spin[SPIN_MPI_ALLGATHER] == suites * per_suite * 2, "allgather calls on spin: " + std::to_string(c.spin[SPIN_MPI_ALLGATHER]));
-  check(c.spin[SPIN_MPI_BCAST] == suites * per_suite * 2, "bcast calls on spin: " + std::to_string(c.spin[SPIN_MPI_BCAST]));
+  check(mixed == 5, "mixed-type calls: " + std::to_string(mixed));
+  check(c.spin[SPIN_MPI_ALLGATHER] == suites * per_suite * 2 + 2, "allgather calls on spin: " + std::to_string(c.spin[SPIN_MPI_ALLGATHER]));
+  check(c.spin[SPIN_MPI_BCAST] == suites * per_suite * 2 + 3, "bcast calls on spin: " + std::to_string(c.spin[SPIN_MPI_BCAST]));
+  check(c.fallback[SPIN_MPI_BCAST] == 1, "bcast calls on MPI (the bad root): " + std::to_string(c.fallback[SPIN_MPI_BCAST]));
   check(c.fallback[SPIN_MPI_ALLREDUCE] == 6, "allreduce calls on MPI: " + std::to_string(c.fallback[SPIN_MPI_ALLREDUCE]));
   check(c.reasons[SPIN_MPI_R_DATATYPE] == 1, "datatype fallbacks: " + std::to_string(c.reasons[SPIN_MPI_R_DATATYPE]));
   check(c.reasons[SPIN_MPI_R_OP] == 2, "op fallbacks: " + std::to_string(c.reasons[SPIN_MPI_R_OP]));
   check(c.reasons[SPIN_MPI_R_COMMUNICATOR] == 2, "communicator fallbacks: " + std::to_string(c.reasons[SPIN_MPI_R_COMMUNICATOR]));
-  check(c.reasons[SPIN_MPI_R_ARGUMENTS] == 1, "argument fallbacks: " + std::to_string(c.reasons[SPIN_MPI_R_ARGUMENTS]));
+  check(c.reasons[SPIN_MPI_R_ARGUMENTS] == 2, "argument fallbacks: " + std::to_string(c.reasons[SPIN_MPI_R_ARGUMENTS]));
   check(c.reasons[SPIN_MPI_R_UNAVAILABLE] == 0, "unavailable: " + std::to_string(c.reasons[SPIN_MPI_R_UNAVAILABLE]));
   check(c.errors == 0, "errors: " + std::to_string(c.errors));
   check(c.communicators == 3, "spin communicators: " + std::to_string(c.communicators));

@@ -3,7 +3,7 @@
 with SUM, MIN, MAX, PRODUCT on float32, float64, int32, int64, bfloat16; broadcast; allgather;
 _allgather_base; reduce_scatter; _reduce_scatter_base; barrier) gives exactly gloo's bytes, in
 the same job, on integer-valued inputs (the exact answer where gloo has no such operation:
-bfloat16, reduce-scatter), and the ones it lacks raise a clear error.
+bfloat16, reduce-scatter), and the ones it lacks, and a bad setting, raise a clear error.
 
 Run by tests/pytorch/meson.build under mpirun (tests/mpi/run_mpi_test.sh starts the spin-emu
 cluster): python3 ops_test.py MASTER_PORT. Exits 0 when every check held on every rank.
@@ -96,6 +96,15 @@ for name, call in (("gather", lambda: dist.gather(torch.zeros(4), [torch.zeros(4
         failures.append(f"{name} did not raise")
     except (RuntimeError, ValueError) as e:
         check("spin" in str(e) or "not support" in str(e), f"{name}: unclear error: {e}")
+
+# A bad setting is refused, naming the variable (on every rank: new_group is collective).
+os.environ["SPIN_TORCH_NODE"] = "-1"
+try:
+    dist.new_group(backend="spin")
+    failures.append("SPIN_TORCH_NODE=-1 was accepted")
+except ValueError as e:
+    check("SPIN_TORCH_NODE='-1'" in str(e), f"SPIN_TORCH_NODE=-1: unclear error: {e}")
+del os.environ["SPIN_TORCH_NODE"]
 
 bad = torch.tensor([len(failures)])
 dist.all_reduce(bad, group=gloo)

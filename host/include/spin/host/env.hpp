@@ -1,0 +1,19 @@
+// Settings a rank-side library reads from its environment (libspin-mpi's SPIN_MPI_*, spin_torch's
+// SPIN_TORCH_*, a launcher's local rank): one parser, so every variable is refused the same way.
+#pragma once
+
+#include <spin/rt/result.hpp>
+
+#include <cstdint>
+#include <optional>
+
+namespace spin::host {
+
+/// Environment variable `name` read as a decimal number in 0..`max`.
+/// Returns nullopt when `name` is unset or empty. Errors (errc::invalid_argument, the message
+/// names the variable, its value and the range): the value is not all decimal digits (a sign,
+/// a space or a suffix is refused, so "-1" never wraps to 2^64-1), or it is above `max`.
+/// Thread: any, as std::getenv (no thread may set the environment meanwhile).
+result<std::optional<std::uint64_t>> env_number(const char* name, std::uint64_t max);
+
+} // namespace spin::host

@@ -1,0 +1,57 @@
+// spin::host::env_number: the one parser of rank-side settings (SPIN_MPI_*, SPIN_TORCH_*).
+#include <spin/host/env.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <limits>
+#include <string>
+
+using spin::host::env_number;
+
+namespace {
+constexpr const char* var = "SPIN_TEST_ENV_NUMBER";
+std::string refusal(const char* value, std::uint64_t max) {
+  ::setenv(var, value, 1);
+  auto r = env_number(var, max);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.err().code == spin::errc::invalid_argument);
+  return r.err().message;
+}
+} // namespace
+
+TEST_SUITE("host") {
+  TEST_CASE("an unset or empty variable is no setting") {
+    ::unsetenv(var);
+    auto r = env_number(var, 10);
+    REQUIRE(r.ok());
+    CHECK_FALSE(r.value().has_value());
+    ::setenv(var, "", 1);
+    auto e = env_number(var, 10);
+    REQUIRE(e.ok());
+    CHECK_FALSE(e.value().has_value());
+  }
+
+  TEST_CASE("a number up to the maximum is read exactly") {
+    ::setenv(var, "0", 1);
+    CHECK(env_number(var, 10).value() == std::optional<std::uint64_t>{0});
+    ::setenv(var, "4294967295", 1);
+    CHECK(env_number(var, 0xffffffffu).value() == std::optional<std::uint64_t>{0xffffffffu});
+    ::setenv(var, "18446744073709551615", 1);
+    CHECK(env_number(var, std::numeric_limits<std::uint64_t>::max()).value() ==
+          std::optional<std::uint64_t>{std::numeric_limits<std::uint64_t>::max()});
+  }
+
+  TEST_CASE("a sign, a space, a suffix, a value above the maximum or beyond 64 bits is refused with the variable named") {
+    CHECK(refusal("-1", 0xffffffffu) == "SPIN_TEST_ENV_NUMBER='-1' is not a whole number in 0..4294967295");
+    CHECK(refusal("+3", 10).find("'+3'") != std::string::npos);
+    CHECK(refusal(" 3", 10).find("' 3'") != std::string::npos);
+    CHECK(refusal("3ms", 10).find("'3ms'") != std::string::npos);
+    CHECK(refusal("0x10", 100).find("'0x10'") != std::string::npos);
+    CHECK(refusal("4294967296", 0xffffffffu).find("0..4294967295") != std::string::npos);
+    CHECK(refusal("18446744073709551616", std::numeric_limits<std::uint64_t>::max()).find("'18446744073709551616'") !=
+          std::string::npos);
+    CHECK(refusal("99999999999999999999999", std::numeric_limits<std::uint64_t>::max()).find(var) == 0);
+    ::unsetenv(var);
+  }
+}
