@@ -332,26 +332,29 @@ bool is_rank(MPI_Comm comm, int r) {
   return inter != 0 || (r >= 0 && r < comm_size(comm));  // intercommunicators fall back anyway
 }
 
-// Packs `count` elements of `t` at `buf` into `out` (l.bytes bytes), in pieces of at most
-// max_piece_bytes (layout_of's caller refused larger elements).
-void pack(const void* buf, int count, MPI_Datatype t, const layout& l, std::byte* out, MPI_Comm comm) {
+// Calls f(first element, element count, packed offset) over `count` elements in pieces whose
+// packed size is at most max_piece_bytes (the callers refused larger elements).
+template <class F> void for_each_piece(int count, const layout& l, F f) {
   const int per_piece = static_cast<int>(std::max<MPI_Count>(1, max_piece_bytes / std::max<MPI_Count>(1, l.elem_bytes)));
-  for (int i = 0; i < count; i += per_piece) {
-    const int n = std::min(per_piece, count - i);
-    int pos = 0;
-    PMPI_Pack(static_cast<const std::byte*>(buf) + static_cast<MPI_Aint>(i) * l.extent, n, t, out + i * l.elem_bytes,
-              static_cast<int>(n * l.elem_bytes), &pos, comm);
-  }
+  for (int i = 0; i < count; i += per_piece) f(i, std::min(per_piece, count - i), i * l.elem_bytes);
 }
 
-void unpack(const std::byte* in, void* buf, int count, MPI_Datatype t, const layout& l, MPI_Comm comm) {
-  const int per_piece = static_cast<int>(std::max<MPI_Count>(1, max_piece_bytes / std::max<MPI_Count>(1, l.elem_bytes)));
-  for (int i = 0; i < count; i += per_piece) {
-    const int n = std::min(per_piece, count - i);
+// Packs `count` elements of `t` at `buf` into `out` (l.bytes bytes).
+void pack(const void* buf, int count, MPI_Datatype t, const layout& l, std::byte* out, MPI_Comm comm) {
+  for_each_piece(count, l, [&](int i, int n, MPI_Count at) {
     int pos = 0;
-    PMPI_Unpack(in + i * l.elem_bytes, static_cast<int>(n * l.elem_bytes), &pos,
-                static_cast<std::byte*>(buf) + static_cast<MPI_Aint>(i) * l.extent, n, t, comm);
-  }
+    PMPI_Pack(static_cast<const std::byte*>(buf) + static_cast<MPI_Aint>(i) * l.extent, n, t, out + at,
+              static_cast<int>(n * l.elem_bytes), &pos, comm);
+  });
+}
+
+// Unpacks l.bytes bytes at `in` into `count` elements of `t` at `buf`.
+void unpack(const std::byte* in, void* buf, int count, MPI_Datatype t, const layout& l, MPI_Comm comm) {
+  for_each_piece(count, l, [&](int i, int n, MPI_Count at) {
+    int pos = 0;
+    PMPI_Unpack(in + at, static_cast<int>(n * l.elem_bytes), &pos, static_cast<std::byte*>(buf) + static_cast<MPI_Aint>(i) * l.extent,
+                n, t, comm);
+  });
 }
 
 } // namespace
@@ -442,14 +445,15 @@ int MPI_Allgather(const void* sendbuf, int sendcount, MPI_Datatype sendtype, voi
     auto r = sc->comm->allgather(in, recv + rl.true_lb, words, coll::dtype::u32, cfg().algo);
     return r.ok() ? MPI_SUCCESS : failed(comm, SPIN_MPI_ALLGATHER, r.err());
   }
-  std::vector<std::byte> mine(words * 4), all(mine.size() * static_cast<std::size_t>(comm_size(comm)));
+  const int members = comm_size(comm);
+  std::vector<std::byte> mine(words * 4), all(mine.size() * static_cast<std::size_t>(members));
   if (in_place)
     pack(my_block, recvcount, recvtype, rl, mine.data(), comm);
   else
     pack(sendbuf, sendcount, sendtype, sl, mine.data(), comm);
   auto r = sc->comm->allgather(mine.data(), all.data(), words, coll::dtype::u32, cfg().algo);
   if (!r.ok()) return failed(comm, SPIN_MPI_ALLGATHER, r.err());
-  for (int j = 0; j < comm_size(comm); ++j)
+  for (int j = 0; j < members; ++j)
     unpack(all.data() + static_cast<std::size_t>(j) * mine.size(), recv + static_cast<MPI_Aint>(j) * stride, recvcount,
            recvtype, rl, comm);
   return MPI_SUCCESS;
