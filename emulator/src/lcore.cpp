@@ -55,7 +55,14 @@ bool doorbell::sleep(std::chrono::microseconds timeout) noexcept {
       rung = ::read(_fd, &v, sizeof v) == sizeof v;
     }
   }
-  _sleeping.store(false, std::memory_order_relaxed);
+  _sleeping.store(false, std::memory_order_seq_cst);
+  if (!rung && _fd >= 0) {
+    // A producer that saw the flag between the timeout and the store above rang all the same:
+    // take that ring now (the eventfd is non-blocking), so that it counts as one and does not
+    // cut the next sleep short.
+    std::uint64_t v = 0;
+    rung = ::read(_fd, &v, sizeof v) == sizeof v;
+  }
   return rung;
 }
 

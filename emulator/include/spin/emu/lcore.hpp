@@ -30,7 +30,8 @@ public:
   /// disarm().
   void arm() noexcept;
   void disarm() noexcept;
-  /// Owner, after arm(): sleeps until rung or `timeout` passed; disarms. Returns true when rung.
+  /// Owner, after arm(): sleeps until rung or `timeout` passed; disarms. Returns true when rung,
+  /// also by a ring that landed between the timeout and the disarm.
   bool sleep(std::chrono::microseconds timeout) noexcept;
 
 private:
