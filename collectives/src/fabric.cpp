@@ -10,10 +10,10 @@
 
 #include <algorithm>
 #include <array>
-#include <condition_variable>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 namespace spin::coll {
@@ -28,23 +28,22 @@ struct fabric::impl {
     std::uint32_t vertex = 0;  // in g
     std::uint32_t rank = 0;
     std::string name;
-    std::uint32_t free = 0;
-    std::uint32_t groups = 0;
   };
-  // One engine EC of a group on one switch.
+  // One engine EC of a group on one switch, installed by this fabric (the group's first member
+  // was one of its communicators).
   struct placement {
     std::uint32_t sw = 0;  // index into switches
     rt::ec_id ec = 0;
     bool ec_ok = false;
     std::unique_ptr<detail::port_memory> mem;  // the EC's host window: the set-up descriptor
   };
+  // A group that communicators of this fabric joined.
   struct job {
-    std::vector<std::uint32_t> members;
-    std::uint32_t asked = 0;
-    bool decided = false;  // the first member's join has its answer (l); later members wait for it
-    lease l;
-    std::uint32_t refs = 0;
-    std::vector<placement> placed;  // the root first, then the leaves
+    std::uint32_t root = 0;                // switch index where its members join
+    std::set<std::uint32_t> mine;          // member indices of this fabric's communicators
+    std::uint32_t installer_me = ~0u;      // this fabric set the group up as this member
+    std::vector<std::uint32_t> leaf_sw;    // switches below the root where it joined too (installer)
+    std::vector<placement> placed;         // the root first, then the leaves (installer)
   };
   // The network as the fabric knows it: hosts and switches, by rank, and their links.
   struct vertex {
@@ -54,8 +53,7 @@ struct fabric::impl {
   };
 
   fabric_options o;
-  mutable std::mutex m;
-  std::condition_variable cv;
+  mutable std::mutex m;  // guards the ports (one call at a time) and jobs
   std::vector<sw> switches;
   std::vector<vertex> g;
   std::map<std::uint32_t, std::uint32_t> host_vertex;  // host rank -> vertex
@@ -212,22 +210,71 @@ struct fabric::impl {
     pl.ec_ok = false;
     pl.mem.reset();
   }
-  void release(job& j) {
-    for (auto& pl : j.placed) {
-      undo(pl);
-      switches[pl.sw].free += j.l.slots;
-      --switches[pl.sw].groups;
-    }
+  // Undoes what this fabric set up for group `wire_id` as its installer: the engine ECs, and
+  // its joins on the leaves.
+  void undo_setup(std::uint32_t wire_id, job& j) {
+    for (auto& pl : j.placed) undo(pl);
     j.placed.clear();
-    cv.notify_all();
+    for (std::uint32_t lf : j.leaf_sw) (void)switches[lf].port->leave_group(wire_id, j.installer_me);
+    j.leaf_sw.clear();
+  }
+
+  // The installer's part (its slots on the root are reserved): slots on the leaves of a
+  // two-level tree below the root (now or never: a leaf that has none free refuses the group,
+  // so that no group holds one switch while it waits for another), then the engine ECs. On
+  // error the caller undoes what was done (undo_setup).
+  result<lease> set_up(std::uint32_t wire_id, job& j, const std::vector<std::uint32_t>& members, std::uint32_t slots,
+                       const engine_package& pkg) {
+    const auto root = static_cast<std::int32_t>(j.root);
+    const std::vector<std::int32_t> leaf_of = leaves_for(members, root);
+    std::vector<std::uint32_t> used = {j.root};
+    for (std::int32_t lf : leaf_of)
+      if (std::find(used.begin(), used.end(), static_cast<std::uint32_t>(lf)) == used.end()) used.push_back(static_cast<std::uint32_t>(lf));
+    for (std::size_t k = 1; k < used.size(); ++k) {
+      sw& leaf = switches[used[k]];
+      auto a = leaf.port->join_group(host::group_join{wire_id, members, slots}, j.installer_me);
+      if (!a.ok()) return fail(a.err().code, "joining the leaf " + leaf.name + ": " + a.err().message);
+      j.leaf_sw.push_back(used[k]);
+      if (a.value().state != host::join_state::install)
+        return fail(errc::no_space, a.value().state == host::join_state::refused ? a.value().reason
+                                                                                 : a.value().reason + " (a leaf below " + switches[j.root].name + ")");
+    }
+    std::vector<std::uint32_t> leaf_ranks;
+    for (std::size_t k = 1; k < used.size(); ++k) leaf_ranks.push_back(switches[used[k]].rank);
+    pr::switch_setup rs{};
+    rs.nranks = static_cast<std::uint32_t>(members.size());
+    rs.slots = slots;
+    rs.slot_bytes = o.slot_bytes;
+    rs.role = pr::switch_root;
+    rs.nleaves = static_cast<std::uint32_t>(leaf_ranks.size());
+    j.placed.push_back({j.root, 0, false, nullptr});
+    if (auto r = install(j.placed.back(), wire_id, slots, rs, members, leaf_ranks, pkg); !r.ok()) return r.err();
+    for (std::size_t k = 1; k < used.size(); ++k) {
+      std::vector<std::uint32_t> local;
+      for (std::size_t i = 0; i < members.size(); ++i)
+        if (leaf_of[i] == static_cast<std::int32_t>(used[k])) local.push_back(members[i]);
+      pr::switch_setup ls{};
+      ls.nranks = static_cast<std::uint32_t>(local.size());
+      ls.slots = slots;
+      ls.slot_bytes = o.slot_bytes;
+      ls.role = pr::switch_leaf;
+      ls.parent = switches[j.root].rank;
+      j.placed.push_back({used[k], 0, false, nullptr});
+      if (auto r = install(j.placed.back(), wire_id, slots, ls, local, {}, pkg); !r.ok()) return r.err();
+    }
+    lease l;
+    l.switch_rank = switches[j.root].rank;
+    l.slots = slots;
+    for (std::int32_t lf : leaf_of) l.leaf_rank.push_back(switches[static_cast<std::size_t>(lf)].rank);
+    return l;
   }
 };
-
 fabric::fabric(std::unique_ptr<impl> p) : _p(std::move(p)) {}
 
 fabric::~fabric() {
   std::lock_guard<std::mutex> l(_p->m);
-  for (auto& [id, j] : _p->jobs) _p->release(j);
+  // The groups' joins leave with the ports (their owners) right after this.
+  for (auto& [id, j] : _p->jobs) _p->undo_setup(id, j);
 }
 
 namespace {
@@ -252,7 +299,6 @@ result<std::unique_ptr<fabric>> fabric::over(std::vector<std::unique_ptr<detail:
     s.rank = port->rank();
     s.name = port->name();
     s.port = std::move(port);
-    s.free = o.slots_per_switch;
     s.vertex = static_cast<std::uint32_t>(p->g.size());
     if (!switch_vertex.emplace(s.rank, s.vertex).second)
       return fail(errc::invalid_argument, "fabric: two switches have rank " + std::to_string(s.rank) + " (" + s.name + ")");
@@ -278,6 +324,11 @@ result<std::unique_ptr<fabric>> fabric::over(std::vector<std::unique_ptr<detail:
     if (va == vb) return fail(errc::invalid_argument, "fabric: a link from rank " + std::to_string(a) + " to itself");
     p->link(va, vb);
   }
+  // Each switch's pool takes the fabric's size, unless groups use it already with another size
+  // (the registry refuses then: the pool belongs to the switch, not to one fabric).
+  for (auto& s : p->switches)
+    if (auto u = s.port->group_pool(host::slot_pool{o.slots_per_switch, o.slot_bytes}); !u.ok())
+      return fail(u.err().code, "fabric: " + u.err().message);
   return std::unique_ptr<fabric>(new fabric(std::move(p)));
 }
 
@@ -301,120 +352,126 @@ result<std::unique_ptr<fabric>> fabric::connect(const std::vector<remote_switch>
 std::vector<fabric::switch_usage> fabric::usage() const {
   std::lock_guard<std::mutex> l(_p->m);
   std::vector<switch_usage> out;
-  for (const auto& s : _p->switches) out.push_back({s.name, s.rank, _p->o.slots_per_switch, s.free, s.groups});
+  for (const auto& s : _p->switches) {
+    switch_usage u{s.name, s.rank, 0, 0, 0, 0};
+    if (auto p = s.port->group_pool(std::nullopt); p.ok()) {
+      u.slots = p.value().pool.slots;
+      u.free = p.value().free;
+      u.groups = p.value().groups;
+      u.waiting = p.value().waiting;
+    }
+    out.push_back(u);
+  }
   return out;
 }
 
-result<fabric::lease> fabric::join(std::uint32_t wire_id, const std::vector<std::uint32_t>& members, std::uint32_t slots,
-                                   std::uint32_t packet_bytes, std::chrono::milliseconds wait, const engine_package& pkg) {
+namespace {
+// Lease words as the installer publishes them: the root's rank, then (two-level tree) each
+// member's leaf rank.
+std::vector<std::uint32_t> lease_words(const fabric::lease& l) {
+  std::vector<std::uint32_t> w{l.switch_rank};
+  w.insert(w.end(), l.leaf_rank.begin(), l.leaf_rank.end());
+  return w;
+}
+} // namespace
+
+result<fabric::lease> fabric::join(std::uint32_t wire_id, const std::vector<std::uint32_t>& members, std::uint32_t me,
+                                   std::uint32_t slots, std::uint32_t packet_bytes, std::chrono::milliseconds wait,
+                                   const engine_package& pkg) {
   std::unique_lock<std::mutex> l(_p->m);
-  auto it = _p->jobs.find(wire_id);
-  if (it != _p->jobs.end()) {
-    impl::job& j = it->second;
-    if (j.members != members || j.asked != slots)
-      return fail(errc::invalid_argument, "switch slots: this member's group (members or switch_slots) differs from the first member's");
-    ++j.refs;
-    // One answer for every member: while the first member waits for slots (switch_wait), the
-    // others wait for its answer instead of taking an empty lease.
-    _p->cv.wait(l, [&] { return j.decided; });
-    return j.l;
-  }
-  impl::job& j = _p->jobs[wire_id];
-  j.members = members;
-  j.asked = slots;
-  j.refs = 1;
-  // Whatever the outcome below, the later members learn it (std::map keeps `j` in place).
-  struct decide {
-    impl& p;
-    impl::job& j;
-    ~decide() {
-      j.decided = true;
-      p.cv.notify_all();
-    }
-  } decided_on_return{*_p, j};
+  lease out;
   const std::int32_t root = _p->switch_for(members);
   if (root < 0) {
-    j.l.reason = "no switch reaches every member";
-    return j.l;
+    out.reason = "no switch reaches every member";
+    return out;
   }
-  // Where the group's slots go: the root, and the leaves of a two-level tree below it.
-  const std::vector<std::int32_t> leaf_of = _p->leaves_for(members, root);
-  std::vector<std::uint32_t> used = {static_cast<std::uint32_t>(root)};
-  for (std::int32_t lf : leaf_of)
-    if (std::find(used.begin(), used.end(), static_cast<std::uint32_t>(lf)) == used.end()) used.push_back(static_cast<std::uint32_t>(lf));
-  const std::string sname = _p->switches[static_cast<std::size_t>(root)].name;
+  impl::sw& rs = _p->switches[static_cast<std::size_t>(root)];
   if (packet_bytes > _p->o.slot_bytes) {
-    j.l.reason = "packets of " + std::to_string(packet_bytes) + " bytes do not fit the slots of " +
-                 std::to_string(_p->o.slot_bytes) + " bytes on " + sname;
-    return j.l;
+    out.reason = "packets of " + std::to_string(packet_bytes) + " bytes do not fit the slots of " +
+                 std::to_string(_p->o.slot_bytes) + " bytes on " + rs.name;
+    return out;
   }
-  if (slots > _p->o.slots_per_switch) {
-    j.l.reason = "the group asks for " + std::to_string(slots) + " slots; " + sname + " has " +
-                 std::to_string(_p->o.slots_per_switch);
-    return j.l;
-  }
-  auto enough = [&] {
-    for (std::uint32_t i : used)
-      if (_p->switches[i].free < slots) return false;
-    return true;
-  };
-  if (!_p->cv.wait_for(l, wait, enough)) {
-    for (std::uint32_t i : used) {
-      const auto& s = _p->switches[i];
-      if (s.free >= slots) continue;
-      j.l.reason = s.name + " has " + std::to_string(s.free) + " free slots of " +
-                   std::to_string(_p->o.slots_per_switch) + " (" + std::to_string(s.groups) +
-                   " groups hold the rest); the group asks for " + std::to_string(slots);
-      break;
+  const host::group_join req{wire_id, members, slots};
+  // The installer gives up waiting for slots after `wait`; the other members wait for its
+  // decision (it sets the group up, or gives up, within wait plus a set-up).
+  const auto start = clock::now();
+  const auto give_up = start + wait;
+  const auto others_deadline = give_up + std::chrono::seconds(60);
+  auto nap = std::chrono::microseconds(200);
+  for (;;) {
+    auto a = rs.port->join_group(req, me);
+    if (!a.ok()) return fail(a.err().code, "joining group " + std::to_string(wire_id >> 4) + " on " + rs.name + ": " + a.err().message);
+    impl::job& j = _p->jobs[wire_id];
+    j.root = static_cast<std::uint32_t>(root);
+    j.mine.insert(me);
+    const host::group_answer& ans = a.value();
+    if (ans.state == host::join_state::granted) {
+      if (ans.lease.empty() || (ans.lease.size() != 1 && ans.lease.size() != 1 + members.size()))
+        return fail(errc::bad_state, "group " + std::to_string(wire_id >> 4) + " on " + rs.name + ": a lease of " +
+                                         std::to_string(ans.lease.size()) + " words");
+      out.switch_rank = ans.lease[0];
+      out.slots = slots;
+      out.leaf_rank.assign(ans.lease.begin() + 1, ans.lease.end());
+      return out;
     }
-    return j.l;
+    if (ans.state == host::join_state::refused) {
+      out.reason = ans.reason;
+      return out;
+    }
+    if (ans.state == host::join_state::install) {
+      j.installer_me = me;
+      auto r = _p->set_up(wire_id, j, members, slots, pkg);
+      host::group_decision d;
+      d.group = wire_id;
+      if (r.ok()) {
+        d.granted = true;
+        d.lease = lease_words(r.value());
+      } else {
+        _p->undo_setup(wire_id, j);
+        d.reason = r.err().message;
+      }
+      if (auto dr = rs.port->decide_group(d); !dr.ok()) {
+        _p->undo_setup(wire_id, j);
+        return fail(dr.err().code, "group " + std::to_string(wire_id >> 4) + " on " + rs.name + ": " + dr.err().message);
+      }
+      if (r.ok()) return r.value();
+      out.reason = d.reason;
+      return out;
+    }
+    // wait
+    const auto now = clock::now();
+    if (ans.installer && now >= give_up) {
+      host::group_decision d;
+      d.group = wire_id;
+      d.reason = ans.reason;
+      if (auto dr = rs.port->decide_group(d); !dr.ok())
+        return fail(dr.err().code, "group " + std::to_string(wire_id >> 4) + " on " + rs.name + ": " + dr.err().message);
+      out.reason = ans.reason;
+      return out;
+    }
+    if (!ans.installer && now >= others_deadline)
+      return fail(errc::timeout, "group " + std::to_string(wire_id >> 4) + " on " + rs.name +
+                                     ": its first member did not set it up within 60 s (" + ans.reason + ")");
+    l.unlock();
+    std::this_thread::sleep_for(nap);
+    nap = std::min<std::chrono::microseconds>(nap * 2, std::chrono::milliseconds(10));
+    l.lock();
   }
-  // The root: every member, and the leaves when there is a tree.
-  std::vector<std::uint32_t> leaf_ranks;
-  for (std::size_t k = 1; k < used.size(); ++k) leaf_ranks.push_back(_p->switches[used[k]].rank);
-  pr::switch_setup rs{};
-  rs.nranks = static_cast<std::uint32_t>(members.size());
-  rs.slots = slots;
-  rs.slot_bytes = _p->o.slot_bytes;
-  rs.role = pr::switch_root;
-  rs.nleaves = static_cast<std::uint32_t>(leaf_ranks.size());
-  j.placed.push_back({static_cast<std::uint32_t>(root), 0, false, nullptr});
-  result<void> r = _p->install(j.placed.back(), wire_id, slots, rs, members, leaf_ranks, pkg);
-  for (std::size_t k = 1; k < used.size() && r.ok(); ++k) {
-    std::vector<std::uint32_t> local;
-    for (std::size_t i = 0; i < members.size(); ++i)
-      if (leaf_of[i] == static_cast<std::int32_t>(used[k])) local.push_back(members[i]);
-    pr::switch_setup ls{};
-    ls.nranks = static_cast<std::uint32_t>(local.size());
-    ls.slots = slots;
-    ls.slot_bytes = _p->o.slot_bytes;
-    ls.role = pr::switch_leaf;
-    ls.parent = _p->switches[static_cast<std::size_t>(root)].rank;
-    j.placed.push_back({used[k], 0, false, nullptr});
-    r = _p->install(j.placed.back(), wire_id, slots, ls, local, {}, pkg);
-  }
-  if (!r.ok()) {
-    for (auto& pl : j.placed) _p->undo(pl);
-    j.placed.clear();
-    j.l.reason = r.err().message;
-    return j.l;
-  }
-  for (std::uint32_t i : used) {
-    _p->switches[i].free -= slots;
-    ++_p->switches[i].groups;
-  }
-  j.l.switch_rank = _p->switches[static_cast<std::size_t>(root)].rank;
-  j.l.slots = slots;
-  for (std::int32_t lf : leaf_of) j.l.leaf_rank.push_back(_p->switches[static_cast<std::size_t>(lf)].rank);
-  return j.l;
 }
 
-void fabric::leave(std::uint32_t wire_id) {
+void fabric::leave(std::uint32_t wire_id, std::uint32_t me) {
   std::lock_guard<std::mutex> l(_p->m);
   auto it = _p->jobs.find(wire_id);
   if (it == _p->jobs.end()) return;
-  if (--it->second.refs > 0) return;
-  _p->release(it->second);
+  impl::job& j = it->second;
+  j.mine.erase(me);
+  if (!j.mine.empty()) {
+    (void)_p->switches[j.root].port->leave_group(wire_id, me);
+    return;
+  }
+  // The last member here: the ECs this fabric installed go first, then the joins.
+  _p->undo_setup(wire_id, j);
+  (void)_p->switches[j.root].port->leave_group(wire_id, me);
   _p->jobs.erase(it);
 }
 

@@ -57,11 +57,12 @@ private:
 
 class local final : public port {
 public:
-  explicit local(emu::nic_control& nic) : _nic(nic) {
+  explicit local(emu::nic_control& nic) : _nic(nic), _owner(emu::group_registry::local_owner()) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%p", static_cast<const void*>(&nic));
     _key = std::string("local:") + buf;
   }
+  ~local() override { _nic.groups().release(_owner); }
   std::uint32_t rank() const noexcept override { return _nic.rank(); }
   const std::string& name() const noexcept override { return _nic.name(); }
   std::uint32_t max_payload_bytes() const noexcept override { return _nic.max_payload_bytes(); }
@@ -100,8 +101,19 @@ public:
   result<void> send(const host::message& m) override { return _nic.send(m, std::chrono::milliseconds(1000)); }
   result<void> post(const host::message& m) override { return _nic.post(m); }
 
+  result<host::pool_usage> group_pool(const std::optional<host::slot_pool>& set) override { return _nic.groups().pool(set); }
+  result<host::group_answer> join_group(const host::group_join& j, std::uint32_t me) override {
+    return _nic.groups().join(_owner, j, me);
+  }
+  result<void> decide_group(const host::group_decision& d) override { return _nic.groups().decide(_owner, d); }
+  result<void> leave_group(std::uint32_t group, std::uint32_t me) override {
+    _nic.groups().leave(_owner, group, me);
+    return {};
+  }
+
 private:
   emu::nic_control& _nic;
+  std::uint64_t _owner;
   std::string _key;
 };
 

@@ -123,6 +123,13 @@ public:
 
   result<void> send(const host::message& m) override { return _c.send(_node, m, std::chrono::milliseconds(1000)); }
 
+  result<host::pool_usage> group_pool(const std::optional<host::slot_pool>& set) override { return _c.group_pool(_node, set); }
+  result<host::group_answer> join_group(const host::group_join& j, std::uint32_t me) override {
+    return _c.join_group(_node, j, me);
+  }
+  result<void> decide_group(const host::group_decision& d) override { return _c.decide_group(_node, d); }
+  result<void> leave_group(std::uint32_t group, std::uint32_t me) override { return _c.leave_group(_node, group, me); }
+
 private:
   host::client _c;
   std::uint32_t _node;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <spin/coll/coll.hpp>
+#include <spin/host/groups.hpp>
 #include <spin/host/message.hpp>
 #include <spin/rt/result.hpp>
 #include <spin/rt/runtime.hpp>
@@ -13,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -67,6 +69,13 @@ public:
   /// Queues a message of at most host::post_inline_bytes without waiting for it
   /// (emu::nic_control::post: copied when queued). The default sends it.
   virtual result<void> post(const host::message& m) { return send(m); }
+
+  // The NIC's group registry (spin/emu/groups.hpp), with this port as the owner of its joins:
+  // destroying the port (or closing its connection) leaves them.
+  virtual result<host::pool_usage> group_pool(const std::optional<host::slot_pool>& set) = 0;
+  virtual result<host::group_answer> join_group(const host::group_join& j, std::uint32_t me) = 0;
+  virtual result<void> decide_group(const host::group_decision& d) = 0;
+  virtual result<void> leave_group(std::uint32_t group, std::uint32_t me) = 0;
 };
 
 /// A NIC of this process. `nic` must outlive the port. (spin_coll_local: local.cpp)

@@ -657,6 +657,24 @@ proto::reply control_server_impl::execute(std::uint64_t session, const proto::re
     }
     return proto::done{};
   }
+  if (const auto* q = std::get_if<proto::pool>(&req)) {
+    auto u = node_of(q->node).groups().pool(q->set);
+    if (!u) pass(u.err());
+    return proto::pool_reply{*u};
+  }
+  if (const auto* q = std::get_if<proto::join>(&req)) {
+    auto a = node_of(q->node).groups().join(session, q->group, q->me);
+    if (!a) pass(a.err());
+    return proto::join_reply{std::move(a.value())};
+  }
+  if (const auto* q = std::get_if<proto::decide>(&req)) {
+    if (auto d = node_of(q->node).groups().decide(session, q->decision); !d) pass(d.err());
+    return proto::done{};
+  }
+  if (const auto* q = std::get_if<proto::leave>(&req)) {
+    node_of(q->node).groups().leave(session, q->group, q->me);
+    return proto::done{};
+  }
   if (std::holds_alternative<proto::stats>(req)) {
     proto::stats_reply out;
     for (std::size_t i = 0; i < _opts.nodes.size(); ++i)
@@ -690,6 +708,8 @@ void control_server_impl::retry_orphans(std::uint32_t node) {
 }
 
 void control_server_impl::release_session(std::uint64_t session) {
+  // Its groups first: their slots go back to the pools (the engine ECs follow below).
+  for (nic_control* n : _opts.nodes) n->groups().release(session);
   std::vector<std::pair<std::uint32_t, rt::ec_id>> ecs;
   std::vector<std::pair<std::uint32_t, rt::region_id>> regions;
   {

@@ -198,6 +198,7 @@ struct nic::impl {
   };
 
   nic_config cfg;
+  std::unique_ptr<group_registry> groups;  // its slot pool when it acts as a switch
   rt::wire::endpoint self;
   std::deque<port_state> ports;  // deque: port_state holds atomics and never moves
   std::deque<lane_state> lanes;
@@ -998,6 +999,7 @@ nic::~nic() = default;
 result<std::unique_ptr<nic>> nic::create(const nic_config& cfg) {
   auto p = std::make_unique<impl>();
   p->cfg = cfg;
+  p->groups = std::make_unique<group_registry>(cfg.name);
   if (!cfg.capture_path.empty()) {
     auto w = pcap_writer::open(cfg.capture_path, cfg.port.max_frame_bytes);
     if (!w) return fail(w.err().code, "nic " + cfg.name + ": " + w.err().message);
@@ -1252,6 +1254,7 @@ nic_stats nic::stats() const {
 
 rt::runtime_stats nic::runtime_stats() const { return _p->rt ? _p->rt->stats() : rt::runtime_stats{}; }
 std::string nic::stats_json() const { return to_json(stats()); }
+group_registry& nic::groups() noexcept { return *_p->groups; }
 
 std::string to_json(const nic_stats& s) {
   nlohmann::ordered_json j;

@@ -189,6 +189,30 @@ result<std::vector<node_info>> client::nodes() {
   return out;
 }
 
+result<pool_usage> client::group_pool(std::uint32_t node, const std::optional<slot_pool>& set) {
+  auto rep = call<proto::pool_reply>(proto::pool{node, set});
+  if (!rep) return rep.err();
+  return rep->usage;
+}
+
+result<group_answer> client::join_group(std::uint32_t node, const group_join& j, std::uint32_t me) {
+  auto rep = call<proto::join_reply>(proto::join{node, j, me});
+  if (!rep) return rep.err();
+  return std::move(rep->answer);
+}
+
+result<void> client::decide_group(std::uint32_t node, const group_decision& d) {
+  auto rep = call<proto::done>(proto::decide{node, d});
+  if (!rep) return rep.err();
+  return {};
+}
+
+result<void> client::leave_group(std::uint32_t node, std::uint32_t group, std::uint32_t me) {
+  auto rep = call<proto::done>(proto::leave{node, group, me});
+  if (!rep) return rep.err();
+  return {};
+}
+
 result<memory> client::alloc_memory(std::uint32_t node, std::size_t bytes) {
   auto map = shm_region::create("spin-host-memory", bytes);
   if (!map) return map.err();

@@ -56,6 +56,31 @@ public:
       if (c < 0x20 || c == 0x7f) reject("field " + name(key) + " contains a control character");
     return s;
   }
+  /// An array of 0..max_items integers of 0..2^32-1.
+  std::vector<std::uint32_t> u32_list(const char* key, std::size_t max_items) {
+    const json* v = find(key);
+    if (v == nullptr) reject("missing field " + name(key));
+    if (!v->is_array() || v->size() > max_items)
+      reject("field " + name(key) + " must be an array of at most " + std::to_string(max_items) + " integers");
+    std::vector<std::uint32_t> out;
+    out.reserve(v->size());
+    for (const json& x : *v) out.push_back(static_cast<std::uint32_t>(as_u64(x, key, 0, u32_max)));
+    return out;
+  }
+  /// A string of 0..max_bytes bytes (control characters allowed: a message for people).
+  std::string text(const char* key, std::size_t max_bytes) {
+    const json* v = find(key);
+    if (v == nullptr) reject("missing field " + name(key));
+    if (!v->is_string() || v->get_ref<const std::string&>().size() > max_bytes)
+      reject("field " + name(key) + " must be a string of at most " + std::to_string(max_bytes) + " bytes");
+    return v->get<std::string>();
+  }
+  bool boolean(const char* key) {
+    const json* v = find(key);
+    if (v == nullptr) reject("missing field " + name(key));
+    if (!v->is_boolean()) reject("field " + name(key) + " must be true or false");
+    return v->get<bool>();
+  }
   std::optional<std::string> opt_str(const char* key, std::size_t max_bytes) {
     if (find(key) == nullptr) return std::nullopt;
     return str(key, max_bytes);
@@ -123,6 +148,14 @@ template <> struct op_of<close_events> { static constexpr const char* name = "cl
 template <> struct op_of<send> { static constexpr const char* name = "send"; };
 template <> struct op_of<stats> { static constexpr const char* name = "stats"; };
 template <> struct op_of<stop> { static constexpr const char* name = "stop"; };
+template <> struct op_of<pool> { static constexpr const char* name = "group_pool"; };
+template <> struct op_of<join> { static constexpr const char* name = "group_join"; };
+template <> struct op_of<decide> { static constexpr const char* name = "group_decide"; };
+template <> struct op_of<leave> { static constexpr const char* name = "group_leave"; };
+
+constexpr std::size_t max_members = 65535;
+constexpr std::size_t max_lease_words = 65536;
+constexpr std::size_t max_reason_bytes = 1024;
 
 void put(json&, const hello&) {}
 void put(json&, const nodes&) {}
@@ -181,7 +214,61 @@ void put(json& j, const send& r) {
   j["timeout_ms"] = r.timeout.count();
 }
 
+void put(json& j, const pool& r) {
+  j["node"] = r.node;
+  if (r.set) j["set"] = {{"slots", r.set->slots}, {"slot_bytes", r.set->slot_bytes}};
+}
+void put(json& j, const join& r) {
+  j["node"] = r.node;
+  j["group"] = r.group.group;
+  j["members"] = r.group.members;
+  j["slots"] = r.group.slots;
+  j["me"] = r.me;
+}
+void put(json& j, const decide& r) {
+  j["node"] = r.node;
+  j["group"] = r.decision.group;
+  j["granted"] = r.decision.granted;
+  j["lease"] = r.decision.lease;
+  j["reason"] = r.decision.reason;
+}
+void put(json& j, const leave& r) {
+  j["node"] = r.node;
+  j["group"] = r.group;
+  j["me"] = r.me;
+}
+
 void get(fields&, hello&) {}
+void get(fields& f, pool& r) {
+  r.node = f.u32("node");
+  if (const json* s = f.obj("set", false)) {
+    fields sf(*s, "set");
+    slot_pool p;
+    p.slots = static_cast<std::uint32_t>(sf.u64("slots", 1, 32767));
+    p.slot_bytes = static_cast<std::uint32_t>(sf.u64("slot_bytes", 8, 4096));
+    sf.done();
+    r.set = p;
+  }
+}
+void get(fields& f, join& r) {
+  r.node = f.u32("node");
+  r.group.group = f.u32("group");
+  r.group.members = f.u32_list("members", max_members);
+  r.group.slots = static_cast<std::uint32_t>(f.u64("slots", 1, 32767));
+  r.me = f.u32("me");
+}
+void get(fields& f, decide& r) {
+  r.node = f.u32("node");
+  r.decision.group = f.u32("group");
+  r.decision.granted = f.boolean("granted");
+  r.decision.lease = f.u32_list("lease", max_lease_words);
+  r.decision.reason = f.text("reason", max_reason_bytes);
+}
+void get(fields& f, leave& r) {
+  r.node = f.u32("node");
+  r.group = f.u32("group");
+  r.me = f.u32("me");
+}
 void get(fields&, nodes&) {}
 void get(fields&, stats&) {}
 void get(fields&, stop&) {}
@@ -317,6 +404,20 @@ void put(json& j, const stats_reply& r) {
   j["stats"] = std::move(list);
 }
 
+void put(json& j, const pool_reply& r) {
+  j["slots"] = r.usage.pool.slots;
+  j["slot_bytes"] = r.usage.pool.slot_bytes;
+  j["free"] = r.usage.free;
+  j["groups"] = r.usage.groups;
+  j["waiting"] = r.usage.waiting;
+}
+void put(json& j, const join_reply& r) {
+  j["state"] = name(r.answer.state);
+  j["lease"] = r.answer.lease;
+  j["reason"] = r.answer.reason;
+  j["installer"] = r.answer.installer;
+}
+
 // Reply decoders read with at() and get<>(): a missing key or a wrong type throws
 // json::exception, which decode_reply turns into bad_state.
 void get(const json&, done&) {}
@@ -335,6 +436,26 @@ void get(const json& j, install_reply& r) { r.ec = j.at("ec").get<rt::ec_id>(); 
 void get(const json& j, events_reply& r) {
   r.capacity = j.at("capacity").get<std::uint32_t>();
   r.bytes = j.at("bytes").get<std::uint64_t>();
+}
+void get(const json& j, pool_reply& r) {
+  r.usage.pool.slots = j.at("slots").get<std::uint32_t>();
+  r.usage.pool.slot_bytes = j.at("slot_bytes").get<std::uint32_t>();
+  r.usage.free = j.at("free").get<std::uint32_t>();
+  r.usage.groups = j.at("groups").get<std::uint32_t>();
+  r.usage.waiting = j.at("waiting").get<std::uint32_t>();
+}
+void get(const json& j, join_reply& r) {
+  const std::string s = j.at("state").get<std::string>();
+  bool known = false;
+  for (join_state k : {join_state::install, join_state::wait, join_state::granted, join_state::refused})
+    if (s == name(k)) {
+      r.answer.state = k;
+      known = true;
+    }
+  if (!known) throw json::other_error::create(501, "unknown join state '" + s + "'", &j);
+  r.answer.lease = j.at("lease").get<std::vector<std::uint32_t>>();
+  r.answer.reason = j.at("reason").get<std::string>();
+  r.answer.installer = j.at("installer").get<bool>();
 }
 void get(const json& j, stats_reply& r) {
   for (const auto& n : j.at("stats"))
@@ -451,5 +572,7 @@ template result<register_reply> decode_reply<register_reply>(std::string_view, s
 template result<install_reply> decode_reply<install_reply>(std::string_view, std::uint64_t, bool&);
 template result<events_reply> decode_reply<events_reply>(std::string_view, std::uint64_t, bool&);
 template result<stats_reply> decode_reply<stats_reply>(std::string_view, std::uint64_t, bool&);
+template result<pool_reply> decode_reply<pool_reply>(std::string_view, std::uint64_t, bool&);
+template result<join_reply> decode_reply<join_reply>(std::string_view, std::uint64_t, bool&);
 
 } // namespace spin::host::protocol

@@ -171,11 +171,13 @@ public:
   std::string stats_json() const override {
     return "{\"rank\":" + std::to_string(_rank) + ",\"runtime\":" + rt::to_json(_rt->stats()) + "}";
   }
+  emu::group_registry& groups() noexcept override { return _groups; }
 
   std::size_t ec_count() const { return _rt->stats().ecs.size(); }
   std::atomic<std::uint64_t> mutations{0};
 
 private:
+  emu::group_registry _groups{"test"};
   static void release(void*, std::uint64_t cookie) noexcept { delete reinterpret_cast<std::vector<std::byte>*>(cookie); }
 
   void loop() {

@@ -132,16 +132,18 @@ struct remote_switch {
   std::vector<std::uint32_t> links;
 };
 
-/// The switches of the emulated network as Core-INC resources: each switch's pool of
-/// aggregator slots and the groups that hold some. Policy: a group asks once, when its first
-/// member creates its communicator, for options::switch_slots slots on the switch closest to
-/// every member (and on each leaf below it, in a two-level tree); it gets all of them or none (first come, first served; a group holds its slots until
-/// its last communicator is destroyed). A group without slots runs its collectives on the edge
-/// algorithms; automatic algorithm selection says why through options::log. Every group's
-/// slots live in an EC of its own on the switch, so no group can address another's data.
-/// The pools are this object's: every member of a group that aggregates on a switch must use
-/// the same fabric (one process); two fabrics over one switch do not know each other's groups
-/// (a second group with the same id is refused by the switch: exists).
+/// The switches of the emulated network as Core-INC resources, seen from this process
+/// (docs/collectives.md, "Switch-resident groups"). The slot pools and the group registry are
+/// the switches' own (spin/emu/groups.hpp, in the switch's spin-emu or this process's cluster):
+/// fabrics in different processes that join one group share the switch's pool and get one
+/// answer. Policy: a group asks once, when its first member creates its communicator, for
+/// options::switch_slots slots on the switch closest to every member (and on each leaf below it,
+/// in a two-level tree); it gets all of them or none (first come, first served, waiting up to
+/// options::switch_wait); every member gets the first member's answer. A group holds its slots
+/// until its last member's communicator is destroyed or its process's connection to the switch
+/// closes. Every group's slots live in an EC of its own on the switch, installed by the fabric
+/// of the group's first member, so no group can address another's data; that fabric keeps the
+/// EC until its own members of the group are gone.
 /// Thread-safe.
 class fabric {
 public:
@@ -158,13 +160,14 @@ public:
   fabric(const fabric&) = delete;
   fabric& operator=(const fabric&) = delete;
 
-  /// One switch's pool.
+  /// One switch's pool (as its registry reports it; zeros when the switch did not answer).
   struct switch_usage {
     std::string name;
     std::uint32_t rank = 0;
     std::uint32_t slots = 0;  ///< pool size
     std::uint32_t free = 0;
-    std::uint32_t groups = 0; ///< groups holding slots here
+    std::uint32_t groups = 0;   ///< groups holding slots here (of every process)
+    std::uint32_t waiting = 0;  ///< groups waiting for slots
   };
   std::vector<switch_usage> usage() const;
 
@@ -177,13 +180,15 @@ public:
     /// (docs/collectives.md, "Hierarchies"); empty otherwise.
     std::vector<std::uint32_t> leaf_rank;
   };
-  /// Joins group `wire_id` (communicator internals): the first member installs the group's
-  /// aggregation engine (package `pkg`, the reduction's) on the switch; later members get the
-  /// same lease. Errors: invalid_argument (members or slots differ from the first member's).
-  result<lease> join(std::uint32_t wire_id, const std::vector<std::uint32_t>& members, std::uint32_t slots,
+  /// Member `me` of `members` joins group `wire_id` (communicator internals). The group's first
+  /// member installs its aggregation engine (package `pkg`, the reduction's) on the switch;
+  /// every member gets the same lease. Errors: invalid_argument (members or slots differ from
+  /// the first member's), timeout (the first member, in another process, did not decide within
+  /// 60 s after `wait`), those of reaching the switch (bad_state: its spin-emu went away).
+  result<lease> join(std::uint32_t wire_id, const std::vector<std::uint32_t>& members, std::uint32_t me, std::uint32_t slots,
                      std::uint32_t packet_bytes, std::chrono::milliseconds wait, const engine_package& pkg);
-  /// Leaves group `wire_id`; the last member's leave frees the slots.
-  void leave(std::uint32_t wire_id);
+  /// Member `me` leaves group `wire_id`; the group's last member anywhere frees its slots.
+  void leave(std::uint32_t wire_id, std::uint32_t me);
 
   struct impl;
 

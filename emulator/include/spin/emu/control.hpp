@@ -29,6 +29,16 @@
 //                                                   nic_control::post; larger: nic_control::send)
 //   stats                                  -> stats: [{node, name, rank, stats: <stats_json>}]
 //   stop                                   -> {}   (then server_options::on_stop runs)
+//   group_pool   node, [set {slots, slot_bytes}]
+//                                          -> slots, slot_bytes, free, groups, waiting
+//   group_join   node, group, members [u32], slots, me
+//                                          -> state ("install"|"wait"|"granted"|"refused"),
+//                                             lease [u32], reason, installer (bool)
+//   group_decide node, group, granted (bool), lease [u32], reason
+//                                          -> {}
+//   group_leave  node, group, me           -> {}
+//              (the node's group registry, spin/emu/groups.hpp: the slot pool that groups of
+//               every connection share; a connection's joins are its own and leave with it)
 //
 // Access. The socket file is mode 0600 and every connection's peer user (SO_PEERCRED) must be
 // server_options::allowed_uid; anyone else gets one reply with error code "permission" (the one
@@ -41,8 +51,8 @@
 // invalid_argument reply and the connection is closed. Errors of the NIC pass through with their
 // errc name and message.
 //
-// Session ownership. What a connection creates belongs to it: when it closes, its event rings
-// are closed, its ECs uninstalled and its regions unregistered, in that order. An install with
+// Session ownership. What a connection creates belongs to it: when it closes, its group joins
+// leave (emu::group_registry::release), its event rings are closed, its ECs uninstalled and its regions unregistered, in that order. An install with
 // "persist": true (spinctl installs that way) outlives the connection; a region that still holds
 // a persistent EC's window is kept until that EC is uninstalled (by anyone), then unregistered.
 // Any connection may uninstall any EC and open events of any EC (all peers are the same user).

@@ -190,6 +190,7 @@ public:
   static constexpr std::size_t inline_bytes = host::post_inline_bytes;
   rt::runtime_stats runtime_stats() const override;
   std::string stats_json() const override;
+  group_registry& groups() noexcept override;
 
   struct impl;
 

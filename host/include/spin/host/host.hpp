@@ -164,6 +164,18 @@ public:
   /// invalid_argument (timeout out of range).
   result<void> send(std::uint32_t node, const message& m, std::chrono::milliseconds timeout = std::chrono::seconds(5));
 
+  /// Node `node`'s slot pool (its group registry, spin/emu/groups.hpp), first resized to `set`
+  /// when given. Errors: not_found (no such node), those of emu::group_registry::pool.
+  result<pool_usage> group_pool(std::uint32_t node, const std::optional<slot_pool>& set = std::nullopt);
+  /// Member `me` of j.members asks to join j.group on node `node`; asking again polls. The
+  /// join is this connection's: closing the connection leaves. Errors: not_found, those of
+  /// emu::group_registry::join.
+  result<group_answer> join_group(std::uint32_t node, const group_join& j, std::uint32_t me);
+  /// The installer's decision. Errors: not_found, those of emu::group_registry::decide.
+  result<void> decide_group(std::uint32_t node, const group_decision& d);
+  /// Member `me` leaves `group` on node `node`. Errors: not_found (no such node).
+  result<void> leave_group(std::uint32_t node, std::uint32_t group, std::uint32_t me);
+
   /// Every node's statistics: a JSON array of {node, name, rank, stats}.
   result<std::string> stats_json();
 

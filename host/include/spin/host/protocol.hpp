@@ -16,6 +16,7 @@
 // Thread safety: every function is pure and may be called from any thread.
 #pragma once
 
+#include <spin/host/groups.hpp>
 #include <spin/host/message.hpp>
 #include <spin/rt/package.hpp>
 #include <spin/rt/result.hpp>
@@ -101,10 +102,34 @@ struct send {
 struct stats {};
 /// "stop": the server stops after its reply.
 struct stop {};
+/// "group_pool": the node's slot pool (its group registry, spin/emu/groups.hpp); with `set`,
+/// first resized (only while no group uses it).
+struct pool {
+  std::uint32_t node = 0;
+  std::optional<slot_pool> set;
+};
+/// "group_join": member `me` of join.members asks to join join.group on the node (asking again
+/// polls). The connection owns the join: closing it leaves.
+struct join {
+  std::uint32_t node = 0;
+  group_join group;
+  std::uint32_t me = 0;
+};
+/// "group_decide": the installer's decision.
+struct decide {
+  std::uint32_t node = 0;
+  group_decision decision;
+};
+/// "group_leave".
+struct leave {
+  std::uint32_t node = 0;
+  std::uint32_t group = 0;
+  std::uint32_t me = 0;
+};
 
 /// Any request.
 using request = std::variant<hello, nodes, register_memory, unregister_memory, install, uninstall, open_events,
-                             close_events, send, stats, stop>;
+                             close_events, send, stats, stop, pool, join, decide, leave>;
 
 /// The request's "op" ("hello", "register", ...).
 const char* op_name(const request& r) noexcept;
@@ -170,9 +195,18 @@ struct stats_reply {
 std::string stats_array_json(const stats_reply& r);
 /// Reply of an operation that returns nothing but success.
 struct done {};
+/// Reply of "group_pool".
+struct pool_reply {
+  pool_usage usage;
+};
+/// Reply of "group_join".
+struct join_reply {
+  group_answer answer;
+};
 
 /// Any successful reply.
-using reply = std::variant<done, hello_reply, nodes_reply, register_reply, install_reply, events_reply, stats_reply>;
+using reply = std::variant<done, hello_reply, nodes_reply, register_reply, install_reply, events_reply, stats_reply,
+                           pool_reply, join_reply>;
 
 /// The success reply line for request id `id`. Errors: bad_state (a node's stats_json is not
 /// JSON).

@@ -1,0 +1,87 @@
+// A switch's group registry: its pool of aggregator slots and the groups that hold or wait for
+// some (docs/collectives.md, "Switch-resident groups"). It lives with the switch (every emulated
+// NIC has one; a switch-mode spin-emu's is the one that matters), so that groups whose members
+// run in different processes share one pool and one answer. Members reach it through their
+// spin-emu control connection (the "group_*" operations of spin/host/protocol.hpp) or, in this
+// process, through nic_control::groups().
+//
+// Policy (SHARP's aggregation manager and SwitchML's slot pool, one switch at a time):
+// - all or nothing: a group gets every slot it asks for or none;
+// - first come, first served: groups queue for slots in the order their first member asked;
+//   only the group at the head of the queue is granted;
+// - one answer: the first member to ask (the installer) is told to set the group up; every
+//   other member waits until it decides, then gets that decision;
+// - owners: every join is held by an owner (a control connection, or an in-process port); the
+//   group's slots go back to the pool when its last member left or its owner went away, and
+//   when its installer goes away before deciding, the group is refused.
+#pragma once
+
+#include <spin/host/groups.hpp>
+#include <spin/rt/result.hpp>
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+
+namespace spin::emu {
+
+/// One switch's registry. Thread-safe (one mutex; no call blocks).
+class group_registry {
+public:
+  /// `name` names the switch in reasons ("s0 has 3 free slots of 256 ...").
+  explicit group_registry(std::string name, host::slot_pool pool = {});
+
+  /// An owner id for a holder in this process (control sessions use small numbers; these do
+  /// not collide with them).
+  static std::uint64_t local_owner() noexcept;
+
+  /// The pool's state; with `set`, first sets its size. Errors: invalid_argument (`set` out of
+  /// range: host::slot_pool), bad_state (`set` differs from the pool's size while groups hold
+  /// or wait for slots; the message gives both sizes).
+  result<host::pool_usage> pool(const std::optional<host::slot_pool>& set = std::nullopt);
+
+  /// Member `me` of `j.members` asks to join (idempotent: asking again is how a member polls).
+  /// The first member to ask becomes the installer. Errors: invalid_argument (no members, more
+  /// than 65535, `me` not an index of them, slots 0; members or slots that differ from those of
+  /// the group's first member).
+  result<host::group_answer> join(std::uint64_t owner, const host::group_join& j, std::uint32_t me);
+  /// The installer's decision (after join answered install; `granted` only then, a refusal also
+  /// while the group still waits for slots). Errors: not_found (no such group), bad_state (not
+  /// the installer, already decided, granted before the slots were reserved), invalid_argument
+  /// (lease above 65536 words, reason above 1024 bytes).
+  result<void> decide(std::uint64_t owner, const host::group_decision& d);
+  /// Member `me` of `group` leaves; the last member's leave frees the group's slots. Unknown
+  /// groups and members are ignored.
+  void leave(std::uint64_t owner, std::uint32_t group, std::uint32_t me);
+  /// Everything `owner` held: its members leave; the groups it was setting up are refused.
+  void release(std::uint64_t owner);
+
+private:
+  enum class stage : std::uint8_t { queued, installing, decided };
+  struct entry {
+    std::vector<std::uint32_t> members;
+    std::uint32_t slots = 0;
+    stage st = stage::queued;
+    bool holds = false;  // its slots are taken from the pool
+    std::pair<std::uint64_t, std::uint32_t> installer;
+    std::set<std::pair<std::uint64_t, std::uint32_t>> refs;  // (owner, member index)
+    host::group_answer answer;  // once decided
+  };
+  host::group_answer waiting_answer(const entry& e) const;
+  void refuse(std::uint32_t group, entry& e, std::string reason);
+  void erase_if_empty(std::map<std::uint32_t, entry>::iterator it);
+
+  std::string _name;
+  mutable std::mutex _m;
+  host::slot_pool _pool;
+  std::uint32_t _free;
+  std::map<std::uint32_t, entry> _groups;
+  std::deque<std::uint32_t> _queue;  // queued groups, oldest first
+};
+
+} // namespace spin::emu
