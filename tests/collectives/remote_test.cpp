@@ -14,6 +14,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -284,6 +285,99 @@ TEST_CASE("communicators and a fabric over spin-emu processes run every algorith
     const json s = json::parse(st.value());
     CHECK_MESSAGE(s[0].at("stats").at("runtime").at("ecs").empty(), s.dump());
   }
+}
+
+TEST_CASE("members whose fabrics are other connections (processes) share the switch's pool and all get the first member's answer") {
+  remote_net net;
+  // Fabric a serves ranks 0 and 1, fabric b rank 2: to the switch's spin-emu they are two
+  // processes (one control connection each).
+  fabric_options fo;
+  fo.slots_per_switch = 32;
+  auto fa = fabric::connect({remote_switch{net.sw->socket, 0, {0, 1, 2}}}, fo);
+  REQUIRE_MESSAGE(fa.ok(), fa.err().message);
+  auto fb = fabric::connect({remote_switch{net.sw->socket, 0, {0, 1, 2}}}, fo);
+  REQUIRE_MESSAGE(fb.ok(), fb.err().message);
+  fabric_options other = fo;
+  other.slots_per_switch = 64;
+  // A third connection holds 20 of the 32 slots (a group of some other job).
+  auto holder = net.sw->connect();
+  {
+    auto a = holder.join_group(0, host::group_join{4096, {0, 1}, 20}, 0);
+    REQUIRE_MESSAGE(a.ok(), a.err().message);
+    REQUIRE(a.value().state == host::join_state::install);
+    REQUIRE(holder.decide_group(0, host::group_decision{4096, true, {65535}, ""}).ok());
+    // The pool is the switch's: a fabric cannot resize it while groups use it.
+    auto f = fabric::connect({remote_switch{net.sw->socket, 0, {0, 1, 2}}}, other);
+    REQUIRE_FALSE(f.ok());
+    CHECK(f.err().code == errc::bad_state);
+    CHECK(f.err().message.find("cannot become 64 slots") != std::string::npos);
+  }
+  auto make = [&](std::uint32_t id) {
+    std::vector<std::unique_ptr<communicator>> comms(n_hosts);
+    std::vector<std::string> said(n_hosts);
+    static std::vector<std::string>* log_to = nullptr;
+    static std::mutex log_m;
+    log_to = &said;
+    auto res = run_all(n_hosts, [&](std::uint32_t r) -> result<void> {
+      options o;
+      o.timeout = std::chrono::seconds(30);
+      o.arena_bytes = std::size_t{16} << 20;
+      o.staging_bytes = std::size_t{4} << 20;
+      o.switches = r < 2 ? fa.value().get() : fb.value().get();
+      o.switch_slots = 16;
+      o.log = [](const std::string& line) {
+        std::lock_guard l(log_m);
+        log_to->push_back(line);
+      };
+      group g;
+      g.id = id;
+      g.members = {0, 1, 2};
+      g.me = r;
+      auto c = communicator::connect(net.hosts[r]->socket, 0, g, o);
+      if (!c.ok()) return c.err();
+      comms[r] = std::move(c.value());
+      return {};
+    });
+    for (std::uint32_t r = 0; r < n_hosts; ++r) REQUIRE_MESSAGE(res[r].ok(), res[r].err().message << "\n" << net.diag());
+    std::erase(said, std::string());
+    return std::pair{std::move(comms), said};
+  };
+  {
+    // 12 free, the group asks for 16: refused, and the same words reach every member.
+    auto [comms, said] = make(7);
+    REQUIRE(said.size() == n_hosts);
+    for (const auto& line : said)
+      CHECK(line == "group 7 (standard) runs without switch aggregation: sw has 12 free slots of 32 (1 groups hold the rest); the group asks for 16");
+    CHECK(fb.value()->usage()[0].free == 12);
+  }
+  // The holder's connection closes (as when its process dies): its slots go back.
+  holder = host::client::connect(net.sw->socket).value();
+  for (int i = 0; i < 100 && fa.value()->usage()[0].free != 32; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  CHECK(fa.value()->usage()[0].free == 32);
+  {
+    auto [comms, said] = make(8);
+    CHECK(said.empty());
+    // Both fabrics see the one group that holds 16 slots.
+    for (auto* f : {fa.value().get(), fb.value().get()}) {
+      const auto u = f->usage();
+      CHECK(u[0].free == 16);
+      CHECK(u[0].groups == 1);
+    }
+    const std::uint64_t count = 3 * 256 + 5;
+    std::vector<std::vector<std::int64_t>> in(n_hosts, std::vector<std::int64_t>(count)), out = in;
+    for (std::uint32_t r = 0; r < n_hosts; ++r)
+      for (std::uint64_t i = 0; i < count; ++i) in[r][i] = static_cast<std::int64_t>(i * 1000 + r) - 7;
+    auto res = run_all(n_hosts, [&](std::uint32_t r) {
+      return comms[r]->allreduce(in[r].data(), out[r].data(), count, dtype::i64, op::sum, algorithm::switch_agg);
+    });
+    for (std::uint32_t r = 0; r < n_hosts; ++r) {
+      REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+      for (std::uint64_t i = 0; i < count; ++i) REQUIRE(out[r][i] == in[0][i] + in[1][i] + in[2][i]);
+    }
+  }
+  // Every member gone: the slots are back.
+  CHECK(fb.value()->usage()[0].free == 32);
+  CHECK(fb.value()->usage()[0].groups == 0);
 }
 
 TEST_CASE("connecting to a missing spin-emu, a missing node or a switch without links fails with a clear error") {

@@ -101,6 +101,49 @@ TEST_CASE("every request decodes to the value that was encoded") {
     CHECK(round_trip(r).index() == r.index());
 }
 
+TEST_CASE("the group registry's requests and replies survive a round trip") {
+  const auto pool = std::get<proto::pool>(round_trip(proto::pool{2, host::slot_pool{32, 1024}}));
+  CHECK(pool.node == 2);
+  REQUIRE(pool.set.has_value());
+  CHECK(*pool.set == host::slot_pool{32, 1024});
+  CHECK_FALSE(std::get<proto::pool>(round_trip(proto::pool{2, std::nullopt})).set.has_value());
+  const auto j = std::get<proto::join>(round_trip(proto::join{1, host::group_join{16, {4, 5, 4000000000u}, 64}, 2}));
+  CHECK(j.node == 1);
+  CHECK(j.group.group == 16);
+  CHECK(j.group.members == std::vector<std::uint32_t>{4, 5, 4000000000u});
+  CHECK(j.group.slots == 64);
+  CHECK(j.me == 2);
+  const auto d = std::get<proto::decide>(round_trip(proto::decide{1, host::group_decision{16, false, {9, 10}, "s0 is full\n"}}));
+  CHECK(d.decision.group == 16);
+  CHECK_FALSE(d.decision.granted);
+  CHECK(d.decision.lease == std::vector<std::uint32_t>{9, 10});
+  CHECK(d.decision.reason == "s0 is full\n");
+  const auto l = std::get<proto::leave>(round_trip(proto::leave{3, 48, 1}));
+  CHECK(l.node == 3);
+  CHECK(l.group == 48);
+  CHECK(l.me == 1);
+
+  bool other = true;
+  host::pool_usage u{host::slot_pool{100, 2048}, 40, 2, 1};
+  auto pr = proto::decode_reply<proto::pool_reply>(proto::encode_reply(4, proto::pool_reply{u}).value(), 4, other);
+  REQUIRE(pr.ok());
+  CHECK(pr->usage.pool == host::slot_pool{100, 2048});
+  CHECK(pr->usage.free == 40);
+  CHECK(pr->usage.groups == 2);
+  CHECK(pr->usage.waiting == 1);
+  for (auto st : {host::join_state::install, host::join_state::wait, host::join_state::granted, host::join_state::refused}) {
+    host::group_answer a{st, {65535, 3}, "why", st == host::join_state::install};
+    auto jr = proto::decode_reply<proto::join_reply>(proto::encode_reply(5, proto::join_reply{a}).value(), 5, other);
+    REQUIRE(jr.ok());
+    CHECK(jr->answer.state == st);
+    CHECK(jr->answer.lease == a.lease);
+    CHECK(jr->answer.reason == "why");
+    CHECK(jr->answer.installer == a.installer);
+  }
+  auto bad = proto::decode_reply<proto::join_reply>(R"({"id":5,"ok":true,"state":"maybe","lease":[],"reason":"","installer":false})", 5, other);
+  CHECK(bad.err().code == errc::bad_state);
+}
+
 TEST_CASE("an install without optional fields decodes to the defaults") {
   const auto out = std::get<proto::install>(round_trip(proto::install{0, "/p", "n", {}, {}, {}, {}, {}, {}, {}, false}));
   CHECK_FALSE(out.handler_mem_bytes.has_value());
@@ -136,6 +179,15 @@ TEST_CASE("malformed requests are refused with a message that names the problem"
                "field 'bpf' must be \"jit\" or \"interpreter\""},
            bad{R"({"id":1,"op":"install","node":0,"package":"/p","name":"a\u0001b","match":{"bits":0,"ignore_mask":0}})",
                "field 'name' contains a control character"},
+           bad{R"({"id":1,"op":"group_join","node":0,"group":16,"members":[1,-2],"slots":4,"me":0})",
+               "field 'members' must be an integer in 0..4294967295, not -2"},
+           bad{R"({"id":1,"op":"group_join","node":0,"group":16,"members":7,"slots":4,"me":0})",
+               "field 'members' must be an array of at most 65535 integers"},
+           bad{R"({"id":1,"op":"group_join","node":0,"group":16,"members":[1],"slots":0,"me":0})",
+               "field 'slots' must be an integer in 1..32767, not 0"},
+           bad{R"({"id":1,"op":"group_decide","node":0,"group":16,"granted":1,"lease":[],"reason":""})",
+               "field 'granted' must be true or false"},
+           bad{R"({"id":1,"op":"group_pool","node":0,"set":{"slots":4}})", "missing field 'set.slot_bytes'"},
        }) {
     CAPTURE(b.line);
     const error e = refused(b.line);
