@@ -660,6 +660,7 @@ struct communicator::impl {
       done += m;
     } while (done < count);
     ++st.collectives;
+    if (via_switch) ++st.switch_collectives;
     return {};
   }
 
@@ -859,6 +860,7 @@ comm_stats communicator::stats() const {
   s.repair_interval = std::chrono::duration_cast<std::chrono::microseconds>(_p->rto.interval());
   s.srtt = std::chrono::duration_cast<std::chrono::microseconds>(_p->rto.srtt());
   s.rtt_samples = _p->rto.samples();
+  s.switch_slots = _p->engines.empty() ? 0 : _p->engines[0].lease.slots;
   return s;
 }
 

@@ -71,6 +71,14 @@ result<host::group_answer> group_registry::join(std::uint64_t owner, const host:
                                             std::to_string(j.members.size()) + " members");
   if (j.slots < 1 || j.slots > max_slots) return fail(errc::invalid_argument, "group " + std::to_string(j.group) + ": slots out of 1..32767");
   std::lock_guard l(_m);
+  if (auto c = _clashes.find({j.group, j.members}); c != _clashes.end()) {  // refused before: still
+    c->second.insert({owner, me});
+    host::group_answer a;
+    a.state = host::join_state::refused;
+    a.reason = "group id " + std::to_string(j.group) + " is held on " + _name +
+               " by another group (other members); groups that share a switch need different ids";
+    return a;
+  }
   auto it = _groups.find(j.group);
   if (it == _groups.end()) {
     entry e;
@@ -86,9 +94,16 @@ result<host::group_answer> group_registry::join(std::uint64_t owner, const host:
       _queue.push_back(j.group);
     }
     it = _groups.emplace(j.group, std::move(e)).first;
-  } else if (it->second.members != j.members || it->second.slots != j.slots) {
+  } else if (it->second.members != j.members) {
+    _clashes[{j.group, j.members}].insert({owner, me});
+    host::group_answer a;
+    a.state = host::join_state::refused;
+    a.reason = "group id " + std::to_string(j.group) + " is held on " + _name +
+               " by another group (other members); groups that share a switch need different ids";
+    return a;
+  } else if (it->second.slots != j.slots) {
     return fail(errc::invalid_argument, "group " + std::to_string(j.group) + " on " + _name +
-                                            ": this member's members or slots differ from the first member's");
+                                            ": this member's slots differ from the first member's");
   }
   entry& e = it->second;
   e.refs.insert({owner, me});
@@ -156,6 +171,10 @@ void group_registry::erase_if_empty(std::map<std::uint32_t, entry>::iterator it)
 
 void group_registry::leave(std::uint64_t owner, std::uint32_t group, std::uint32_t me) {
   std::lock_guard l(_m);
+  for (auto c = _clashes.lower_bound({group, {}}); c != _clashes.end() && c->first.first == group;) {
+    c->second.erase({owner, me});
+    c = c->second.empty() ? _clashes.erase(c) : std::next(c);
+  }
   auto it = _groups.find(group);
   if (it == _groups.end()) return;
   entry& e = it->second;
@@ -167,6 +186,10 @@ void group_registry::leave(std::uint64_t owner, std::uint32_t group, std::uint32
 
 void group_registry::release(std::uint64_t owner) {
   std::lock_guard l(_m);
+  for (auto c = _clashes.begin(); c != _clashes.end();) {
+    std::erase_if(c->second, [&](const auto& r) { return r.first == owner; });
+    c = c->second.empty() ? _clashes.erase(c) : std::next(c);
+  }
   for (auto it = _groups.begin(); it != _groups.end();) {
     auto next = std::next(it);
     entry& e = it->second;

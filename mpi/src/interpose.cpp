@@ -31,6 +31,10 @@ using namespace spin;
 struct config {
   std::string socket = "/run/spin-emu.sock";
   std::optional<std::uint32_t> node;
+  // Switch aggregation: node switch_node of the spin-emu at switch_socket, a switch linked to
+  // every member's NIC (docs/mpi.md, "Switch aggregation").
+  std::optional<std::uint32_t> switch_node;
+  std::string switch_socket;
   coll::algorithm algo = coll::algorithm::automatic;
   std::chrono::milliseconds timeout{10000};
   int log = 0;
@@ -69,6 +73,9 @@ config read_config() {
     else if (s != "automatic")
       std::fprintf(stderr, "spin-mpi: SPIN_MPI_ALGORITHM='%s' is not automatic, edge_ring or host_ring; using automatic\n", a);
   }
+  if (auto n = env_u64("SPIN_MPI_SWITCH_NODE", max_node)) c.switch_node = static_cast<std::uint32_t>(*n);
+  c.switch_socket = c.socket;
+  if (const char* s = std::getenv("SPIN_MPI_SWITCH_SOCKET"); s != nullptr && *s != '\0') c.switch_socket = s;
   if (auto t = env_u64("SPIN_MPI_TIMEOUT_MS", max_timeout_ms); t && *t > 0) c.timeout = std::chrono::milliseconds(*t);
   if (auto l = env_u64("SPIN_MPI_LOG", 2)) c.log = static_cast<int>(*l);
   return c;
@@ -82,7 +89,7 @@ const config& cfg() {
 struct counters {
   std::array<std::atomic<std::uint64_t>, SPIN_MPI_CALLS> spin{}, fallback{};
   std::array<std::atomic<std::uint64_t>, SPIN_MPI_REASONS> reasons{};
-  std::atomic<std::uint64_t> errors{0}, communicators{0};
+  std::atomic<std::uint64_t> errors{0}, communicators{0}, switch_communicators{0}, switch_calls{0};
 } stats;
 
 constexpr const char* call_names[SPIN_MPI_CALLS] = {"MPI_Allreduce", "MPI_Reduce_scatter_block", "MPI_Allgather", "MPI_Bcast"};
@@ -128,9 +135,11 @@ std::string type_name(MPI_Datatype t) {
 
 struct spin_comm {
   std::mutex mu;  // spin::coll: one thread at a time per communicator
+  std::unique_ptr<coll::fabric> switches;    // with SPIN_MPI_SWITCH_NODE; outlives comm
   std::unique_ptr<coll::communicator> comm;  // null: this MPI communicator falls back
   std::string why;                           // when it falls back
   int rank = 0;
+  std::uint64_t switch_seen = 0;             // comm's switch_collectives already counted
 };
 
 std::mutex registry_mu;
@@ -203,10 +212,22 @@ spin_comm& spin_of(MPI_Comm comm) {
     g.me = static_cast<std::uint32_t>(sc->rank);
     coll::options o;
     o.timeout = cfg().timeout;
-    auto c = coll::communicator::connect(cfg().socket, cfg().node.value_or(static_cast<std::uint32_t>(std::max(0, world_rank()))), g, o);
+    if (cfg().switch_node) {
+      // The switch's spin-emu keeps the slot pool and the group's one answer; this process's
+      // fabric is a view of it over a connection of its own (closed with the communicator).
+      auto f = coll::fabric::connect({coll::remote_switch{cfg().switch_socket, *cfg().switch_node, members}});
+      if (f.ok()) {
+        sc->switches = std::move(f.value());
+        o.switches = sc->switches.get();
+      } else {
+        ok = 0;
+        why = std::string("the switch (SPIN_MPI_SWITCH_NODE): ") + errc_name(f.err().code) + ": " + f.err().message;
+      }
+    }
+    auto c = !ok ? result<std::unique_ptr<coll::communicator>>(fail(errc::bad_state, why)) : coll::communicator::connect(cfg().socket, cfg().node.value_or(static_cast<std::uint32_t>(std::max(0, world_rank()))), g, o);
     if (c.ok()) {
       sc->comm = std::move(c.value());
-    } else {
+    } else if (ok) {
       ok = 0;
       why = std::string("spin communicator: ") + errc_name(c.err().code) + ": " + c.err().message;
     }
@@ -221,6 +242,7 @@ spin_comm& spin_of(MPI_Comm comm) {
       std::fprintf(stderr, "spin-mpi: rank %d: %s; this communicator's collectives go to MPI\n", world_rank(), why.c_str());
   } else {
     stats.communicators.fetch_add(1, std::memory_order_relaxed);
+    if (sc->comm->stats().switch_slots > 0) stats.switch_communicators.fetch_add(1, std::memory_order_relaxed);
   }
   spin_comm* raw = sc.get();
   {
@@ -271,6 +293,15 @@ int failed(MPI_Comm comm, spin_mpi_call call, const error& e) {
                errc_name(e.code), e.message.c_str());
   PMPI_Comm_call_errhandler(comm, MPI_ERR_OTHER);
   return MPI_ERR_OTHER;
+}
+
+// The end of a call that ran on spin::coll: counts it when it went through the switch, and
+// reports a failure as failed() does. Under sc->mu.
+int finish(spin_comm* sc, MPI_Comm comm, spin_mpi_call call, const result<void>& r) {
+  const std::uint64_t through = sc->comm->stats().switch_collectives;
+  if (through != sc->switch_seen) stats.switch_calls.fetch_add(through - sc->switch_seen, std::memory_order_relaxed);
+  sc->switch_seen = through;
+  return r.ok() ? MPI_SUCCESS : failed(comm, call, r.err());
 }
 
 // Decides for a call whose arguments passed `pre` (nullopt: spin can run them): the
@@ -372,6 +403,8 @@ void spin_mpi_get_counters(struct spin_mpi_counters* out) {
   for (int i = 0; i < SPIN_MPI_REASONS; ++i) out->reasons[i] = stats.reasons[i].load(std::memory_order_relaxed);
   out->errors = stats.errors.load(std::memory_order_relaxed);
   out->communicators = stats.communicators.load(std::memory_order_relaxed);
+  out->switch_communicators = stats.switch_communicators.load(std::memory_order_relaxed);
+  out->switch_calls = stats.switch_calls.load(std::memory_order_relaxed);
 }
 
 int MPI_Allreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype datatype, MPI_Op op, MPI_Comm comm) {
@@ -388,7 +421,7 @@ int MPI_Allreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype da
   const void* in = sendbuf == MPI_IN_PLACE ? recvbuf : sendbuf;
   std::lock_guard g(sc->mu);
   auto r = sc->comm->allreduce(in, recvbuf, static_cast<std::uint64_t>(count), *t, *o, cfg().algo);
-  return r.ok() ? MPI_SUCCESS : failed(comm, SPIN_MPI_ALLREDUCE, r.err());
+  return finish(sc, comm, SPIN_MPI_ALLREDUCE, r);
 }
 
 int MPI_Reduce_scatter_block(const void* sendbuf, void* recvbuf, int recvcount, MPI_Datatype datatype, MPI_Op op,
@@ -407,7 +440,7 @@ int MPI_Reduce_scatter_block(const void* sendbuf, void* recvbuf, int recvcount, 
   const std::uint64_t block = static_cast<std::uint64_t>(recvcount);
   if (sendbuf != MPI_IN_PLACE) {
     auto r = sc->comm->reduce_scatter(sendbuf, recvbuf, block, *t, *o, cfg().algo);
-    return r.ok() ? MPI_SUCCESS : failed(comm, SPIN_MPI_REDUCE_SCATTER_BLOCK, r.err());
+    return finish(sc, comm, SPIN_MPI_REDUCE_SCATTER_BLOCK, r);
   }
   // MPI's in place: the input is recvbuf (size x recvcount elements), the result lands at its
   // start. spin::coll's in place (NCCL's) leaves it at this rank's block: move it down.
@@ -415,7 +448,7 @@ int MPI_Reduce_scatter_block(const void* sendbuf, void* recvbuf, int recvcount, 
   auto* base = static_cast<std::byte*>(recvbuf);
   std::byte* mine = base + static_cast<std::size_t>(sc->rank) * block * eb;
   auto r = sc->comm->reduce_scatter(recvbuf, mine, block, *t, *o, cfg().algo);
-  if (!r.ok()) return failed(comm, SPIN_MPI_REDUCE_SCATTER_BLOCK, r.err());
+  if (int e = finish(sc, comm, SPIN_MPI_REDUCE_SCATTER_BLOCK, r); e != MPI_SUCCESS) return e;
   if (mine != base) std::memmove(base, mine, block * eb);
   return MPI_SUCCESS;
 }
@@ -443,7 +476,7 @@ int MPI_Allgather(const void* sendbuf, int sendcount, MPI_Datatype sendtype, voi
     // NCCL's: this rank's block of recvbuf is the input.
     const void* in = in_place ? my_block + rl.true_lb : static_cast<const std::byte*>(sendbuf) + sl.true_lb;
     auto r = sc->comm->allgather(in, recv + rl.true_lb, words, coll::dtype::u32, cfg().algo);
-    return r.ok() ? MPI_SUCCESS : failed(comm, SPIN_MPI_ALLGATHER, r.err());
+    return finish(sc, comm, SPIN_MPI_ALLGATHER, r);
   }
   const int members = comm_size(comm);
   std::vector<std::byte> mine(words * 4), all(mine.size() * static_cast<std::size_t>(members));
@@ -452,7 +485,7 @@ int MPI_Allgather(const void* sendbuf, int sendcount, MPI_Datatype sendtype, voi
   else
     pack(sendbuf, sendcount, sendtype, sl, mine.data(), comm);
   auto r = sc->comm->allgather(mine.data(), all.data(), words, coll::dtype::u32, cfg().algo);
-  if (!r.ok()) return failed(comm, SPIN_MPI_ALLGATHER, r.err());
+  if (int e = finish(sc, comm, SPIN_MPI_ALLGATHER, r); e != MPI_SUCCESS) return e;
   for (int j = 0; j < members; ++j)
     unpack(all.data() + static_cast<std::size_t>(j) * mine.size(), recv + static_cast<MPI_Aint>(j) * stride, recvcount,
            recvtype, rl, comm);
@@ -475,12 +508,12 @@ int MPI_Bcast(void* buffer, int count, MPI_Datatype datatype, int root, MPI_Comm
   if (l.contiguous && l.bytes % 4 == 0) {
     std::byte* p = static_cast<std::byte*>(buffer) + l.true_lb;
     auto r = sc->comm->broadcast(p, p, words, coll::dtype::u32, from, cfg().algo);
-    return r.ok() ? MPI_SUCCESS : failed(comm, SPIN_MPI_BCAST, r.err());
+    return finish(sc, comm, SPIN_MPI_BCAST, r);
   }
   std::vector<std::byte> stage(words * 4);
   if (sc->rank == root) pack(buffer, count, datatype, l, stage.data(), comm);
   auto r = sc->comm->broadcast(stage.data(), stage.data(), words, coll::dtype::u32, from, cfg().algo);
-  if (!r.ok()) return failed(comm, SPIN_MPI_BCAST, r.err());
+  if (int e = finish(sc, comm, SPIN_MPI_BCAST, r); e != MPI_SUCCESS) return e;
   if (sc->rank != root) unpack(stage.data(), buffer, count, datatype, l, comm);
   return MPI_SUCCESS;
 }
@@ -495,7 +528,8 @@ int MPI_Finalize(void) {
     for (int i = 0; i < SPIN_MPI_CALLS; ++i) line += std::string(" ") + call_names[i] + "=" + std::to_string(c.fallback[i]);
     line += "; reasons";
     for (int i = 0; i < SPIN_MPI_REASONS; ++i) line += std::string(" ") + reason_names[i] + "=" + std::to_string(c.reasons[i]);
-    line += "; errors=" + std::to_string(c.errors) + " communicators=" + std::to_string(c.communicators);
+    line += "; errors=" + std::to_string(c.errors) + " communicators=" + std::to_string(c.communicators) +
+            " switch_communicators=" + std::to_string(c.switch_communicators) + " switch_calls=" + std::to_string(c.switch_calls);
     std::fprintf(stderr, "%s\n", line.c_str());
   }
   // Spin communicators go before MPI does (MPI_COMM_WORLD's attributes may outlive Finalize).

@@ -290,10 +290,30 @@ int main(int argc, char** argv) {
   check(c.reasons[SPIN_MPI_R_UNAVAILABLE] == 0, "unavailable: " + std::to_string(c.reasons[SPIN_MPI_R_UNAVAILABLE]));
   check(c.errors == 0, "errors: " + std::to_string(c.errors));
   check(c.communicators == 3, "spin communicators: " + std::to_string(c.communicators));
+  // --switch (with SPIN_MPI_SWITCH_NODE): world and dup hold slots on the switch. The two
+  // halves of the split agree on their group ids apart and take the same one; the switch
+  // grants the id to the half that asks first and refuses the other (which runs on the edge
+  // ring). Every allreduce, allgather and bcast of a group on the switch went through it
+  // (reduce-scatter runs on the edge ring).
+  const bool via_switch = argc > 1 && std::strcmp(argv[1], "--switch") == 0;
+  const std::uint64_t per_switch_suite = per_suite * (8 + 2 + 2);
+  if (via_switch) {
+    check(c.switch_communicators == 2 || c.switch_communicators == 3,
+          "communicators on the switch: " + std::to_string(c.switch_communicators));
+    const std::uint64_t on_switch = c.switch_communicators == 3 ? 4 : 3;  // suites: world twice, dup, maybe split
+    check(c.switch_calls == on_switch * per_switch_suite + mixed, "calls through the switch: " + std::to_string(c.switch_calls));
+    int mine = static_cast<int>(c.switch_communicators), total = 0;
+    PMPI_Allreduce(&mine, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    check(total == 2 * size + size / 2, "communicators on the switch over all ranks: " + std::to_string(total));
+  } else {
+    check(c.switch_communicators == 0, "communicators on the switch: " + std::to_string(c.switch_communicators));
+    check(c.switch_calls == 0, "calls through the switch: " + std::to_string(c.switch_calls));
+  }
 
   int all = 0;
   PMPI_Allreduce(&failures, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  if (rank == 0) std::printf("mpi_check: %d ranks, %s\n", size, all == 0 ? "every check held" : "CHECKS FAILED");
+  if (rank == 0)
+    std::printf("mpi_check%s: %d ranks, %s\n", via_switch ? " --switch" : "", size, all == 0 ? "every check held" : "CHECKS FAILED");
   MPI_Finalize();
   return all == 0 ? 0 : 1;
 }

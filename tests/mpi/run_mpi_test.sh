@@ -53,6 +53,8 @@ done
 rank_sock=${SPIN_TEST_SOCKET:-$sock}
 env_args=(-x SPIN_MPI_SOCKET="$rank_sock" -x SPIN_TORCH_SOCKET="$rank_sock" -x SPIN_MPI_LOG="${SPIN_MPI_LOG:-1}")
 [[ -z $preload ]] || env_args+=(-x LD_PRELOAD="$preload")
+# SPIN_TEST_SWITCH_NODE: the ranks aggregate on that node of the cluster (the switch).
+[[ -z ${SPIN_TEST_SWITCH_NODE:-} ]] || env_args+=(-x SPIN_MPI_SWITCH_NODE="$SPIN_TEST_SWITCH_NODE" -x SPIN_TORCH_SWITCH_NODE="$SPIN_TEST_SWITCH_NODE")
 for v in ASAN_OPTIONS LSAN_OPTIONS UBSAN_OPTIONS TSAN_OPTIONS PYTHONPATH OMP_NUM_THREADS; do
   [[ -z ${!v:-} ]] || env_args+=(-x "$v=${!v}")
 done

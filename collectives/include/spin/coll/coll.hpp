@@ -182,8 +182,8 @@ public:
   };
   /// Member `me` of `members` joins group `wire_id` (communicator internals). The group's first
   /// member installs its aggregation engine (package `pkg`, the reduction's) on the switch;
-  /// every member gets the same lease. Errors: invalid_argument (members or slots differ from
-  /// the first member's), timeout (the first member, in another process, did not decide within
+  /// every member gets the same lease (a group whose id another group holds on the switch gets a
+  /// refusal that says so). Errors: invalid_argument (slots differ from the first member's), timeout (the first member, in another process, did not decide within
   /// 60 s after `wait`), those of reaching the switch (bad_state: its spin-emu went away).
   result<lease> join(std::uint32_t wire_id, const std::vector<std::uint32_t>& members, std::uint32_t me, std::uint32_t slots,
                      std::uint32_t packet_bytes, std::chrono::milliseconds wait, const engine_package& pkg);
@@ -245,6 +245,8 @@ struct comm_stats {
   std::chrono::microseconds repair_interval{0};  ///< the repair timer's current interval
   std::uint64_t staged_bytes = 0;      ///< bytes copied through the staging buffers
   std::uint64_t failures = 0;          ///< calls that returned an error
+  std::uint64_t switch_collectives = 0;  ///< of `collectives`, those that ran through a switch (algorithm::switch_agg)
+  std::uint32_t switch_slots = 0;      ///< aggregator slots the group holds on its switch (0: edge algorithms only)
 };
 
 /// One rank's communicator.

@@ -47,8 +47,10 @@ public:
 
   /// Member `me` of `j.members` asks to join (idempotent: asking again is how a member polls).
   /// The first member to ask becomes the installer. Errors: invalid_argument (no members, more
-  /// than 65535, `me` not an index of them, slots 0; members or slots that differ from those of
-  /// the group's first member).
+  /// than 65535, `me` not an index of them, slots 0; slots that differ from those of the group's
+  /// first member). A group is its id and its members: a group whose id another group (other
+  /// members) holds here is refused, the same for each of its members, while it has any (the
+  /// id is the switch engine's match bits, so two groups cannot share it on one switch).
   result<host::group_answer> join(std::uint64_t owner, const host::group_join& j, std::uint32_t me);
   /// The installer's decision (after join answered install; `granted` only then, a refusal also
   /// while the group still waits for slots). Errors: not_found (no such group), bad_state (not
@@ -82,6 +84,8 @@ private:
   std::uint32_t _free;
   std::map<std::uint32_t, entry> _groups;
   std::deque<std::uint32_t> _queue;  // queued groups, oldest first
+  // Groups whose id another group (other members) holds here: refused while they have members.
+  std::map<std::pair<std::uint32_t, std::vector<std::uint32_t>>, std::set<std::pair<std::uint64_t, std::uint32_t>>> _clashes;
 };
 
 } // namespace spin::emu

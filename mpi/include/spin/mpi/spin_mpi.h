@@ -52,6 +52,8 @@ struct spin_mpi_counters {
   uint64_t reasons[SPIN_MPI_REASONS];                 /* fallbacks by reason */
   uint64_t errors;                                    /* spin::coll calls that failed (MPI_ERR_OTHER) */
   uint64_t communicators;                             /* spin communicators created */
+  uint64_t switch_communicators;                      /* of those, groups that hold slots on a switch */
+  uint64_t switch_calls;                              /* of `spin`, calls that ran through the switch */
 };
 
 /* Copies the counters into *out. Any thread. */
