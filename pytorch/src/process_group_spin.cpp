@@ -48,6 +48,8 @@ std::optional<std::uint64_t> env_u64(const char* name, std::uint64_t max = 0xfff
 struct config {
   std::string socket = "/run/spin-emu.sock";
   std::uint32_t node = 0;
+  std::optional<std::uint32_t> switch_node;
+  std::string switch_socket;
   tb::algo algo = tb::algo::automatic;
 };
 
@@ -64,9 +66,14 @@ config read_config(int global_rank) {
       c.algo = tb::algo::edge_ring;
     else if (s == "host_ring")
       c.algo = tb::algo::host_ring;
+    else if (s == "switch")
+      c.algo = tb::algo::switch_agg;
     else if (s != "automatic")
-      throw std::invalid_argument("spin: SPIN_TORCH_ALGORITHM='" + s + "' is not automatic, edge_ring or host_ring");
+      throw std::invalid_argument("spin: SPIN_TORCH_ALGORITHM='" + s + "' is not automatic, edge_ring, switch or host_ring");
   }
+  if (auto n = env_u64("SPIN_TORCH_SWITCH_NODE")) c.switch_node = static_cast<std::uint32_t>(*n);
+  c.switch_socket = c.socket;
+  if (const char* s = std::getenv("SPIN_TORCH_SWITCH_SOCKET"); s != nullptr && *s != '\0') c.switch_socket = s;
   return c;
 }
 
@@ -139,7 +146,7 @@ public:
     if (failure.empty() && gid > 4095) failure = "group ids exhausted (4095 process groups per NIC)";
     if (failure.empty() && size > 1) {
       _comm = std::make_unique<tb::group>(_cfg.socket, _cfg.node, gid, members, static_cast<std::uint32_t>(rank), timeout,
-                                          _cfg.algo, failure);
+                                          _cfg.algo, _cfg.switch_socket, _cfg.switch_node, failure);
       if (!failure.empty()) _comm.reset();
     }
     // Everyone learns whether everyone is ready.

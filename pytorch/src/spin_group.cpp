@@ -23,6 +23,7 @@ coll::algorithm to_algorithm(algo a) {
   case algo::automatic: return coll::algorithm::automatic;
   case algo::edge_ring: return coll::algorithm::edge_ring;
   case algo::host_ring: return coll::algorithm::host_ring;
+  case algo::switch_agg: return coll::algorithm::switch_agg;
   }
   return coll::algorithm::automatic;
 }
@@ -57,12 +58,14 @@ std::uint32_t nic_rank(const std::string& socket, std::uint32_t node, std::strin
 }
 
 struct group::impl {
+  std::unique_ptr<coll::fabric> switches;  // outlives comm
   std::unique_ptr<coll::communicator> comm;
   coll::algorithm a = coll::algorithm::automatic;
 };
 
 group::group(const std::string& socket, std::uint32_t node, std::uint32_t id, const std::vector<std::uint32_t>& members,
-             std::uint32_t me, std::chrono::milliseconds timeout, algo a, std::string& error)
+             std::uint32_t me, std::chrono::milliseconds timeout, algo a, const std::string& switch_socket,
+             std::optional<std::uint32_t> switch_node, std::string& error)
     : _p(std::make_unique<impl>()) {
   _p->a = to_algorithm(a);
   coll::group g;
@@ -71,6 +74,17 @@ group::group(const std::string& socket, std::uint32_t node, std::uint32_t id, co
   g.me = me;
   coll::options o;
   o.timeout = timeout;
+  if (switch_node) {
+    // The switch's spin-emu keeps the slot pool and the group's one answer; this fabric is a
+    // view of it over a connection of its own.
+    auto f = coll::fabric::connect({coll::remote_switch{switch_socket, *switch_node, members}});
+    if (!f.ok()) {
+      error = std::string("the switch (SPIN_TORCH_SWITCH_NODE): ") + errc_name(f.err().code) + ": " + f.err().message;
+      return;
+    }
+    _p->switches = std::move(f.value());
+    o.switches = _p->switches.get();
+  }
   auto c = coll::communicator::connect(socket, node, g, o);
   if (!c.ok()) {
     error = std::string("spin communicator: ") + errc_name(c.err().code) + ": " + c.err().message;
@@ -95,7 +109,8 @@ std::string group::allgather(const void* in, void* out, std::uint64_t block_coun
 }
 std::string group::reduce_scatter(const void* in, void* out, std::uint64_t block_count, elem t, red r) {
   if (!_p->comm) return "not connected";
-  return text(_p->comm->reduce_scatter(in, out, block_count, to_dtype(t), to_op(r), _p->a));
+  const auto a = _p->a == coll::algorithm::switch_agg ? coll::algorithm::edge_ring : _p->a;
+  return text(_p->comm->reduce_scatter(in, out, block_count, to_dtype(t), to_op(r), a));
 }
 
 } // namespace spin::torch_backend

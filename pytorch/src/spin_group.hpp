@@ -19,7 +19,9 @@ enum class elem : std::uint8_t { f32 = 1, f64 = 2, f16 = 3, bf16 = 4, i32 = 5, i
 /// Reductions.
 enum class red : std::uint8_t { sum, min, max, prod };
 /// Who does the work: automatic, edge_ring, host_ring (docs/collectives.md, "Algorithms").
-enum class algo : std::uint8_t { automatic, edge_ring, host_ring };
+/// switch_agg: allreduce, allgather and broadcast through the switch; reduce-scatter, which the
+/// switch does not run, on the edge ring.
+enum class algo : std::uint8_t { automatic, edge_ring, host_ring, switch_agg };
 
 /// Environment variable `name` as a decimal number in 0..`max` (spin::host::env_number);
 /// nullopt when unset or empty. A sign, a suffix or a value above `max` sets `error`.
@@ -33,9 +35,12 @@ std::uint32_t nic_rank(const std::string& socket, std::uint32_t node, std::strin
 class group {
 public:
   /// Connects node `node` of the spin-emu at `socket` as member `me` of group `id` whose NIC
-  /// ranks are `members`. On failure `error` says why and every call fails.
+  /// ranks are `members`; with `switch_node`, the group asks node `switch_node` of the spin-emu
+  /// at `switch_socket` (a switch linked to every member) for aggregator slots. On failure
+  /// `error` says why and every call fails.
   group(const std::string& socket, std::uint32_t node, std::uint32_t id, const std::vector<std::uint32_t>& members,
-        std::uint32_t me, std::chrono::milliseconds timeout, algo a, std::string& error);
+        std::uint32_t me, std::chrono::milliseconds timeout, algo a, const std::string& switch_socket,
+        std::optional<std::uint32_t> switch_node, std::string& error);
   ~group();
   group(const group&) = delete;
   group& operator=(const group&) = delete;

@@ -55,7 +55,7 @@ env_args=(-x SPIN_MPI_SOCKET="$rank_sock" -x SPIN_TORCH_SOCKET="$rank_sock" -x S
 [[ -z $preload ]] || env_args+=(-x LD_PRELOAD="$preload")
 # SPIN_TEST_SWITCH_NODE: the ranks aggregate on that node of the cluster (the switch).
 [[ -z ${SPIN_TEST_SWITCH_NODE:-} ]] || env_args+=(-x SPIN_MPI_SWITCH_NODE="$SPIN_TEST_SWITCH_NODE" -x SPIN_TORCH_SWITCH_NODE="$SPIN_TEST_SWITCH_NODE")
-for v in ASAN_OPTIONS LSAN_OPTIONS UBSAN_OPTIONS TSAN_OPTIONS PYTHONPATH OMP_NUM_THREADS; do
+for v in ASAN_OPTIONS LSAN_OPTIONS UBSAN_OPTIONS TSAN_OPTIONS PYTHONPATH OMP_NUM_THREADS SPIN_MPI_ALGORITHM SPIN_TORCH_ALGORITHM; do
   [[ -z ${!v:-} ]] || env_args+=(-x "$v=${!v}")
 done
 # SPIN_TEST_RANK_ASAN_OPTIONS: ASAN_OPTIONS for the ranks only (spin-emu keeps the caller's).
