@@ -2,6 +2,7 @@
 // joined by memif, each driven through its control socket (communicator::connect,
 // fabric::connect). Every algorithm runs, results are checked exactly and bit for bit.
 #include "../emulator/emu_process.hpp"
+#include "../emulator/netns_lab.hpp"
 #include "handlers/argmax.hpp"
 
 #include <spin/coll/coll.hpp>
@@ -15,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -29,33 +31,52 @@ namespace {
 
 constexpr std::uint32_t n_hosts = 3;
 
-/// A switch process with one memif port per host and three host NIC processes (ranks 0..2).
+/// How the processes are joined.
+enum class links {
+  memif,      ///< shared-memory packet rings
+  af_packet,  ///< veth pairs between network namespaces (netns_lab), the stand-in for hosts
+};
+
+/// A switch process with one port per host and three host NIC processes (ranks 0..2).
 struct remote_net {
+  std::optional<netns_lab> lab;  // af_packet: the namespaces (destroyed last)
   temp_dir dir;
   std::unique_ptr<emu_process> sw;
   std::vector<std::unique_ptr<emu_process>> hosts;
 
-  remote_net() {
+  explicit remote_net(links k = links::memif) {
     const std::string prefix = "spinmp-" + std::to_string(::getpid()) + "-coll";
     const std::vector<std::string> common = {"--hpus", "1", "--max-frame", "1514", "--mbuf-bytes", "2048", "--payload-bytes", "1024"};
+    // af_packet: 4096-frame kernel rings (default 512), so that a receiver the scheduler leaves
+    // off the CPU for a while loses nothing.
+    auto af_packet = [](std::uint32_t i, const std::string& iface) {
+      return "net_af_packet" + std::to_string(i) + ",iface=" + iface + ",qpairs=1,blocksz=4096,framesz=2048,framecnt=4096";
+    };
+    auto port_vdev = [&](std::uint32_t i) {
+      return k == links::memif ? "net_memif" + std::to_string(i) + ",role=server,socket=" + dir.path + "/p" + std::to_string(i) + ".sock,id=0"
+                               : af_packet(i, "p" + std::to_string(i));
+    };
+    const std::string pmd = k == links::memif ? "net_memif" : "net_af_packet";
+    if (k == links::af_packet) lab.emplace(n_hosts, netns_lab::wiring::ports);
+    auto in_ns = [&](const std::string& ns) {
+      return k == links::memif ? std::vector<std::string>{} : std::vector<std::string>{"ip", "netns", "exec", ns};
+    };
     sw = std::make_unique<emu_process>("sw", dir.path);
-    std::vector<std::string> eal = eal_args(prefix + "-sw", "net_memif0,role=server,socket=" + dir.path + "/p0.sock,id=0");
-    for (std::uint32_t i = 1; i < n_hosts; ++i)
-      eal.push_back("--vdev=net_memif" + std::to_string(i) + ",role=server,socket=" + dir.path + "/p" + std::to_string(i) +
-                    ".sock,id=0");
+    std::vector<std::string> eal = eal_args(prefix + "-sw", port_vdev(0));
+    for (std::uint32_t i = 1; i < n_hosts; ++i) eal.push_back("--vdev=" + port_vdev(i));
     auto app = common;
     app.insert(app.end(), {"--mode", "switch"});
     for (std::uint32_t i = 0; i < n_hosts; ++i)
-      app.insert(app.end(), {"--port", "net_memif" + std::to_string(i), "--route", std::to_string(i) + "=" + std::to_string(i)});
-    sw->start({}, eal, app);
+      app.insert(app.end(), {"--port", pmd + std::to_string(i), "--route", std::to_string(i) + "=" + std::to_string(i)});
+    sw->start(in_ns(lab ? lab->middle_ns : ""), eal, app);
     (void)sw->connect();  // the memif sockets exist once the control socket answers
     for (std::uint32_t i = 0; i < n_hosts; ++i) {
       hosts.push_back(std::make_unique<emu_process>("h" + std::to_string(i), dir.path));
       auto a = common;
-      a.insert(a.end(), {"--port", "net_memif0", "--rank", std::to_string(i)});
-      hosts.back()->start({}, eal_args(prefix + "-h" + std::to_string(i), "net_memif0,role=client,socket=" + dir.path + "/p" +
-                                                                            std::to_string(i) + ".sock,id=0"),
-                          a);
+      a.insert(a.end(), {"--port", pmd + "0", "--rank", std::to_string(i)});
+      const std::string vdev = k == links::memif ? "net_memif0,role=client,socket=" + dir.path + "/p" + std::to_string(i) + ".sock,id=0"
+                                                 : af_packet(0, "eth0");
+      hosts.back()->start(in_ns(lab ? lab->hosts[i] : ""), eal_args(prefix + "-h" + std::to_string(i), vdev), a);
     }
     for (auto& h : hosts) (void)h->connect();
   }
@@ -107,6 +128,101 @@ std::vector<std::unique_ptr<communicator>> connect_all(remote_net& net, fabric* 
 }
 
 } // namespace
+
+/// Members whose fabrics are other connections (to the switch's spin-emu, processes) share
+/// the switch's pool and all get the first member's answer.
+static void shared_pool_case(links k) {
+  remote_net net(k);
+  // Fabric a serves ranks 0 and 1, fabric b rank 2: to the switch's spin-emu they are two
+  // processes (one control connection each).
+  fabric_options fo;
+  fo.slots_per_switch = 32;
+  auto fa = fabric::connect({remote_switch{net.sw->socket, 0, {0, 1, 2}}}, fo);
+  REQUIRE_MESSAGE(fa.ok(), fa.err().message);
+  auto fb = fabric::connect({remote_switch{net.sw->socket, 0, {0, 1, 2}}}, fo);
+  REQUIRE_MESSAGE(fb.ok(), fb.err().message);
+  fabric_options other = fo;
+  other.slots_per_switch = 64;
+  // A third connection holds 20 of the 32 slots (a group of some other job).
+  auto holder = net.sw->connect();
+  {
+    auto a = holder.join_group(0, host::group_join{4096, {0, 1}, 20}, 0);
+    REQUIRE_MESSAGE(a.ok(), a.err().message);
+    REQUIRE(a.value().state == host::join_state::install);
+    REQUIRE(holder.decide_group(0, host::group_decision{4096, true, {65535}, ""}).ok());
+    // The pool is the switch's: a fabric cannot resize it while groups use it.
+    auto f = fabric::connect({remote_switch{net.sw->socket, 0, {0, 1, 2}}}, other);
+    REQUIRE_FALSE(f.ok());
+    CHECK(f.err().code == errc::bad_state);
+    CHECK(f.err().message.find("cannot become 64 slots") != std::string::npos);
+  }
+  auto make = [&](std::uint32_t id) {
+    std::vector<std::unique_ptr<communicator>> comms(n_hosts);
+    std::vector<std::string> said(n_hosts);
+    static std::vector<std::string>* log_to = nullptr;
+    static std::mutex log_m;
+    log_to = &said;
+    auto res = run_all(n_hosts, [&](std::uint32_t r) -> result<void> {
+      options o;
+      o.timeout = std::chrono::seconds(30);
+      o.arena_bytes = std::size_t{16} << 20;
+      o.staging_bytes = std::size_t{4} << 20;
+      o.switches = r < 2 ? fa.value().get() : fb.value().get();
+      o.switch_slots = 16;
+      o.log = [](const std::string& line) {
+        std::lock_guard l(log_m);
+        log_to->push_back(line);
+      };
+      group g;
+      g.id = id;
+      g.members = {0, 1, 2};
+      g.me = r;
+      auto c = communicator::connect(net.hosts[r]->socket, 0, g, o);
+      if (!c.ok()) return c.err();
+      comms[r] = std::move(c.value());
+      return {};
+    });
+    for (std::uint32_t r = 0; r < n_hosts; ++r) REQUIRE_MESSAGE(res[r].ok(), res[r].err().message << "\n" << net.diag());
+    std::erase(said, std::string());
+    return std::pair{std::move(comms), said};
+  };
+  {
+    // 12 free, the group asks for 16: refused, and the same words reach every member.
+    auto [comms, said] = make(7);
+    REQUIRE(said.size() == n_hosts);
+    for (const auto& line : said)
+      CHECK(line == "group 7 (standard) runs without switch aggregation: sw has 12 free slots of 32 (1 groups hold the rest); the group asks for 16");
+    CHECK(fb.value()->usage()[0].free == 12);
+  }
+  // The holder's connection closes (as when its process dies): its slots go back.
+  holder = host::client::connect(net.sw->socket).value();
+  for (int i = 0; i < 100 && fa.value()->usage()[0].free != 32; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  CHECK(fa.value()->usage()[0].free == 32);
+  {
+    auto [comms, said] = make(8);
+    CHECK(said.empty());
+    // Both fabrics see the one group that holds 16 slots.
+    for (auto* f : {fa.value().get(), fb.value().get()}) {
+      const auto u = f->usage();
+      CHECK(u[0].free == 16);
+      CHECK(u[0].groups == 1);
+    }
+    const std::uint64_t count = 3 * 256 + 5;
+    std::vector<std::vector<std::int64_t>> in(n_hosts, std::vector<std::int64_t>(count)), out = in;
+    for (std::uint32_t r = 0; r < n_hosts; ++r)
+      for (std::uint64_t i = 0; i < count; ++i) in[r][i] = static_cast<std::int64_t>(i * 1000 + r) - 7;
+    auto res = run_all(n_hosts, [&](std::uint32_t r) {
+      return comms[r]->allreduce(in[r].data(), out[r].data(), count, dtype::i64, op::sum, algorithm::switch_agg);
+    });
+    for (std::uint32_t r = 0; r < n_hosts; ++r) {
+      REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+      for (std::uint64_t i = 0; i < count; ++i) REQUIRE(out[r][i] == in[0][i] + in[1][i] + in[2][i]);
+    }
+  }
+  // Every member gone: the slots are back.
+  CHECK(fb.value()->usage()[0].free == 32);
+  CHECK(fb.value()->usage()[0].groups == 0);
+}
 
 TEST_SUITE("collectives") {
 
@@ -288,96 +404,11 @@ TEST_CASE("communicators and a fabric over spin-emu processes run every algorith
 }
 
 TEST_CASE("members whose fabrics are other connections (processes) share the switch's pool and all get the first member's answer") {
-  remote_net net;
-  // Fabric a serves ranks 0 and 1, fabric b rank 2: to the switch's spin-emu they are two
-  // processes (one control connection each).
-  fabric_options fo;
-  fo.slots_per_switch = 32;
-  auto fa = fabric::connect({remote_switch{net.sw->socket, 0, {0, 1, 2}}}, fo);
-  REQUIRE_MESSAGE(fa.ok(), fa.err().message);
-  auto fb = fabric::connect({remote_switch{net.sw->socket, 0, {0, 1, 2}}}, fo);
-  REQUIRE_MESSAGE(fb.ok(), fb.err().message);
-  fabric_options other = fo;
-  other.slots_per_switch = 64;
-  // A third connection holds 20 of the 32 slots (a group of some other job).
-  auto holder = net.sw->connect();
-  {
-    auto a = holder.join_group(0, host::group_join{4096, {0, 1}, 20}, 0);
-    REQUIRE_MESSAGE(a.ok(), a.err().message);
-    REQUIRE(a.value().state == host::join_state::install);
-    REQUIRE(holder.decide_group(0, host::group_decision{4096, true, {65535}, ""}).ok());
-    // The pool is the switch's: a fabric cannot resize it while groups use it.
-    auto f = fabric::connect({remote_switch{net.sw->socket, 0, {0, 1, 2}}}, other);
-    REQUIRE_FALSE(f.ok());
-    CHECK(f.err().code == errc::bad_state);
-    CHECK(f.err().message.find("cannot become 64 slots") != std::string::npos);
-  }
-  auto make = [&](std::uint32_t id) {
-    std::vector<std::unique_ptr<communicator>> comms(n_hosts);
-    std::vector<std::string> said(n_hosts);
-    static std::vector<std::string>* log_to = nullptr;
-    static std::mutex log_m;
-    log_to = &said;
-    auto res = run_all(n_hosts, [&](std::uint32_t r) -> result<void> {
-      options o;
-      o.timeout = std::chrono::seconds(30);
-      o.arena_bytes = std::size_t{16} << 20;
-      o.staging_bytes = std::size_t{4} << 20;
-      o.switches = r < 2 ? fa.value().get() : fb.value().get();
-      o.switch_slots = 16;
-      o.log = [](const std::string& line) {
-        std::lock_guard l(log_m);
-        log_to->push_back(line);
-      };
-      group g;
-      g.id = id;
-      g.members = {0, 1, 2};
-      g.me = r;
-      auto c = communicator::connect(net.hosts[r]->socket, 0, g, o);
-      if (!c.ok()) return c.err();
-      comms[r] = std::move(c.value());
-      return {};
-    });
-    for (std::uint32_t r = 0; r < n_hosts; ++r) REQUIRE_MESSAGE(res[r].ok(), res[r].err().message << "\n" << net.diag());
-    std::erase(said, std::string());
-    return std::pair{std::move(comms), said};
-  };
-  {
-    // 12 free, the group asks for 16: refused, and the same words reach every member.
-    auto [comms, said] = make(7);
-    REQUIRE(said.size() == n_hosts);
-    for (const auto& line : said)
-      CHECK(line == "group 7 (standard) runs without switch aggregation: sw has 12 free slots of 32 (1 groups hold the rest); the group asks for 16");
-    CHECK(fb.value()->usage()[0].free == 12);
-  }
-  // The holder's connection closes (as when its process dies): its slots go back.
-  holder = host::client::connect(net.sw->socket).value();
-  for (int i = 0; i < 100 && fa.value()->usage()[0].free != 32; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  CHECK(fa.value()->usage()[0].free == 32);
-  {
-    auto [comms, said] = make(8);
-    CHECK(said.empty());
-    // Both fabrics see the one group that holds 16 slots.
-    for (auto* f : {fa.value().get(), fb.value().get()}) {
-      const auto u = f->usage();
-      CHECK(u[0].free == 16);
-      CHECK(u[0].groups == 1);
-    }
-    const std::uint64_t count = 3 * 256 + 5;
-    std::vector<std::vector<std::int64_t>> in(n_hosts, std::vector<std::int64_t>(count)), out = in;
-    for (std::uint32_t r = 0; r < n_hosts; ++r)
-      for (std::uint64_t i = 0; i < count; ++i) in[r][i] = static_cast<std::int64_t>(i * 1000 + r) - 7;
-    auto res = run_all(n_hosts, [&](std::uint32_t r) {
-      return comms[r]->allreduce(in[r].data(), out[r].data(), count, dtype::i64, op::sum, algorithm::switch_agg);
-    });
-    for (std::uint32_t r = 0; r < n_hosts; ++r) {
-      REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
-      for (std::uint64_t i = 0; i < count; ++i) REQUIRE(out[r][i] == in[0][i] + in[1][i] + in[2][i]);
-    }
-  }
-  // Every member gone: the slots are back.
-  CHECK(fb.value()->usage()[0].free == 32);
-  CHECK(fb.value()->usage()[0].groups == 0);
+  shared_pool_case(links::memif);
+}
+
+TEST_CASE("in network namespaces on af_packet veths, members of two processes aggregate on a switch process and share its pool") {
+  shared_pool_case(links::af_packet);
 }
 
 TEST_CASE("connecting to a missing spin-emu, a missing node or a switch without links fails with a clear error") {
