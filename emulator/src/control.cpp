@@ -28,6 +28,9 @@
 #include <set>
 #include <thread>
 
+#include <fstream>
+#include <iterator>
+
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -177,6 +180,7 @@ private:
   reply handle(std::uint64_t session, const std::string& line, std::vector<unique_fd> fds, bool fds_truncated);
   proto::reply execute(std::uint64_t session, const proto::request& req, std::vector<unique_fd>& fds, reply& r);
   nic_control& node_of(std::uint32_t index);
+  void check_trusted(const std::string& path) const;
   void release_session(std::uint64_t session);
   void retry_orphans(std::uint32_t node);
   void forget_ec(std::uint32_t node, rt::ec_id ec);
@@ -548,6 +552,23 @@ namespace {
 [[noreturn]] void pass(const error& e) { throw request_error{e.code, e.message}; }
 } // namespace
 
+// Refuses a native package that is not byte for byte one of the trusted ones (the bytes are
+// read once here; the loader reads the file again, which only this user may write: the socket
+// admits no other).
+void control_server_impl::check_trusted(const std::string& path) const {
+  auto pkg = rt::read_package_file(path);
+  if (!pkg) pass(pkg.err());
+  if (pkg->manifest.target != rt::package_target::native_x86_64) return;
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const auto& t : _opts.trusted_packages)
+    if (t.size() == bytes.size() && std::memcmp(t.data(), bytes.data(), bytes.size()) == 0) return;
+  throw request_error{errc::not_supported,
+                      "this spin-emu is a shared switch: it runs native packages only when they are its own standard "
+                      "collective engine, and '" + pkg->manifest.source_name + "' is another native package (build it for eBPF, or "
+                      "start spin-emu with --native-packages any on a switch that one job owns)"};
+}
+
 proto::reply control_server_impl::execute(std::uint64_t session, const proto::request& req, std::vector<unique_fd>& fds,
                                           reply& r) {
   if (std::holds_alternative<proto::hello>(req))
@@ -597,6 +618,7 @@ proto::reply control_server_impl::execute(std::uint64_t session, const proto::re
     cfg.scratchpad_bytes = q->scratchpad_bytes.value_or(0);
     rt::load_options lo;
     lo.bpf = q->bpf;
+    if (_opts.native == server_options::native_policy::trusted) check_trusted(q->package);
     auto lp = rt::load_package_file(q->package, lo);
     if (!lp) pass(lp.err());
     if (auto b = lp->bind(cfg); !b) pass(b.err());

@@ -29,12 +29,19 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <span>
 #include <string>
 #include <thread>
 #include <pthread.h>
 #include <sched.h>
 #include <unistd.h>
 #include <vector>
+
+#ifdef SPIN_EMU_TRUSTED_ENGINE
+namespace spin::emu {
+std::span<const std::byte> trusted_coll_engine();  // the standard collective engine (trusted_engine.cpp)
+}
+#endif
 
 namespace {
 
@@ -87,6 +94,7 @@ int main(int argc, char** argv) {
   bool no_socket = false, quiet = false, plain_hpus = false;
   std::uint32_t progress_s = 0;
   std::vector<std::string> route_specs;
+  std::string native_packages;
   app.add_option("--mode", mode,
                  "nic (one NIC on --port devices), switch (a switch on two or more --port devices, forwarding by "
                  "--route), or cluster (a --topology); default: cluster when --topology is given")
@@ -94,6 +102,11 @@ int main(int argc, char** argv) {
   app.add_option("--route", route_specs,
                  "switch mode: RANK=PORT or FIRST-LAST=PORT: frames for these ranks leave on --port number PORT "
                  "(0-based); repeatable");
+  app.add_option("--native-packages", native_packages,
+                 "which native handler packages the control socket installs: any, or trusted (only the standard "
+                 "collective engine: user code on a switch that several jobs share must be eBPF); default: trusted in "
+                 "switch mode, any otherwise")
+      ->check(CLI::IsMember({"any", "trusted"}));
   app.add_option("--topology", topology_file, "cluster topology file (TOML; docs/emulator.md)")->check(CLI::ExistingFile);
   app.add_option("--port", port_names, "nic mode: DPDK port by device name (net_memif0, 0000:3b:00.0, ...); repeatable");
   app.add_option("--rank", rank,
@@ -243,6 +256,13 @@ int main(int argc, char** argv) {
     so.socket_path = socket_path;
     so.nodes = controls;
     so.on_stop = [] { stop_flag.store(true); };
+    if (native_packages.empty()) native_packages = switch_mode ? "trusted" : "any";
+    if (native_packages == "trusted") {
+      so.native = spin::emu::server_options::native_policy::trusted;
+#ifdef SPIN_EMU_TRUSTED_ENGINE
+      so.trusted_packages.push_back(spin::emu::trusted_coll_engine());
+#endif
+    }
     auto s = spin::emu::control_server::start(so);
     if (!s) return die("control socket: " + s.err().message);
     server = std::move(s.value());

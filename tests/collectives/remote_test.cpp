@@ -44,7 +44,8 @@ struct remote_net {
   std::unique_ptr<emu_process> sw;
   std::vector<std::unique_ptr<emu_process>> hosts;
 
-  explicit remote_net(links k = links::memif) {
+  /// `switch_args`: more arguments of the switch process.
+  explicit remote_net(links k = links::memif, const std::vector<std::string>& switch_args = {}) {
     const std::string prefix = "spinmp-" + std::to_string(::getpid()) + "-coll";
     const std::vector<std::string> common = {"--hpus", "1", "--max-frame", "1514", "--mbuf-bytes", "2048", "--payload-bytes", "1024"};
     // af_packet: 4096-frame kernel rings (default 512), so that a receiver the scheduler leaves
@@ -66,6 +67,7 @@ struct remote_net {
     for (std::uint32_t i = 1; i < n_hosts; ++i) eal.push_back("--vdev=" + port_vdev(i));
     auto app = common;
     app.insert(app.end(), {"--mode", "switch"});
+    app.insert(app.end(), switch_args.begin(), switch_args.end());
     for (std::uint32_t i = 0; i < n_hosts; ++i)
       app.insert(app.end(), {"--port", pmd + std::to_string(i), "--route", std::to_string(i) + "=" + std::to_string(i)});
     sw->start(in_ns(lab ? lab->middle_ns : ""), eal, app);
@@ -227,7 +229,7 @@ static void shared_pool_case(links k) {
 TEST_SUITE("collectives") {
 
 TEST_CASE("communicators and a fabric over spin-emu processes run every algorithm with exact results") {
-  remote_net net;
+  remote_net net(links::memif, {"--native-packages", "any"});  // a switch this job owns: argmax runs there too
   fabric_options fo;
   fo.slots_per_switch = 32;
   auto fab = fabric::connect({remote_switch{net.sw->socket, 0, {0, 1, 2}}}, fo);
@@ -409,6 +411,81 @@ TEST_CASE("members whose fabrics are other connections (processes) share the swi
 
 TEST_CASE("in network namespaces on af_packet veths, members of two processes aggregate on a switch process and share its pool") {
   shared_pool_case(links::af_packet);
+}
+
+TEST_CASE("a shared switch runs the standard engine and refuses a native user reduction, which runs on the edge ring on every member") {
+  remote_net net;  // switch mode: --native-packages trusted by default
+  auto fab = fabric::connect({remote_switch{net.sw->socket, 0, {0, 1, 2}}});
+  REQUIRE_MESSAGE(fab.ok(), fab.err().message);
+  static std::mutex log_m;
+  static std::vector<std::string> said;
+  said.clear();
+  std::vector<std::unique_ptr<communicator>> comms(n_hosts);
+  for (std::uint32_t r = 0; r < n_hosts; ++r) {
+    options o;
+    o.timeout = std::chrono::seconds(30);
+    o.arena_bytes = std::size_t{16} << 20;
+    o.staging_bytes = std::size_t{4} << 20;
+    o.switches = fab.value().get();
+    o.switch_slots = 16;
+    o.log = [](const std::string& line) {
+      std::lock_guard l(log_m);
+      said.push_back(line);
+    };
+    group g;
+    g.id = 9;
+    g.members = {0, 1, 2};
+    g.me = r;
+    auto c = communicator::connect(net.hosts[r]->socket, 0, g, o);
+    REQUIRE_MESSAGE(c.ok(), c.err().message << "\n" << net.diag());
+    comms[r] = std::move(c.value());
+  }
+  CHECK(said.empty());  // the standard engine is the switch's own: trusted
+  const std::uint64_t count = 700;
+  std::vector<std::vector<std::uint32_t>> in(n_hosts, std::vector<std::uint32_t>(count)), out = in;
+  for (std::uint32_t r = 0; r < n_hosts; ++r)
+    for (std::uint64_t i = 0; i < count; ++i) in[r][i] = static_cast<std::uint32_t>(i * 3 + r);
+  auto res = run_all(n_hosts, [&](std::uint32_t r) {
+    return comms[r]->allreduce(in[r].data(), out[r].data(), count, dtype::u32, op::max, algorithm::switch_agg);
+  });
+  for (std::uint32_t r = 0; r < n_hosts; ++r) {
+    REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+    for (std::uint64_t i = 0; i < count; ++i) REQUIRE(out[r][i] == static_cast<std::uint32_t>(i * 3 + 2));
+  }
+  // A user reduction's engine is native code of the job: the shared switch refuses it, and every
+  // member hears the same reason.
+  auto pkg = rt::read_package_file(SPIN_ARGMAX_PACKAGE);
+  REQUIRE_MESSAGE(pkg.ok(), pkg.err().message);
+  std::vector<custom_op> ops(n_hosts);
+  auto added = run_all(n_hosts, [&](std::uint32_t r) -> result<void> {
+    auto op = comms[r]->add_reduction(reduction{"argmax", pkg.value(), kernels_of<argmax>()});
+    if (!op.ok()) return op.err();
+    ops[r] = op.value();
+    return {};
+  });
+  for (std::uint32_t r = 0; r < n_hosts; ++r) REQUIRE_MESSAGE(added[r].ok(), added[r].err().message);
+  REQUIRE(said.size() == n_hosts);
+  for (const auto& line : said) {
+    CHECK(line.find("runs without switch aggregation: installing the aggregation engine on sw: this spin-emu is a shared switch") !=
+          std::string::npos);
+    CHECK(line == said[0]);
+  }
+  const std::uint64_t n = 500;
+  std::vector<std::vector<value_index>> vin(n_hosts, std::vector<value_index>(n)), vout = vin;
+  for (std::uint32_t r = 0; r < n_hosts; ++r)
+    for (std::uint64_t i = 0; i < n; ++i) vin[r][i] = value_index{static_cast<float>((i + r * 5) % 7), static_cast<std::uint32_t>(r * 1000 + i)};
+  auto via_switch = comms[0]->allreduce(vin[0].data(), vout[0].data(), n, ops[0], algorithm::switch_agg);
+  CHECK(via_switch.err().code == errc::not_supported);
+  auto ring = run_all(n_hosts, [&](std::uint32_t r) { return comms[r]->allreduce(vin[r].data(), vout[r].data(), n, ops[r]); });
+  for (std::uint32_t r = 0; r < n_hosts; ++r) {
+    REQUIRE_MESSAGE(ring[r].ok(), ring[r].err().message);
+    for (std::uint64_t i = 0; i < n; ++i) {
+      value_index best = vin[0][i];
+      for (std::uint32_t q = 1; q < n_hosts; ++q) best = argmax::combine(best, vin[q][i]);
+      REQUIRE(vout[r][i].index == best.index);
+    }
+  }
+  CHECK(fab.value()->usage()[0].groups == 1);  // the standard engine's group only
 }
 
 TEST_CASE("connecting to a missing spin-emu, a missing node or a switch without links fails with a clear error") {

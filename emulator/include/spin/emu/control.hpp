@@ -67,6 +67,7 @@
 #pragma once
 
 #include <spin/emu/nic_control.hpp>
+#include <span>
 #include <spin/host/protocol.hpp>
 #include <spin/rt/result.hpp>
 
@@ -108,6 +109,18 @@ struct server_options {
   /// Threads that run requests (NIC operations block: a send may wait for its timeout). Requests
   /// of one connection run one after the other; different connections run in parallel.
   std::uint32_t workers = 2;
+  /// Which native (x86-64) packages "install" loads. Native handlers run in this process with
+  /// its whole address space: on a switch that several jobs share, one group's user reduction
+  /// could read or corrupt another group's slots, or crash the switch for everyone. eBPF
+  /// packages run under rte_bpf and are always accepted.
+  enum class native_policy {
+    any,      ///< every native package (a NIC, or a switch one job owns)
+    trusted,  ///< only packages byte-identical to one of trusted_packages (a shared switch)
+  };
+  native_policy native = native_policy::any;
+  /// The packages native_policy::trusted accepts (spin-emu: the standard collective engine it
+  /// was built with). Not owned: the bytes must outlive the server.
+  std::vector<std::span<const std::byte>> trusted_packages;
 };
 
 class control_server_impl;
