@@ -270,7 +270,7 @@ struct communicator::impl {
     if (pr::event_detail_of(ev.value()) != 0) return fail(errc::invalid_argument, what + " set-up: the NIC refused the member table");
     if (o.switches != nullptr) {
       engine_ec& me = engines.back();
-      auto l = o.switches->join(me.wire_id, g.members, g.me, o.switch_slots, o.packet_bytes, o.switch_wait, pkg);
+      auto l = o.switches->join(me.wire_id, g.members, g.me, o.switch_slots, o.packet_bytes, o.switch_wait, pkg, o.job_secret);
       if (!l.ok()) return l.err();
       me.joined = true;
       me.lease = l.value();

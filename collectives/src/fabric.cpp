@@ -3,6 +3,7 @@
 #include <spin/coll/coll.hpp>
 #include <spin/coll/engine.hpp>
 #include <spin/coll/protocol.hpp>
+#include <spin/coll/siphash.hpp>
 
 #include "cmd_key.hpp"
 #include "engine_ec.hpp"
@@ -366,6 +367,25 @@ std::vector<fabric::switch_usage> fabric::usage() const {
 }
 
 namespace {
+// The proof of the job secret a join carries: SipHash-2-4 under the secret over "spin-join",
+// the group's wire id, slots and members; 0 without a secret.
+std::uint64_t join_proof(const std::array<std::uint8_t, 16>& secret, std::uint32_t wire_id, std::uint32_t slots,
+                         const std::vector<std::uint32_t>& members) {
+  std::uint64_t k0 = 0, k1 = 0;
+  std::memcpy(&k0, secret.data(), 8);
+  std::memcpy(&k1, secret.data() + 8, 8);
+  if (k0 == 0 && k1 == 0) return 0;
+  std::vector<std::uint8_t> msg = {'s', 'p', 'i', 'n', '-', 'j', 'o', 'i', 'n'};
+  auto put = [&](std::uint32_t v) {
+    for (int i = 0; i < 4; ++i) msg.push_back(static_cast<std::uint8_t>(v >> (8 * i)));
+  };
+  put(wire_id);
+  put(slots);
+  for (std::uint32_t m : members) put(m);
+  const std::uint64_t p = siphash24(k0, k1, msg.data(), msg.size());
+  return p == 0 ? 1 : p;  // 0 means "no proof"
+}
+
 // Lease words as the installer publishes them: the root's rank, then (two-level tree) each
 // member's leaf rank.
 std::vector<std::uint32_t> lease_words(const fabric::lease& l) {
@@ -377,7 +397,7 @@ std::vector<std::uint32_t> lease_words(const fabric::lease& l) {
 
 result<fabric::lease> fabric::join(std::uint32_t wire_id, const std::vector<std::uint32_t>& members, std::uint32_t me,
                                    std::uint32_t slots, std::uint32_t packet_bytes, std::chrono::milliseconds wait,
-                                   const engine_package& pkg) {
+                                   const engine_package& pkg, const std::array<std::uint8_t, 16>& job_secret) {
   std::unique_lock<std::mutex> l(_p->m);
   lease out;
   const std::int32_t root = _p->switch_for(members);
@@ -391,7 +411,7 @@ result<fabric::lease> fabric::join(std::uint32_t wire_id, const std::vector<std:
                  std::to_string(_p->o.slot_bytes) + " bytes on " + rs.name;
     return out;
   }
-  const host::group_join req{wire_id, members, slots};
+  const host::group_join req{wire_id, members, slots, join_proof(job_secret, wire_id, slots, members)};
   // The installer gives up waiting for slots after `wait`; the other members wait for its
   // decision (it sets the group up, or gives up, within wait plus a set-up).
   const auto start = clock::now();

@@ -84,6 +84,7 @@ result<host::group_answer> group_registry::join(std::uint64_t owner, const host:
     entry e;
     e.members = j.members;
     e.slots = j.slots;
+    e.proof = j.proof;
     e.installer = {owner, me};
     if (j.slots > _pool.slots) {
       // Decided at once, the same for every member.
@@ -101,6 +102,10 @@ result<host::group_answer> group_registry::join(std::uint64_t owner, const host:
     a.reason = "group id " + std::to_string(j.group) + " is held on " + _name +
                " by another group (other members); groups that share a switch need different ids";
     return a;
+  } else if (it->second.proof != j.proof) {
+    return fail(errc::not_supported, "group " + std::to_string(j.group) + " on " + _name +
+                                         ": this member's proof of the job secret differs from the first member's (another job "
+                                         "uses this group id, or the members do not share one secret)");
   } else if (it->second.slots != j.slots) {
     return fail(errc::invalid_argument, "group " + std::to_string(j.group) + " on " + _name +
                                             ": this member's slots differ from the first member's");

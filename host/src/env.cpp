@@ -1,8 +1,12 @@
 #include <spin/host/env.hpp>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <string>
+
+#include <sys/random.h>
 
 namespace spin::host {
 
@@ -22,6 +26,40 @@ result<std::optional<std::uint64_t>> env_number(const char* name, std::uint64_t 
   }
   if (x > max) return refuse();
   return std::optional<std::uint64_t>{x};
+}
+
+result<std::optional<secret>> env_secret(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return std::optional<secret>{};
+  // The value is not echoed: it is a secret.
+  const auto refuse = [&] { return fail(errc::invalid_argument, std::string(name) + " must be 32 hexadecimal digits (16 bytes), not all zero"); };
+  if (std::strlen(v) != 32) return refuse();
+  secret s{};
+  bool any = false;
+  for (std::size_t i = 0; i < 32; ++i) {
+    const char c = v[i];
+    int d = -1;
+    if (c >= '0' && c <= '9') d = c - '0';
+    else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
+    else if (c >= 'A' && c <= 'F') d = c - 'A' + 10;
+    if (d < 0) return refuse();
+    s[i / 2] = static_cast<std::uint8_t>(s[i / 2] | (i % 2 == 0 ? d << 4 : d));
+    any = any || d != 0;
+  }
+  if (!any) return refuse();
+  return std::optional<secret>{s};
+}
+
+result<secret> random_secret() {
+  secret s{};
+  std::size_t got = 0;
+  while (got < s.size()) {
+    const ssize_t n = ::getrandom(s.data() + got, s.size() - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return fail(errc::bad_state, std::string("getrandom: ") + std::strerror(errno));
+    got += static_cast<std::size_t>(n);
+  }
+  return s;
 }
 
 } // namespace spin::host

@@ -223,6 +223,7 @@ void put(json& j, const join& r) {
   j["group"] = r.group.group;
   j["members"] = r.group.members;
   j["slots"] = r.group.slots;
+  j["proof"] = r.group.proof;
   j["me"] = r.me;
 }
 void put(json& j, const decide& r) {
@@ -255,6 +256,7 @@ void get(fields& f, join& r) {
   r.group.group = f.u32("group");
   r.group.members = f.u32_list("members", max_members);
   r.group.slots = static_cast<std::uint32_t>(f.u64("slots", 1, 32767));
+  r.group.proof = f.u64("proof", 0, u64_max);
   r.me = f.u32("me");
 }
 void get(fields& f, decide& r) {

@@ -35,6 +35,7 @@ struct config {
   // every member's NIC (docs/mpi.md, "Switch aggregation").
   std::optional<std::uint32_t> switch_node;
   std::string switch_socket;
+  std::optional<host::secret> secret;  // SPIN_JOB_SECRET; else each communicator's rank 0 draws one
   coll::algorithm algo = coll::algorithm::automatic;
   std::chrono::milliseconds timeout{10000};
   int log = 0;
@@ -74,6 +75,10 @@ config read_config() {
       std::fprintf(stderr, "spin-mpi: SPIN_MPI_ALGORITHM='%s' is not automatic, edge_ring or host_ring; using automatic\n", a);
   }
   if (auto n = env_u64("SPIN_MPI_SWITCH_NODE", max_node)) c.switch_node = static_cast<std::uint32_t>(*n);
+  if (auto s = host::env_secret("SPIN_JOB_SECRET"); s.ok())
+    c.secret = s.value();
+  else
+    std::fprintf(stderr, "spin-mpi: %s; ignored (each communicator draws a secret of its own)\n", s.err().message.c_str());
   c.switch_socket = c.socket;
   if (const char* s = std::getenv("SPIN_MPI_SWITCH_SOCKET"); s != nullptr && *s != '\0') c.switch_socket = s;
   if (auto t = env_u64("SPIN_MPI_TIMEOUT_MS", max_timeout_ms); t && *t > 0) c.timeout = std::chrono::milliseconds(*t);
@@ -198,6 +203,14 @@ spin_comm& spin_of(MPI_Comm comm) {
   std::uint32_t gid = next_group_id;
   PMPI_Allreduce(MPI_IN_PLACE, &gid, 1, MPI_UINT32_T, MPI_MAX, comm);
   next_group_id = gid + 1;
+  // The group's secret (coll::options::job_secret), agreed through MPI: SPIN_JOB_SECRET, else
+  // rank 0's random bytes.
+  host::secret secret = cfg().secret.value_or(host::secret{});
+  if (!cfg().secret) {
+    if (sc->rank == 0)
+      if (auto r = host::random_secret(); r.ok()) secret = r.value();
+    PMPI_Bcast(secret.data(), static_cast<int>(secret.size()), MPI_BYTE, 0, comm);
+  }
 
   int ok = mine.has_value() ? 1 : 0;
   std::string why = mine ? "" : nic_error;
@@ -212,6 +225,7 @@ spin_comm& spin_of(MPI_Comm comm) {
     g.me = static_cast<std::uint32_t>(sc->rank);
     coll::options o;
     o.timeout = cfg().timeout;
+    o.job_secret = secret;
     if (cfg().switch_node) {
       // The switch's spin-emu keeps the slot pool and the group's one answer; this process's
       // fabric is a view of it over a connection of its own (closed with the communicator).

@@ -143,10 +143,26 @@ public:
       gid = std::max<std::uint32_t>(gid, static_cast<std::uint32_t>(std::stoul(string_of(store->get("spin/gid/" + std::to_string(r))))));
     }
     next_group_id = gid + 1;
+    // The group's secret (spin::coll::options::job_secret), agreed through the store:
+    // SPIN_JOB_SECRET, else rank 0's random bytes.
+    std::string secret_error;
+    std::optional<tb::secret> secret = tb::env_secret("SPIN_JOB_SECRET", secret_error);
+    if (!secret_error.empty()) throw std::invalid_argument("spin: " + secret_error);
+    if (!secret) {
+      if (rank == 0) {
+        const tb::secret s = tb::random_secret(secret_error);
+        if (!secret_error.empty()) throw std::runtime_error("spin: " + secret_error);
+        store->set("spin/secret", std::vector<std::uint8_t>(s.begin(), s.end()));
+      }
+      const std::vector<std::uint8_t> got = store->get("spin/secret");
+      tb::secret s{};
+      if (got.size() == s.size()) std::copy(got.begin(), got.end(), s.begin());
+      secret = s;
+    }
     if (failure.empty() && gid > 4095) failure = "group ids exhausted (4095 process groups per NIC)";
     if (failure.empty() && size > 1) {
       _comm = std::make_unique<tb::group>(_cfg.socket, _cfg.node, gid, members, static_cast<std::uint32_t>(rank), timeout,
-                                          _cfg.algo, _cfg.switch_socket, _cfg.switch_node, failure);
+                                          _cfg.algo, _cfg.switch_socket, _cfg.switch_node, *secret, failure);
       if (!failure.empty()) _comm.reset();
     }
     // Everyone learns whether everyone is ready.

@@ -39,6 +39,20 @@ std::optional<std::uint64_t> env_number(const char* name, std::uint64_t max, std
   return std::nullopt;
 }
 
+std::optional<secret> env_secret(const char* name, std::string& error) {
+  auto r = host::env_secret(name);
+  if (r.ok()) return r.value();
+  error = r.err().message;
+  return std::nullopt;
+}
+
+secret random_secret(std::string& error) {
+  auto r = host::random_secret();
+  if (r.ok()) return r.value();
+  error = r.err().message;
+  return {};
+}
+
 std::uint32_t nic_rank(const std::string& socket, std::uint32_t node, std::string& error) {
   auto cl = host::client::connect(socket);
   if (!cl.ok()) {
@@ -65,7 +79,7 @@ struct group::impl {
 
 group::group(const std::string& socket, std::uint32_t node, std::uint32_t id, const std::vector<std::uint32_t>& members,
              std::uint32_t me, std::chrono::milliseconds timeout, algo a, const std::string& switch_socket,
-             std::optional<std::uint32_t> switch_node, std::string& error)
+             std::optional<std::uint32_t> switch_node, const secret& job_secret, std::string& error)
     : _p(std::make_unique<impl>()) {
   _p->a = to_algorithm(a);
   coll::group g;
@@ -74,6 +88,7 @@ group::group(const std::string& socket, std::uint32_t node, std::uint32_t id, co
   g.me = me;
   coll::options o;
   o.timeout = timeout;
+  o.job_secret = job_secret;
   if (switch_node) {
     // The switch's spin-emu keeps the slot pool and the group's one answer; this fabric is a
     // view of it over a connection of its own.

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <array>
 #include <optional>
 #include <string>
 #include <vector>
@@ -27,6 +28,14 @@ enum class algo : std::uint8_t { automatic, edge_ring, host_ring, switch_agg };
 /// nullopt when unset or empty. A sign, a suffix or a value above `max` sets `error`.
 std::optional<std::uint64_t> env_number(const char* name, std::uint64_t max, std::string& error);
 
+/// A job secret (spin::coll::options::job_secret).
+using secret = std::array<std::uint8_t, 16>;
+/// Environment variable `name` as a job secret (spin::host::env_secret: 32 hex digits); nullopt
+/// when unset or empty. A bad value sets `error`.
+std::optional<secret> env_secret(const char* name, std::string& error);
+/// A random secret; on failure `error` says why.
+secret random_secret(std::string& error);
+
 /// The NIC rank (emulated address) of node `node` of the spin-emu at `socket`; on failure
 /// `error` says why and the result is 0.
 std::uint32_t nic_rank(const std::string& socket, std::uint32_t node, std::string& error);
@@ -40,7 +49,7 @@ public:
   /// `error` says why and every call fails.
   group(const std::string& socket, std::uint32_t node, std::uint32_t id, const std::vector<std::uint32_t>& members,
         std::uint32_t me, std::chrono::milliseconds timeout, algo a, const std::string& switch_socket,
-        std::optional<std::uint32_t> switch_node, std::string& error);
+        std::optional<std::uint32_t> switch_node, const secret& job_secret, std::string& error);
   ~group();
   group(const group&) = delete;
   group& operator=(const group&) = delete;

@@ -161,6 +161,21 @@ TEST_CASE("a group whose id another group holds on the switch is refused, the sa
   CHECK(join(r, 4, req(16, 10, {1, 3}), 0).state == join_state::install);
 }
 
+TEST_CASE("a member whose proof of the job secret differs from the first member's is refused with a clear error") {
+  emu::group_registry r("s0", host::slot_pool{100, 4096});
+  auto j = req(16, 10);
+  j.proof = 0x1234;
+  REQUIRE(join(r, 1, j, 0).state == join_state::install);
+  auto other = j;
+  other.proof = 0x9999;  // another job that uses the same id and members
+  auto a = r.join(2, other, 1);
+  REQUIRE_FALSE(a.ok());
+  CHECK(a.err().code == errc::not_supported);
+  CHECK(a.err().message == "group 16 on s0: this member's proof of the job secret differs from the first member's (another job "
+                           "uses this group id, or the members do not share one secret)");
+  CHECK(join(r, 3, j, 1).state == join_state::wait);  // the job's own member
+}
+
 TEST_CASE("the pool's size changes only while no group uses it") {
   emu::group_registry r("s0");
   CHECK(r.pool().value().pool == host::slot_pool{256, 4096});

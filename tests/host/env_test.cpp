@@ -8,6 +8,9 @@
 #include <string>
 
 using spin::host::env_number;
+using spin::host::env_secret;
+using spin::host::random_secret;
+using spin::host::secret;
 
 namespace {
 constexpr const char* var = "SPIN_TEST_ENV_NUMBER";
@@ -53,5 +56,32 @@ TEST_SUITE("host") {
           std::string::npos);
     CHECK(refusal("99999999999999999999999", std::numeric_limits<std::uint64_t>::max()).find(var) == 0);
     ::unsetenv(var);
+  }
+}
+
+TEST_SUITE("host") {
+  TEST_CASE("a job secret is 32 hexadecimal digits, read exactly, and a bad one is refused without showing it") {
+    const char* var = "SPIN_TEST_ENV_SECRET";
+    ::unsetenv(var);
+    CHECK_FALSE(env_secret(var).value().has_value());
+    ::setenv(var, "00112233445566778899aabbccddeeFF", 1);
+    const auto s = env_secret(var);
+    REQUIRE(s.ok());
+    REQUIRE(s.value().has_value());
+    CHECK(*s.value() == secret{0x00, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, 0x99, 0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0xff});
+    for (const char* bad : {"0011", "00112233445566778899aabbccddeeffa", "0011223344556677889gaabbccddeeff",
+                            "00000000000000000000000000000000", " 0112233445566778899aabbccddeeff"}) {
+      CAPTURE(bad);
+      ::setenv(var, bad, 1);
+      const auto r = env_secret(var);
+      REQUIRE_FALSE(r.ok());
+      CHECK(r.err().code == spin::errc::invalid_argument);
+      CHECK(r.err().message == "SPIN_TEST_ENV_SECRET must be 32 hexadecimal digits (16 bytes), not all zero");
+    }
+    ::unsetenv(var);
+    const auto a = random_secret(), b = random_secret();
+    REQUIRE(a.ok());
+    REQUIRE(b.ok());
+    CHECK(a.value() != b.value());
   }
 }

@@ -105,6 +105,14 @@ try:
 except ValueError as e:
     check("SPIN_TORCH_NODE='-1'" in str(e), f"SPIN_TORCH_NODE=-1: unclear error: {e}")
 del os.environ["SPIN_TORCH_NODE"]
+os.environ["SPIN_JOB_SECRET"] = "not-a-secret"
+try:
+    dist.new_group(backend="spin")
+    failures.append("SPIN_JOB_SECRET=not-a-secret was accepted")
+except ValueError as e:
+    check("SPIN_JOB_SECRET must be 32 hexadecimal digits" in str(e) and "not-a-secret" not in str(e),
+          f"SPIN_JOB_SECRET: unclear error, or one that shows the value: {e}")
+del os.environ["SPIN_JOB_SECRET"]
 
 bad = torch.tensor([len(failures)])
 dist.all_reduce(bad, group=gloo)

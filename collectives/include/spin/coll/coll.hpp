@@ -26,6 +26,7 @@
 #include <spin/rt/package.hpp>
 #include <spin/rt/result.hpp>
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -107,6 +108,13 @@ struct options {
   /// without them (fabric_options, "first come, first served"). Members that join meanwhile
   /// wait for the first member's answer: every member gets the same one.
   std::chrono::milliseconds switch_wait{0};
+  /// The job's secret (16 bytes; all zero: none), which the ranks agree on through their
+  /// launcher (libspin-mpi: MPI_Bcast from rank 0, spin_torch: the c10d store, both unless
+  /// SPIN_JOB_SECRET gives it). Every member must use the same. A switch group's joins carry a
+  /// SipHash-2-4 proof of it (over the group's id, slots and members); the switch refuses a join
+  /// whose proof differs from the group's first member's, so that another job cannot take a
+  /// group's answer or slots by using its id. Data frames carry no proof yet.
+  std::array<std::uint8_t, 16> job_secret{};
   /// Where the communicator says why it runs without the switch (one line per reason). Null:
   /// standard error.
   void (*log)(const std::string& line) = nullptr;
@@ -183,10 +191,12 @@ public:
   /// Member `me` of `members` joins group `wire_id` (communicator internals). The group's first
   /// member installs its aggregation engine (package `pkg`, the reduction's) on the switch;
   /// every member gets the same lease (a group whose id another group holds on the switch gets a
-  /// refusal that says so). Errors: invalid_argument (slots differ from the first member's), timeout (the first member, in another process, did not decide within
+  /// refusal that says so). Errors: invalid_argument (slots differ from the first member's),
+  /// not_supported (the proof of `job_secret` differs from the first member's), timeout (the first member, in another process, did not decide within
   /// 60 s after `wait`), those of reaching the switch (bad_state: its spin-emu went away).
   result<lease> join(std::uint32_t wire_id, const std::vector<std::uint32_t>& members, std::uint32_t me, std::uint32_t slots,
-                     std::uint32_t packet_bytes, std::chrono::milliseconds wait, const engine_package& pkg);
+                     std::uint32_t packet_bytes, std::chrono::milliseconds wait, const engine_package& pkg,
+                     const std::array<std::uint8_t, 16>& job_secret = {});
   /// Member `me` leaves group `wire_id`; the group's last member anywhere frees its slots.
   void leave(std::uint32_t wire_id, std::uint32_t me);
 

@@ -31,7 +31,7 @@
 //   stop                                   -> {}   (then server_options::on_stop runs)
 //   group_pool   node, [set {slots, slot_bytes}]
 //                                          -> slots, slot_bytes, free, groups, waiting
-//   group_join   node, group, members [u32], slots, me
+//   group_join   node, group, members [u32], slots, proof (u64), me
 //                                          -> state ("install"|"wait"|"granted"|"refused"),
 //                                             lease [u32], reason, installer (bool)
 //   group_decide node, group, granted (bool), lease [u32], reason

@@ -48,7 +48,8 @@ public:
   /// Member `me` of `j.members` asks to join (idempotent: asking again is how a member polls).
   /// The first member to ask becomes the installer. Errors: invalid_argument (no members, more
   /// than 65535, `me` not an index of them, slots 0; slots that differ from those of the group's
-  /// first member). A group is its id and its members: a group whose id another group (other
+  /// first member), not_supported (a proof of the job secret that differs from the first
+  /// member's: another job uses the id, or the members do not share one secret). A group is its id and its members: a group whose id another group (other
   /// members) holds here is refused, the same for each of its members, while it has any (the
   /// id is the switch engine's match bits, so two groups cannot share it on one switch).
   result<host::group_answer> join(std::uint64_t owner, const host::group_join& j, std::uint32_t me);
@@ -68,6 +69,7 @@ private:
   struct entry {
     std::vector<std::uint32_t> members;
     std::uint32_t slots = 0;
+    std::uint64_t proof = 0;
     stage st = stage::queued;
     bool holds = false;  // its slots are taken from the pool
     std::pair<std::uint64_t, std::uint32_t> installer;

@@ -4,6 +4,7 @@
 
 #include <spin/rt/result.hpp>
 
+#include <array>
 #include <cstdint>
 #include <optional>
 
@@ -15,5 +16,15 @@ namespace spin::host {
 /// a space or a suffix is refused, so "-1" never wraps to 2^64-1), or it is above `max`.
 /// Thread: any, as std::getenv (no thread may set the environment meanwhile).
 result<std::optional<std::uint64_t>> env_number(const char* name, std::uint64_t max);
+
+/// A job secret: 16 bytes.
+using secret = std::array<std::uint8_t, 16>;
+/// Environment variable `name` read as a job secret: exactly 32 hexadecimal digits (either
+/// case). Returns nullopt when `name` is unset or empty. Errors (errc::invalid_argument, the
+/// message names the variable but not its value): anything else, or all zeros (no secret).
+/// Thread: as env_number.
+result<std::optional<secret>> env_secret(const char* name);
+/// 16 bytes from the kernel's CSPRNG (getrandom). Errors: bad_state (getrandom failed).
+result<secret> random_secret();
 
 } // namespace spin::host

@@ -32,6 +32,9 @@ struct group_join {
   std::uint32_t group = 0;                ///< the group's wire id
   std::vector<std::uint32_t> members;     ///< NIC ranks, in communicator order (1..65535 of them)
   std::uint32_t slots = 0;                ///< slots the group asks for (1..32767)
+  /// Proof of the job's secret (spin::coll: SipHash-2-4 under the secret over the group's id,
+  /// slots and members); 0: none. Every member of a group must bring the first member's.
+  std::uint64_t proof = 0;
 };
 
 /// Where a join stands.
