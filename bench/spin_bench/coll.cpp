@@ -450,8 +450,9 @@ std::string run_mpi(const coll_options& o, std::vector<coll_row>& rows, const st
 
 // A spin-emu cluster process (a star of o.ranks hosts around one switch, lossless) and
 // spin-bench-mpi under mpirun with libspin-mpi preloaded: every rank's MPI_Allreduce runs on
-// spin::coll `algo` (edge_ring or host_ring) through its NIC in that process. Rows are labelled
-// <algo>_mpi. Returns "" or why it did not run.
+// spin::coll `algo` through its NIC in that process: edge_ring, host_ring, or switch (automatic
+// with SPIN_MPI_SWITCH_NODE: each rank's fabric asks the cluster's switch node, o.ranks, for
+// slots). Rows are labelled <algo>_mpi. Returns "" or why it did not run.
 std::string run_spin_mpi(const coll_options& o, const std::string& algo, std::vector<coll_row>& rows) {
   const std::string label = algo + "_mpi";
   if (o.spin_mpi_lib.empty() || o.spin_emu.empty())
@@ -502,11 +503,14 @@ std::string run_spin_mpi(const coll_options& o, const std::string& algo, std::ve
     stop_emu();
     return "spin-emu's control socket did not appear within 20 s; its output is in " + emu_log;
   }
-  const std::string why = run_mpi(o, rows,
-                                  {"--bind-to", "none", "-x", "LD_PRELOAD=" + o.spin_mpi_lib, "-x",
-                                   "SPIN_MPI_SOCKET=" + std::filesystem::absolute(sock).string(), "-x", "SPIN_MPI_ALGORITHM=" + algo, "-x",
-                                   "SPIN_MPI_LOG=1"},
-                                  label);
+  std::vector<std::string> mpirun_args = {"--bind-to", "none", "-x", "LD_PRELOAD=" + o.spin_mpi_lib, "-x",
+                                          "SPIN_MPI_SOCKET=" + std::filesystem::absolute(sock).string(), "-x", "SPIN_MPI_LOG=1"};
+  if (algo == "switch") {  // the hosts are nodes 0..ranks-1, the switch node `ranks`
+    mpirun_args.insert(mpirun_args.end(), {"-x", "SPIN_MPI_ALGORITHM=automatic", "-x", "SPIN_MPI_SWITCH_NODE=" + std::to_string(o.ranks)});
+  } else {
+    mpirun_args.insert(mpirun_args.end(), {"-x", "SPIN_MPI_ALGORITHM=" + algo});
+  }
+  const std::string why = run_mpi(o, rows, mpirun_args, label);
   stop_emu();
   return why;
 }
@@ -532,6 +536,9 @@ const char* describe(const std::string& a) {
   if (a == "host_ring_mpi")
     return "spin::coll without INC with one process per rank: MPI_Allreduce under mpirun through libspin-mpi (host_ring), NICs "
            "in a spin-emu cluster process";
+  if (a == "switch_mpi")
+    return "spin::coll Core-INC with one process per rank: MPI_Allreduce under mpirun through libspin-mpi, each rank's fabric a view "
+           "of the switch's registry (SPIN_MPI_SWITCH_NODE), NICs and switch in a spin-emu cluster process";
   return "";
 }
 
@@ -540,8 +547,10 @@ const char* describe(const std::string& a) {
 int run_coll(const coll_options& o) {
   for (const auto& a : o.algorithms)
     if (a != "switch" && a != "edge_ring" && a != "host_ring" && a != "gloo" && a != "mpi" && a != "edge_ring_mpi" &&
-        a != "host_ring_mpi") {
-      std::fprintf(stderr, "spin-bench coll: unknown algorithm '%s' (switch, edge_ring, host_ring, gloo, mpi, edge_ring_mpi, host_ring_mpi)\n",
+        a != "host_ring_mpi" && a != "switch_mpi") {
+      std::fprintf(stderr,
+                   "spin-bench coll: unknown algorithm '%s' (switch, edge_ring, host_ring, gloo, mpi, edge_ring_mpi, host_ring_mpi, "
+                   "switch_mpi)\n",
                    a.c_str());
       return 2;
     }
@@ -589,7 +598,7 @@ int run_coll(const coll_options& o) {
 #endif
     } else if (a == "mpi") {
       if (std::string why = run_mpi(o, rows); !why.empty()) not_run.emplace_back("mpi", why);
-    } else if (a == "edge_ring_mpi" || a == "host_ring_mpi") {
+    } else if (a == "edge_ring_mpi" || a == "host_ring_mpi" || a == "switch_mpi") {
       if (std::string why = run_spin_mpi(o, a.substr(0, a.size() - 4), rows); !why.empty()) not_run.emplace_back(a, why);
     }
   }

@@ -125,10 +125,10 @@ int main(int argc, char** argv) {
   cc->add_option("-e,--max-bytes", c.max_bytes, "largest message (bytes)")->capture_default_str()->check(CLI::Range(std::uint64_t{4}, std::uint64_t{1} << 33));
   cc->add_option("-f,--factor", c.factor, "size step factor")->capture_default_str()->check(CLI::Range(std::uint64_t{2}, std::uint64_t{1024}));
   cc->add_option("--algorithm", c.algorithms,
-                 "switch, edge_ring, host_ring, gloo, mpi; edge_ring_mpi and host_ring_mpi: spin::coll with one process per rank "
-                 "under mpirun (libspin-mpi)")
+                 "switch, edge_ring, host_ring, gloo, mpi; edge_ring_mpi, host_ring_mpi and switch_mpi: spin::coll with one "
+                 "process per rank under mpirun (libspin-mpi)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"switch", "edge_ring", "host_ring", "gloo", "mpi", "edge_ring_mpi", "host_ring_mpi"}));
+      ->check(CLI::IsMember({"switch", "edge_ring", "host_ring", "gloo", "mpi", "edge_ring_mpi", "host_ring_mpi", "switch_mpi"}));
   cc->add_option("--iters", c.max_iters, "timed calls per measurement, at most (fewer for large messages)")->capture_default_str()->check(CLI::Range(1u, 100000u));
   cc->add_option("--warmup", c.warmup_iters, "warm-up calls per measurement (1 at most above 8 MiB)")->capture_default_str()->check(CLI::Range(0u, 1000u));
   cc->add_option("--budget-bytes", c.budget_bytes, "data per measurement that sets the number of timed calls")
@@ -155,8 +155,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 1e6));
   cc->add_option("--mpi-peer", c.mpi_peer, "the spin-bench-mpi binary")->capture_default_str();
   cc->add_option("--mpirun", c.mpirun, "MPI launcher and its options, separated by spaces (run without a shell)")->capture_default_str();
-  cc->add_option("--spin-mpi", c.spin_mpi_lib, "libspin-mpi.so, preloaded for edge_ring_mpi and host_ring_mpi")->capture_default_str();
-  cc->add_option("--spin-emu", c.spin_emu, "the spin-emu binary that emulates the cluster for edge_ring_mpi and host_ring_mpi")
+  cc->add_option("--spin-mpi", c.spin_mpi_lib, "libspin-mpi.so, preloaded for edge_ring_mpi, host_ring_mpi and switch_mpi")->capture_default_str();
+  cc->add_option("--spin-emu", c.spin_emu, "the spin-emu binary that emulates the cluster for edge_ring_mpi, host_ring_mpi and switch_mpi")
       ->capture_default_str();
   cc->add_option("--out", c.out_dir, "directory for coll.csv, .json, .dat, .gp and .png")->capture_default_str();
   cc->add_flag("!--no-plot", c.plots, "do not run gnuplot");

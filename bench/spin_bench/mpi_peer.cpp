@@ -9,6 +9,9 @@
 #include "coll_table.hpp"
 
 #include <mpi.h>
+#include <spin/mpi/spin_mpi.h>
+
+#include <dlfcn.h>
 
 #include <cstring>
 
@@ -98,11 +101,33 @@ int main(int argc, char** argv) {
     exact &= r.oop.wrong == 0 && r.ip.wrong == 0 && r.oop.error.empty() && r.ip.error.empty();
     rows.push_back(to_json(r));
   }
+  // Rows labelled as spin::coll runs must be what ran: with libspin-mpi preloaded, every
+  // MPI_Allreduce went to spin, and for switch_mpi through the switch (its counters, found with
+  // dlsym: this program does not link libspin-mpi).
+  std::string mislabelled;
+  if (label != "mpi") {
+    using get_fn = void (*)(spin_mpi_counters*);
+    auto get = reinterpret_cast<get_fn>(dlsym(RTLD_DEFAULT, "spin_mpi_get_counters"));
+    if (get == nullptr) {
+      mislabelled = "libspin-mpi is not loaded (LD_PRELOAD)";
+    } else {
+      spin_mpi_counters c{};
+      get(&c);
+      if (c.fallback[SPIN_MPI_ALLREDUCE] != 0)
+        mislabelled = std::to_string(c.fallback[SPIN_MPI_ALLREDUCE]) + " MPI_Allreduce calls went to MPI, not spin";
+      else if (label == "switch_mpi" && c.switch_calls != c.spin[SPIN_MPI_ALLREDUCE])
+        mislabelled = "only " + std::to_string(c.switch_calls) + " of " + std::to_string(c.spin[SPIN_MPI_ALLREDUCE]) +
+                      " MPI_Allreduce calls ran through the switch";
+    }
+    if (!mislabelled.empty()) std::fprintf(stderr, "spin-bench-mpi: rank %d: rows labelled %s: %s\n", rank, label.c_str(), mislabelled.c_str());
+  }
+  int bad = mislabelled.empty() ? 0 : 1, any_bad = 0;
+  MPI_Allreduce(&bad, &any_bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   int library_len = 0;
   char library[MPI_MAX_LIBRARY_VERSION_STRING];
   MPI_Get_library_version(library, &library_len);
-  int rc = 0;
-  if (rank == 0) {
+  int rc = any_bad != 0 ? 3 : 0;
+  if (rank == 0 && rc == 0) {
     std::ofstream f(json_path);
     f << nlohmann::json{{"library", std::string(library, strnlen(library, static_cast<std::size_t>(library_len)))}, {"rows", rows}}.dump(2) << '\n';
     if (!f) {
