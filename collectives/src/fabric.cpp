@@ -424,11 +424,21 @@ result<fabric::lease> fabric::join(std::uint32_t wire_id, const std::vector<std:
     impl::job& j = _p->jobs[wire_id];
     j.root = static_cast<std::uint32_t>(root);
     j.mine.insert(me);
+    // On an error after the join the caller has no communicator that would leave: leave here.
+    auto abandon = [&](error e) {
+      (void)rs.port->leave_group(wire_id, me);
+      j.mine.erase(me);
+      if (j.mine.empty()) {
+        _p->undo_setup(wire_id, j);
+        _p->jobs.erase(wire_id);
+      }
+      return e;
+    };
     const host::group_answer& ans = a.value();
     if (ans.state == host::join_state::granted) {
       if (ans.lease.empty() || (ans.lease.size() != 1 && ans.lease.size() != 1 + members.size()))
-        return fail(errc::bad_state, "group " + std::to_string(wire_id >> 4) + " on " + rs.name + ": a lease of " +
-                                         std::to_string(ans.lease.size()) + " words");
+        return abandon(fail(errc::bad_state, "group " + std::to_string(wire_id >> 4) + " on " + rs.name + ": a lease of " +
+                                                 std::to_string(ans.lease.size()) + " words"));
       out.switch_rank = ans.lease[0];
       out.slots = slots;
       out.leaf_rank.assign(ans.lease.begin() + 1, ans.lease.end());
@@ -450,10 +460,8 @@ result<fabric::lease> fabric::join(std::uint32_t wire_id, const std::vector<std:
         _p->undo_setup(wire_id, j);
         d.reason = r.err().message;
       }
-      if (auto dr = rs.port->decide_group(d); !dr.ok()) {
-        _p->undo_setup(wire_id, j);
-        return fail(dr.err().code, "group " + std::to_string(wire_id >> 4) + " on " + rs.name + ": " + dr.err().message);
-      }
+      if (auto dr = rs.port->decide_group(d); !dr.ok())
+        return abandon(fail(dr.err().code, "group " + std::to_string(wire_id >> 4) + " on " + rs.name + ": " + dr.err().message));
       if (r.ok()) return r.value();
       out.reason = d.reason;
       return out;
@@ -465,13 +473,13 @@ result<fabric::lease> fabric::join(std::uint32_t wire_id, const std::vector<std:
       d.group = wire_id;
       d.reason = ans.reason;
       if (auto dr = rs.port->decide_group(d); !dr.ok())
-        return fail(dr.err().code, "group " + std::to_string(wire_id >> 4) + " on " + rs.name + ": " + dr.err().message);
+        return abandon(fail(dr.err().code, "group " + std::to_string(wire_id >> 4) + " on " + rs.name + ": " + dr.err().message));
       out.reason = ans.reason;
       return out;
     }
     if (!ans.installer && now >= others_deadline)
-      return fail(errc::timeout, "group " + std::to_string(wire_id >> 4) + " on " + rs.name +
-                                     ": its first member did not set it up within 60 s (" + ans.reason + ")");
+      return abandon(fail(errc::timeout, "group " + std::to_string(wire_id >> 4) + " on " + rs.name +
+                                             ": its first member did not set it up within 60 s (" + ans.reason + ")"));
     l.unlock();
     std::this_thread::sleep_for(nap);
     nap = std::min<std::chrono::microseconds>(nap * 2, std::chrono::milliseconds(10));
