@@ -109,14 +109,21 @@ std::vector<result<void>> run_all(std::uint32_t n, const std::function<result<vo
   return res;
 }
 
-std::vector<std::unique_ptr<communicator>> connect_all(remote_net& net, fabric* fab) {
-  std::vector<std::unique_ptr<communicator>> comms;
+/// The options every communicator of these tests uses: small arenas, a generous timeout for
+/// loaded machines, 16 slots on `fab`'s switch.
+options remote_options(fabric* fab) {
   options o;
   o.timeout = std::chrono::seconds(30);
   o.arena_bytes = std::size_t{16} << 20;
   o.staging_bytes = std::size_t{4} << 20;
   o.switches = fab;
   o.switch_slots = 16;
+  return o;
+}
+
+std::vector<std::unique_ptr<communicator>> connect_all(remote_net& net, fabric* fab) {
+  std::vector<std::unique_ptr<communicator>> comms;
+  options o = remote_options(fab);
   for (std::uint32_t r = 0; r < n_hosts; ++r) {
     group g;
     g.id = 7;
@@ -165,12 +172,7 @@ static void shared_pool_case(links k) {
     static std::mutex log_m;
     log_to = &said;
     auto res = run_all(n_hosts, [&](std::uint32_t r) -> result<void> {
-      options o;
-      o.timeout = std::chrono::seconds(30);
-      o.arena_bytes = std::size_t{16} << 20;
-      o.staging_bytes = std::size_t{4} << 20;
-      o.switches = r < 2 ? fa.value().get() : fb.value().get();
-      o.switch_slots = 16;
+      options o = remote_options(r < 2 ? fa.value().get() : fb.value().get());
       o.log = [](const std::string& line) {
         std::lock_guard l(log_m);
         log_to->push_back(line);
@@ -422,12 +424,7 @@ TEST_CASE("a shared switch runs the standard engine and refuses a native user re
   said.clear();
   std::vector<std::unique_ptr<communicator>> comms(n_hosts);
   for (std::uint32_t r = 0; r < n_hosts; ++r) {
-    options o;
-    o.timeout = std::chrono::seconds(30);
-    o.arena_bytes = std::size_t{16} << 20;
-    o.staging_bytes = std::size_t{4} << 20;
-    o.switches = fab.value().get();
-    o.switch_slots = 16;
+    options o = remote_options(fab.value().get());
     o.log = [](const std::string& line) {
       std::lock_guard l(log_m);
       said.push_back(line);
