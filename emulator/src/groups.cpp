@@ -71,6 +71,7 @@ result<host::group_answer> group_registry::join(std::uint64_t owner, const host:
                                             std::to_string(j.members.size()) + " members");
   if (j.slots < 1 || j.slots > max_slots) return fail(errc::invalid_argument, "group " + std::to_string(j.group) + ": slots out of 1..32767");
   std::lock_guard l(_m);
+  if (auto ls = _leases.find(owner); ls != _leases.end()) ls->second.until = clock::now() + ls->second.term;
   if (auto c = _clashes.find({j.group, j.members}); c != _clashes.end()) {  // refused before: still
     c->second.insert({owner, me});
     host::group_answer a;
@@ -191,6 +192,11 @@ void group_registry::leave(std::uint64_t owner, std::uint32_t group, std::uint32
 
 void group_registry::release(std::uint64_t owner) {
   std::lock_guard l(_m);
+  release_locked(owner);
+}
+
+void group_registry::release_locked(std::uint64_t owner) {
+  _leases.erase(owner);
   for (auto c = _clashes.begin(); c != _clashes.end();) {
     std::erase_if(c->second, [&](const auto& r) { return r.first == owner; });
     c = c->second.empty() ? _clashes.erase(c) : std::next(c);
@@ -204,6 +210,35 @@ void group_registry::release(std::uint64_t owner) {
     erase_if_empty(it);
     it = next;
   }
+}
+
+result<void> group_registry::lease(std::uint64_t owner, std::chrono::nanoseconds term, clock::time_point now) {
+  if (term < std::chrono::nanoseconds::zero() || term > std::chrono::hours(1))
+    return fail(errc::invalid_argument, "a lease's term must be in 0 ns..1 h");
+  std::lock_guard l(_m);
+  if (term == std::chrono::nanoseconds::zero()) {
+    _leases.erase(owner);
+    return {};
+  }
+  _leases[owner] = lease_state{term, now + term};
+  return {};
+}
+
+bool group_registry::renew(std::uint64_t owner, clock::time_point now) {
+  std::lock_guard l(_m);
+  auto it = _leases.find(owner);
+  if (it == _leases.end()) return false;
+  it->second.until = now + it->second.term;
+  return true;
+}
+
+std::vector<std::uint64_t> group_registry::expire(clock::time_point now) {
+  std::lock_guard l(_m);
+  std::vector<std::uint64_t> gone;
+  for (const auto& [owner, ls] : _leases)
+    if (ls.until < now) gone.push_back(owner);
+  for (std::uint64_t owner : gone) release_locked(owner);
+  return gone;
 }
 
 } // namespace spin::emu

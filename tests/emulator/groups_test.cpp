@@ -193,4 +193,37 @@ TEST_CASE("the pool's size changes only while no group uses it") {
   CHECK(r.pool(host::slot_pool{64, 1024}).value().free == 64);
 }
 
+TEST_CASE("a leased owner that is not renewed within its term is released; renewals and joins keep it") {
+  using namespace std::chrono_literals;
+  emu::group_registry r("s0", host::slot_pool{100, 4096});
+  const auto t0 = emu::group_registry::clock::now();
+  REQUIRE(r.lease(7, 1s, t0).ok());
+  REQUIRE(join(r, 7, req(16, 60), 0).state == join_state::install);
+  REQUIRE(r.decide(7, host::group_decision{16, true, {9}, ""}).ok());
+  REQUIRE(join(r, 8, req(16, 60), 1).state == join_state::granted);  // 8: no lease
+  CHECK(r.expire(t0 + 900ms).empty());
+  CHECK(r.renew(7, t0 + 900ms));  // a keep-alive: good until t0 + 1.9 s
+  CHECK(r.expire(t0 + 1800ms).empty());
+  CHECK(free_slots(r) == 40);
+  CHECK(r.expire(t0 + 2s) == std::vector<std::uint64_t>{7});
+  CHECK_FALSE(r.renew(7, t0 + 2s));  // gone: a late keep-alive learns it
+  CHECK(free_slots(r) == 40);  // member 1 (owner 8) still holds the group
+  r.release(8);
+  CHECK(free_slots(r) == 100);
+  // An installer whose lease runs out before it decides refuses its group for everyone.
+  REQUIRE(r.lease(9, 1s, t0).ok());
+  REQUIRE(join(r, 9, req(32, 10), 0).state == join_state::install);
+  REQUIRE(join(r, 10, req(32, 10), 1).state == join_state::wait);
+  CHECK(r.expire(emu::group_registry::clock::now() + 2s) == std::vector<std::uint64_t>{9});
+  auto a = join(r, 10, req(32, 10), 1);
+  CHECK(a.state == join_state::refused);
+  CHECK(a.reason == "the group's first member went away before it finished setting the group up");
+  // A term of 0 ends a lease; bad terms are refused.
+  REQUIRE(r.lease(11, 1s, t0).ok());
+  REQUIRE(r.lease(11, 0s, t0).ok());
+  CHECK_FALSE(r.renew(11, t0));
+  CHECK(r.lease(12, -1s, t0).err().code == errc::invalid_argument);
+  CHECK(r.lease(12, 2h, t0).err().code == errc::invalid_argument);
+}
+
 }  // TEST_SUITE

@@ -13,12 +13,16 @@
 //   other member waits until it decides, then gets that decision;
 // - owners: every join is held by an owner (a control connection, or an in-process port); the
 //   group's slots go back to the pool when its last member left or its owner went away, and
-//   when its installer goes away before deciding, the group is refused.
+//   when its installer goes away before deciding, the group is refused;
+// - leases: an owner whose going nobody would see (a member NIC on another host, reached only
+//   through the network) holds a lease with keep-alive: when it is not renewed within its term,
+//   the owner is released as if it went away, so a crashed member does not hold slots forever.
 #pragma once
 
 #include <spin/host/groups.hpp>
 #include <spin/rt/result.hpp>
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -27,6 +31,7 @@
 #include <set>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace spin::emu {
 
@@ -64,6 +69,20 @@ public:
   /// Everything `owner` held: its members leave; the groups it was setting up are refused.
   void release(std::uint64_t owner);
 
+  using clock = std::chrono::steady_clock;
+  /// Gives `owner` a lease of `term` from `now` (replacing one it had): unless renewed within
+  /// `term`, expire() releases it. Owners without a lease (a control connection, an in-process
+  /// port: their going is seen at once) never expire. A `term` of 0 ends the lease (the owner
+  /// stays). Errors: invalid_argument (`term` negative or above one hour).
+  result<void> lease(std::uint64_t owner, std::chrono::nanoseconds term, clock::time_point now = clock::now());
+  /// Renews `owner`'s lease for another term (a keep-alive; a join of a leased owner renews it
+  /// too). False when the owner holds no lease: it never had one, or it expired, in which case
+  /// everything it held was released.
+  bool renew(std::uint64_t owner, clock::time_point now = clock::now());
+  /// Releases (as release() does) every owner whose lease ran out before `now`; returns them,
+  /// in ascending order.
+  std::vector<std::uint64_t> expire(clock::time_point now = clock::now());
+
 private:
   enum class stage : std::uint8_t { queued, installing, decided };
   struct entry {
@@ -79,6 +98,11 @@ private:
   host::group_answer waiting_answer(const entry& e) const;
   void refuse(std::uint32_t group, entry& e, std::string reason);
   void erase_if_empty(std::map<std::uint32_t, entry>::iterator it);
+  void release_locked(std::uint64_t owner);
+  struct lease_state {
+    std::chrono::nanoseconds term{};
+    clock::time_point until{};
+  };
 
   std::string _name;
   mutable std::mutex _m;
@@ -88,6 +112,7 @@ private:
   std::deque<std::uint32_t> _queue;  // queued groups, oldest first
   // Groups whose id another group (other members) holds here: refused while they have members.
   std::map<std::pair<std::uint32_t, std::vector<std::uint32_t>>, std::set<std::pair<std::uint64_t, std::uint32_t>>> _clashes;
+  std::map<std::uint64_t, lease_state> _leases;  // leased owners
 };
 
 } // namespace spin::emu
