@@ -38,6 +38,7 @@ const char* nic_drop_name(nic_drop d) {
     case nic_drop::rx_queue_full: return "rx_queue_full";
     case nic_drop::tx_queue_full: return "tx_queue_full";
     case nic_drop::unroutable: return "unroutable";
+    case nic_drop::mgmt_queue_full: return "mgmt_queue_full";
     case nic_drop::count_: break;
   }
   return "?";
@@ -138,6 +139,9 @@ private:
 struct send_job {
   message_send m;
   std::span<const std::byte> data;
+  // A management datagram (send_mgmt): a `control` packet of bytes the job owns, from no region.
+  bool mgmt = false;
+  std::vector<std::byte> owned;
   bool copy_inline = false;                      // post(): small messages are copied at once
   std::array<std::byte, nic::inline_bytes> inline_data{};
   std::uint64_t next_offset = 0;
@@ -260,6 +264,16 @@ struct nic::impl {
     posted.clear();
     has_posted.store(false, std::memory_order_relaxed);
   }
+  // Management datagrams that reached this NIC (rx, lane 0), for its agent (wait_mgmt).
+  std::mutex mgmt_mu;
+  std::condition_variable mgmt_cv;
+  std::deque<mgmt_datagram> mgmt_in;
+  bool mgmt_stop = false;  // mgmt_mu: stop() ran; waiters return at once
+  std::atomic<std::uint64_t> mgmt_ids{0};
+  counter mgmt_received, mgmt_sent;
+  // A well-formed one-packet `control` frame for this NIC goes to the management queue (true);
+  // anything else goes on to the runtime, which counts what it refuses.
+  bool take_mgmt(const rte_mbuf* m) noexcept;
   void region_done(std::uint32_t region) noexcept {
     std::lock_guard lk(post_mu);
     if (region < regions.size()) regions[region].active_sends--;
@@ -474,6 +488,11 @@ nic::impl::~impl() {
 }
 
 void nic::impl::stop() noexcept {
+  {
+    std::lock_guard lk(mgmt_mu);
+    mgmt_stop = true;
+  }
+  mgmt_cv.notify_all();
   {
     std::lock_guard lk(post_mu);
     stopped = true;
@@ -793,6 +812,10 @@ std::uint32_t nic::impl::rx(port_state& ps, std::uint32_t index) noexcept {
       }
       continue;
     }
+    if (take_mgmt(m)) {
+      mbuf_free(m);
+      continue;
+    }
     lanes[0].rx_buf[out++] = pk;
   }
   const std::uint32_t k = out == 0 ? 0 : rt->rx_burst(0, lanes[0].rx_buf.data(), out);
@@ -801,6 +824,38 @@ std::uint32_t nic::impl::rx(port_state& ps, std::uint32_t index) noexcept {
     ps.rx_head = 0;
   }
   return moved + n;
+}
+
+bool nic::impl::take_mgmt(const rte_mbuf* m) noexcept {
+  namespace w = rt::wire;
+  if (m->nb_segs != 1 || m->data_len < w::min_overhead) return false;
+  const auto* f = rte_pktmbuf_mtod(m, const std::uint8_t*);
+  // The cheap test first (every data frame takes it): IPv4, UDP, the spin port, type control.
+  if (f[12] != 0x08 || f[13] != 0x00 || f[23] != 17) return false;
+  const std::uint32_t spin = w::eth_len + 4u * (f[14] & 0x0fu) + w::udp_len;
+  if (spin + 2 > m->data_len) return false;
+  if (((std::uint32_t{f[spin - 6]} << 8) | f[spin - 5]) != cfg.runtime.udp_port) return false;
+  if (f[spin + 1] != static_cast<std::uint8_t>(w::packet_type::control)) return false;
+  w::parsed ps;
+  w::reject why{};
+  if (!w::parse(std::span<const std::byte>(reinterpret_cast<const std::byte*>(f), m->data_len), cfg.runtime.udp_port, ps, why))
+    return false;
+  const w::header& h = ps.hdr;
+  if ((h.flags & (w::flag_start | w::flag_end)) != (w::flag_start | w::flag_end) || h.payload_len == 0) return false;
+  mgmt_datagram d;
+  d.source_rank = h.source_rank;
+  d.bytes.assign(reinterpret_cast<const std::byte*>(f) + ps.payload_offset, reinterpret_cast<const std::byte*>(f) + ps.payload_offset + h.payload_len);
+  {
+    std::lock_guard lk(mgmt_mu);
+    if (mgmt_in.size() >= nic::mgmt_queue_depth) {
+      count_drop(nic_drop::mgmt_queue_full);
+      return true;
+    }
+    mgmt_in.push_back(std::move(d));
+  }
+  mgmt_received.add(1);
+  mgmt_cv.notify_one();
+  return true;
 }
 
 std::uint32_t nic::impl::tx_flush(port_state& ps) noexcept {
@@ -857,7 +912,7 @@ std::uint32_t nic::impl::advance_jobs() noexcept {
       const std::uint64_t left = j.m.len_bytes - j.next_offset;
       const std::uint32_t n = static_cast<std::uint32_t>(std::min<std::uint64_t>(left, host_payload));
       rt::wire::header h;
-      h.type = rt::wire::packet_type::data;
+      h.type = j.mgmt ? rt::wire::packet_type::control : rt::wire::packet_type::data;
       h.source_rank = cfg.rank;
       h.match_bits = j.m.match_bits;
       h.message_id = j.m.message_id;
@@ -886,7 +941,7 @@ std::uint32_t nic::impl::advance_jobs() noexcept {
     }
     if (!finished && !unencodable) return built;
     if (!j.cancelled && !unencodable) host_messages.add(1);
-    region_done(j.m.region);
+    if (!j.mgmt) region_done(j.m.region);
     auto keep = jobs.front();
     jobs.pop_front();
     if (keep->cancelled) continue;
@@ -1027,7 +1082,7 @@ void nic::cancel_sends() noexcept {
   std::unique_lock lk(_p->lanes[0].mu);
   _p->take_posted();
   for (auto& j : _p->jobs) {
-    _p->region_done(j->m.region);
+    if (!j->mgmt) _p->region_done(j->m.region);
     _p->finish_job(*j, fail(errc::aborted, "send: the NIC is shutting down; " + std::to_string(j->next_offset) + " of " +
                                                std::to_string(j->m.len_bytes) + " bytes were queued"));
   }
@@ -1157,6 +1212,19 @@ result<void> nic::impl::queue_job(const std::shared_ptr<send_job>& job) {
   const message_send& m = job->m;
   std::lock_guard lk(post_mu);
   if (stopped) return fail(errc::bad_state, "send: the NIC was stopped");
+  if (job->mgmt) {
+    if (route(m.dest_rank) < 0) return fail(errc::not_found, "send_mgmt: no route from " + cfg.name + " to rank " + std::to_string(m.dest_rank));
+    const std::uint32_t pi = static_cast<std::uint32_t>(route(m.dest_rank));
+    rt::wire::header probe;
+    if (pi < ports.size() && rt::wire::encoded_len(probe, m.len_bytes) > tx_room && !ports[pi].p->tx_multi_seg())
+      return fail(errc::invalid_argument, "send_mgmt: a datagram of " + std::to_string(m.len_bytes) + " bytes does not fit one mbuf of port " +
+                                              ports[pi].p->name());
+    job->data = job->owned;
+    posted.push_back(job);
+    has_posted.store(true, std::memory_order_release);
+    lanes[0].bell->ring();
+    return {};
+  }
   if (m.region >= regions.size() || regions[m.region].mem.empty())
     return fail(errc::not_found, "send: host region " + std::to_string(m.region) + " is not registered");
   auto& reg = regions[m.region];
@@ -1209,6 +1277,34 @@ result<void> nic::send(const message_send& m, std::chrono::milliseconds timeout)
                                  std::to_string(m.len_bytes) + " bytes were queued");
 }
 
+result<void> nic::send_mgmt(std::uint32_t dest, std::span<const std::byte> bytes) {
+  if (bytes.empty() || bytes.size() > _p->host_payload)
+    return fail(errc::invalid_argument, "send_mgmt: a datagram holds 1.." + std::to_string(_p->host_payload) + " bytes, not " +
+                                            std::to_string(bytes.size()));
+  if (dest == _p->cfg.rank) return fail(errc::invalid_argument, "send_mgmt: " + _p->cfg.name + " cannot send a datagram to itself");
+  auto job = std::make_shared<send_job>();
+  job->mgmt = true;
+  job->owned.assign(bytes.begin(), bytes.end());
+  job->m.dest_rank = dest;
+  job->m.message_id = _p->mgmt_ids.fetch_add(1, std::memory_order_relaxed) + 1;
+  job->m.len_bytes = bytes.size();
+  auto r = _p->queue_job(job);
+  if (r) _p->mgmt_sent.add(1);
+  return r;
+}
+
+std::size_t nic::wait_mgmt(std::span<mgmt_datagram> out, std::chrono::nanoseconds timeout) {
+  if (out.empty()) return 0;
+  std::unique_lock lk(_p->mgmt_mu);
+  _p->mgmt_cv.wait_for(lk, timeout, [&] { return !_p->mgmt_in.empty() || _p->mgmt_stop; });
+  std::size_t n = 0;
+  while (n < out.size() && !_p->mgmt_in.empty()) {
+    out[n++] = std::move(_p->mgmt_in.front());
+    _p->mgmt_in.pop_front();
+  }
+  return n;
+}
+
 nic_stats nic::stats() const {
   nic_stats s;
   const impl& p = *_p;
@@ -1249,6 +1345,8 @@ nic_stats nic::stats() const {
   s.mbufs_in_use = p.mbufs_in_use();
   s.capture_frames = p.capture_frames.get();
   s.capture_errors = p.capture_errors.get();
+  s.mgmt_received = p.mgmt_received.get();
+  s.mgmt_sent = p.mgmt_sent.get();
   return s;
 }
 
@@ -1289,6 +1387,8 @@ std::string to_json(const nic_stats& s) {
   j["mbufs_in_use"] = s.mbufs_in_use;
   j["capture_frames"] = s.capture_frames;
   j["capture_errors"] = s.capture_errors;
+  j["mgmt_received"] = s.mgmt_received;
+  j["mgmt_sent"] = s.mgmt_sent;
   j["runtime"] = nlohmann::ordered_json::parse(rt::to_json(s.runtime));
   return j.dump();
 }

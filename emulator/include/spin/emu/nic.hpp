@@ -39,6 +39,7 @@ enum class nic_drop : std::uint8_t {
   rx_queue_full,  ///< the port's RX queue overflowed while the NIC was busy (DPDK's imissed)
   tx_queue_full,  ///< a handler's send found its transmit ring full (the handler gets no_space), or a transit frame found its egress stage full
   unroutable,     ///< frame for another rank with no route to it from this NIC
+  mgmt_queue_full,  ///< management datagram (a spin `control` packet) for this NIC while its management queue held nic::mgmt_queue_depth of them
   count_
 };
 inline constexpr std::size_t nic_drop_count = static_cast<std::size_t>(nic_drop::count_);
@@ -78,6 +79,8 @@ struct nic_stats {
   std::uint64_t mbufs_in_use = 0;  ///< mbufs of the NIC's pools not in their pool right now
   std::uint64_t capture_frames = 0;  ///< frames written to the capture file
   std::uint64_t capture_errors = 0;  ///< frames the capture could not write (disk full, > 16 segments)
+  std::uint64_t mgmt_received = 0;   ///< management datagrams queued for the NIC's agent (wait_mgmt)
+  std::uint64_t mgmt_sent = 0;       ///< management datagrams queued for sending (send_mgmt)
   rt::runtime_stats runtime;
 };
 /// JSON object with every counter (zeros included).
@@ -188,6 +191,10 @@ public:
   result<void> post(const message_send& m) override;
   /// Messages up to this size post() copies when it queues them (nic_control::post).
   static constexpr std::size_t inline_bytes = host::post_inline_bytes;
+  /// Management datagrams the NIC holds for its agent; more are dropped (nic_drop::mgmt_queue_full).
+  static constexpr std::size_t mgmt_queue_depth = 1024;
+  result<void> send_mgmt(std::uint32_t dest, std::span<const std::byte> bytes) override;
+  std::size_t wait_mgmt(std::span<mgmt_datagram> out, std::chrono::nanoseconds timeout) override;
   rt::runtime_stats runtime_stats() const override;
   std::string stats_json() const override;
   group_registry& groups() noexcept override;

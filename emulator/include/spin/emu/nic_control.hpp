@@ -12,8 +12,18 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace spin::emu {
+
+/// A management datagram: the payload of a one-packet spin `control` packet (docs/wire-format.md).
+/// A NIC hands these to its management agent (its control-plane CPU: the group agent,
+/// spin/emu/group_agent.hpp), never to its handlers; InfiniBand's management datagrams play the
+/// same part. Delivery is best effort: the agents' protocol repeats what must arrive.
+struct mgmt_datagram {
+  std::uint32_t source_rank = 0;  ///< the sender's rank (as its spin header says)
+  std::vector<std::byte> bytes;   ///< the payload
+};
 
 /// A message the host asks its NIC to send (spin/host/message.hpp).
 using message_send = host::message;
@@ -69,6 +79,24 @@ public:
   /// stopped). The default sends and waits (`send` with a one-second timeout, whose errors it
   /// returns).
   virtual result<void> post(const message_send& m) { return send(m, std::chrono::milliseconds(1000)); }
+  /// Queues `bytes` as one management datagram to rank `dest` and returns (it leaves with the
+  /// host messages, in order). Errors: invalid_argument (empty, above the host payload per
+  /// packet, `dest` is this NIC, a frame that does not fit the port), not_found (no route),
+  /// bad_state (the NIC was stopped), not_supported (a NIC without management datagrams: the
+  /// default).
+  virtual result<void> send_mgmt(std::uint32_t dest, std::span<const std::byte> bytes) {
+    (void)dest;
+    (void)bytes;
+    return fail(errc::not_supported, "send_mgmt: this NIC has no management datagrams");
+  }
+  /// Takes up to out.size() management datagrams that reached this NIC, oldest first, waiting up
+  /// to `timeout` for the first (0: none arrived; the NIC holds nic::mgmt_queue_depth and drops
+  /// more with reason mgmt_queue_full). Any thread; meant for one consumer (the NIC's agent).
+  virtual std::size_t wait_mgmt(std::span<mgmt_datagram> out, std::chrono::nanoseconds timeout) {
+    (void)out;
+    (void)timeout;
+    return 0;
+  }
   /// Snapshot of the runtime's counters.
   virtual rt::runtime_stats runtime_stats() const = 0;
   /// Every counter of the NIC (port, drops by reason, runtime) as one JSON object.
