@@ -27,23 +27,7 @@ namespace spin::coll {
 
 std::span<const std::byte> std_package_bytes();  // generated (scripts/embed-bytes)
 
-namespace {
-using clock = std::chrono::steady_clock;
-namespace pr = proto;
-
-// Arena layout: a control area, two staging buffers, then what alloc() hands out.
-constexpr std::size_t members_off = 64;     // after the command key (proto::cmd_key_off, 16 bytes)
-constexpr std::size_t desc_off = 4096;       // two start_desc slots, by epoch parity
-constexpr std::size_t counters_off = 6144;   // engine_counters (cmd_stats)
-constexpr std::size_t cmd_off = 8192;        // command slots, used in turn
-constexpr std::size_t cmd_slots = 16;
-constexpr std::size_t ctl_bytes = 64 * 1024;
-
-static_assert(pr::cmd_key_off + 16 <= members_off && members_off + pr::max_ranks * sizeof(std::uint32_t) <= desc_off);
-static_assert(desc_off + 2 * sizeof(pr::start_desc) <= counters_off);
-static_assert(counters_off + sizeof(pr::engine_counters) <= cmd_off);
-static_assert(cmd_off + cmd_slots * 64 <= ctl_bytes && sizeof(pr::cmd) <= 64);
-
+namespace detail {
 // The standard package, decoded once per process.
 result<engine_package> standard_package() {
   static std::mutex m;
@@ -63,6 +47,24 @@ result<engine_package> standard_package() {
   }
   return *cached;
 }
+} // namespace detail
+
+namespace {
+using clock = std::chrono::steady_clock;
+namespace pr = proto;
+
+// Arena layout: a control area, two staging buffers, then what alloc() hands out.
+constexpr std::size_t members_off = 64;     // after the command key (proto::cmd_key_off, 16 bytes)
+constexpr std::size_t desc_off = 4096;       // two start_desc slots, by epoch parity
+constexpr std::size_t counters_off = 6144;   // engine_counters (cmd_stats)
+constexpr std::size_t cmd_off = 8192;        // command slots, used in turn
+constexpr std::size_t cmd_slots = 16;
+constexpr std::size_t ctl_bytes = 64 * 1024;
+
+static_assert(pr::cmd_key_off + 16 <= members_off && members_off + pr::max_ranks * sizeof(std::uint32_t) <= desc_off);
+static_assert(desc_off + 2 * sizeof(pr::start_desc) <= counters_off);
+static_assert(counters_off + sizeof(pr::engine_counters) <= cmd_off);
+static_assert(cmd_off + cmd_slots * 64 <= ctl_bytes && sizeof(pr::cmd) <= 64);
 
 // Groups in use per NIC in this process (by port key): two communicators of one group id on
 // one NIC would share match bits, and the first installed EC would take the other's packets.
@@ -764,7 +766,7 @@ result<std::unique_ptr<communicator>> communicator::create_on(std::unique_ptr<de
   p->region = p->arena_mem->region;
   p->free_list[p->heap_off()] = o.arena_bytes - p->heap_off();
 
-  auto pkg = standard_package();
+  auto pkg = detail::standard_package();
   if (!pkg.ok()) return pkg.err();
   if (auto r = p->install_engine(pkg.value(), 0, "standard"); !r.ok()) return fail(r.err().code, "communicator: " + r.err().message);
   return std::unique_ptr<communicator>(new communicator(std::move(p)));

@@ -5,9 +5,8 @@
 #include <spin/coll/protocol.hpp>
 #include <spin/coll/siphash.hpp>
 
-#include "cmd_key.hpp"
-#include "engine_ec.hpp"
 #include "port.hpp"
+#include "switch_engine.hpp"
 
 #include <algorithm>
 #include <array>
@@ -34,9 +33,7 @@ struct fabric::impl {
   // was one of its communicators).
   struct placement {
     std::uint32_t sw = 0;  // index into switches
-    rt::ec_id ec = 0;
-    bool ec_ok = false;
-    std::unique_ptr<detail::port_memory> mem;  // the EC's host window: the set-up descriptor
+    detail::switch_engine eng;
   };
   // A group that communicators of this fabric joined.
   struct job {
@@ -54,6 +51,7 @@ struct fabric::impl {
   };
 
   fabric_options o;
+  bool in_band = false;  // one switch, reached through a member's NIC; members linked to it
   mutable std::mutex m;  // guards the ports (one call at a time) and jobs
   std::vector<sw> switches;
   std::vector<vertex> g;
@@ -86,6 +84,7 @@ struct fabric::impl {
   // member when there is one, and the spine of a leaf-spine network. -1 when no switch reaches
   // every member.
   std::int32_t switch_for(const std::vector<std::uint32_t>& members) const {
+    if (in_band) return 0;
     std::int32_t best = -1;
     std::uint64_t best_max = ~0ull, best_sum = ~0ull;
     for (std::size_t i = 0; i < switches.size(); ++i) {
@@ -118,6 +117,7 @@ struct fabric::impl {
   // to the root), or empty when the members are linked to the root directly or the network
   // is not such a tree.
   std::vector<std::int32_t> leaves_for(const std::vector<std::uint32_t>& members, std::int32_t root) const {
+    if (in_band) return {};
     std::vector<std::int32_t> leaf(members.size(), -1);
     bool any_indirect = false;
     for (std::size_t i = 0; i < members.size(); ++i) {
@@ -142,75 +142,10 @@ struct fabric::impl {
   result<void> install(placement& pl, std::uint32_t wire_id, std::uint32_t slots, const pr::switch_setup& setup,
                        const std::vector<std::uint32_t>& members, const std::vector<std::uint32_t>& leaves,
                        const engine_package& pkg) {
-    sw& s = switches[pl.sw];
-    detail::port& nic = *s.port;
-    const std::uint32_t inputs = std::max<std::uint32_t>(setup.nranks, setup.nleaves);
-    const std::uint64_t stride = engine_detail::slot_stride_bytes(inputs, o.slot_bytes);
-    auto mem = nic.alloc(4096 + 128 + sizeof(pr::switch_setup) + 2 * pr::max_ranks * 4);
-    if (!mem.ok()) return fail(mem.err().code, "registering the set-up memory on " + s.name + ": " + mem.err().message);
-    pl.mem = std::move(mem.value());
-    std::byte* base = pl.mem->bytes.data();
-    rt::ec_config cfg;
-    detail::configure_engine_ec(cfg, wire_id, 64);
-    detail::engine_spec spec;
-    spec.name = "coll." + std::to_string(wire_id >> 4) + (setup.role == pr::switch_leaf ? ".leaf" : ".switch");
-    spec.match = cfg.match;
-    spec.limits = cfg.limits;
-    spec.scratchpad = cfg.scratchpad;
-    spec.handler_mem_bytes = engine_detail::slots_offset() + std::uint64_t{slots} * 2 * stride;
-    spec.window = rt::host_window{pl.mem->region, 0, pl.mem->bytes.size()};
-    auto ec = nic.install(pkg, spec);
-    if (!ec.ok()) return fail(ec.err().code, "installing the aggregation engine on " + s.name + ": " + ec.err().message);
-    pl.ec = ec.value();
-    pl.ec_ok = true;
-    // The window: the command key at 0, the command at 64, the set-up and its tables at 128.
-    auto key = detail::cmd_key::random();
-    if (!key.ok()) return key.err();
-    key.value().write(base);
-    std::memcpy(base + 128, &setup, sizeof(setup));
-    std::memcpy(base + 128 + sizeof(setup), members.data(), members.size() * sizeof(std::uint32_t));
-    if (!leaves.empty())
-      std::memcpy(base + 128 + sizeof(setup) + members.size() * sizeof(std::uint32_t), leaves.data(),
-                  leaves.size() * sizeof(std::uint32_t));
-    pr::cmd cmd{};
-    cmd.type = pr::cmd_switch_setup;
-    cmd.desc_off = 128;
-    key.value().sign(cmd);
-    std::memcpy(base + 64, &cmd, sizeof(cmd));
-    host::message msg;
-    msg.dest_rank = nic.rank();
-    msg.match_bits = pr::match_bits(wire_id, pr::k_cmd);
-    msg.message_id = 1;
-    msg.region = pl.mem->region;
-    msg.offset_bytes = 64;
-    msg.len_bytes = sizeof(cmd);
-    const auto deadline = clock::now() + std::chrono::seconds(10);
-    for (;;) {  // a full transmit queue queued nothing of this one-packet message: try again
-      auto r = nic.send(msg);
-      if (r.ok()) break;
-      if (r.err().code != errc::timeout || clock::now() >= deadline) return r;
-    }
-    std::array<rt::host_event, 4> evs;
-    for (auto now = clock::now(); now < deadline; now = clock::now()) {
-      const std::size_t got = nic.wait_events(pl.ec, evs, deadline - now);
-      for (std::size_t i = 0; i < got; ++i) {
-        if (evs[i].type == rt::host_event::kind::error)
-          return fail(errc::fault, "the aggregation engine on " + s.name + " failed at set-up");
-        if (pr::event_type_of(evs[i].value) == pr::ev_setup)
-          return pr::event_detail_of(evs[i].value) == 0
-                     ? result<void>()
-                     : result<void>(fail(errc::invalid_argument, "the aggregation engine on " + s.name + " refused its set-up"));
-      }
-    }
-    return fail(errc::timeout, "the aggregation engine on " + s.name + " did not confirm its set-up");
+    return detail::install_switch_engine(*switches[pl.sw].port, pl.eng, wire_id, slots, o.slot_bytes, setup, members, leaves, pkg);
   }
 
-  void undo(placement& pl) {
-    detail::port& nic = *switches[pl.sw].port;
-    if (pl.ec_ok) (void)nic.uninstall(pl.ec);
-    pl.ec_ok = false;
-    pl.mem.reset();
-  }
+  void undo(placement& pl) { detail::remove_switch_engine(*switches[pl.sw].port, pl.eng); }
   // Undoes what this fabric set up for group `wire_id` as its installer: the engine ECs, and
   // its joins on the leaves.
   void undo_setup(std::uint32_t wire_id, job& j) {
@@ -248,7 +183,7 @@ struct fabric::impl {
     rs.slot_bytes = o.slot_bytes;
     rs.role = pr::switch_root;
     rs.nleaves = static_cast<std::uint32_t>(leaf_ranks.size());
-    j.placed.push_back({j.root, 0, false, nullptr});
+    j.placed.push_back({j.root, {}});
     if (auto r = install(j.placed.back(), wire_id, slots, rs, members, leaf_ranks, pkg); !r.ok()) return r.err();
     for (std::size_t k = 1; k < used.size(); ++k) {
       std::vector<std::uint32_t> local;
@@ -260,7 +195,7 @@ struct fabric::impl {
       ls.slot_bytes = o.slot_bytes;
       ls.role = pr::switch_leaf;
       ls.parent = switches[j.root].rank;
-      j.placed.push_back({used[k], 0, false, nullptr});
+      j.placed.push_back({used[k], {}});
       if (auto r = install(j.placed.back(), wire_id, slots, ls, local, {}, pkg); !r.ok()) return r.err();
     }
     lease l;
@@ -350,6 +285,27 @@ result<std::unique_ptr<fabric>> fabric::connect(const std::vector<remote_switch>
   return f;
 }
 
+result<std::unique_ptr<fabric>> fabric::in_band(const inband_switch& s, const fabric_options& o) {
+  if (auto e = check_options(o); e.code != errc::ok) return e;
+  auto nic = detail::remote_port(s.nic_socket, s.nic_node);
+  if (!nic.ok()) return fail(nic.err().code, "fabric: " + nic.err().message);
+  if (nic.value()->rank() == s.switch_rank)
+    return fail(errc::invalid_argument, "fabric: " + nic.value()->name() + " is rank " + std::to_string(s.switch_rank) +
+                                            ", the switch itself; in-band joins go through a member's own NIC");
+  auto p = std::make_unique<impl>(o);
+  p->in_band = true;
+  impl::sw sw;
+  sw.rank = s.switch_rank;
+  sw.port = detail::via_port(std::move(nic.value()), s.switch_rank);
+  sw.name = sw.port->name();
+  impl::vertex v;
+  v.rank = s.switch_rank;
+  v.sw = 0;
+  p->g.push_back(std::move(v));
+  p->switches.push_back(std::move(sw));
+  return std::unique_ptr<fabric>(new fabric(std::move(p)));
+}
+
 std::vector<fabric::switch_usage> fabric::usage() const {
   std::lock_guard<std::mutex> l(_p->m);
   std::vector<switch_usage> out;
@@ -406,12 +362,13 @@ result<fabric::lease> fabric::join(std::uint32_t wire_id, const std::vector<std:
     return out;
   }
   impl::sw& rs = _p->switches[static_cast<std::size_t>(root)];
-  if (packet_bytes > _p->o.slot_bytes) {
+  if (!_p->in_band && packet_bytes > _p->o.slot_bytes) {
     out.reason = "packets of " + std::to_string(packet_bytes) + " bytes do not fit the slots of " +
                  std::to_string(_p->o.slot_bytes) + " bytes on " + rs.name;
     return out;
   }
-  const host::group_join req{wire_id, members, slots, join_proof(job_secret, wire_id, slots, members)};
+  host::group_join req{wire_id, members, slots, join_proof(job_secret, wire_id, slots, members)};
+  req.packet_bytes = packet_bytes;  // an in-band switch checks it against its own slots
   // The installer gives up waiting for slots after `wait`; the other members wait for its
   // decision (it sets the group up, or gives up, within wait plus a set-up).
   const auto start = clock::now();

@@ -2,8 +2,11 @@
 // local port, communicator::create and fabric::create. The one part of spin::coll that links
 // the emulator (and so DPDK); the rank side (spin_coll_rank) does not.
 #include "port.hpp"
+#include "switch_engine.hpp"
 
 #include <spin/coll/coll.hpp>
+#include <spin/coll/protocol.hpp>
+#include <spin/coll/switch_agent.hpp>
 #include <spin/emu/cluster.hpp>
 #include <spin/emu/nic_control.hpp>
 #include <spin/rt/loader.hpp>
@@ -11,6 +14,7 @@
 #include <sys/mman.h>
 
 #include <cstdio>
+#include <map>
 #include <mutex>
 #include <vector>
 
@@ -103,10 +107,18 @@ public:
 
   result<host::pool_usage> group_pool(const std::optional<host::slot_pool>& set) override { return _nic.groups().pool(set); }
   result<host::group_answer> join_group(const host::group_join& j, std::uint32_t me) override {
+    if (j.via != host::group_join::own_registry)
+      return fail(errc::not_supported, "in-band joins go through a spin-emu's group agent, not a NIC of this process");
     return _nic.groups().join(_owner, j, me);
   }
-  result<void> decide_group(const host::group_decision& d) override { return _nic.groups().decide(_owner, d); }
-  result<void> leave_group(std::uint32_t group, std::uint32_t me) override {
+  result<void> decide_group(const host::group_decision& d) override {
+    if (d.via != host::group_join::own_registry)
+      return fail(errc::not_supported, "in-band joins go through a spin-emu's group agent, not a NIC of this process");
+    return _nic.groups().decide(_owner, d);
+  }
+  result<void> leave_group(std::uint32_t group, std::uint32_t me, std::uint32_t via) override {
+    if (via != host::group_join::own_registry)
+      return fail(errc::not_supported, "in-band joins go through a spin-emu's group agent, not a NIC of this process");
     _nic.groups().leave(_owner, group, me);
     return {};
   }
@@ -138,5 +150,44 @@ result<std::unique_ptr<fabric>> fabric::create(emu::cluster& c, const fabric_opt
   if (!f.ok() && f.err().code == errc::not_found) return fail(errc::not_found, "fabric: the cluster has no switch");
   return f;
 }
+
+namespace {
+class installer final : public emu::group_installer {
+public:
+  explicit installer(emu::nic_control& nic) : _port(detail::local_port(nic)) {}
+  ~installer() override {
+    for (auto& [g, e] : _engines) detail::remove_switch_engine(*_port, e);
+  }
+  result<std::vector<std::uint32_t>> set_up(const host::group_join& j, std::uint32_t slot_bytes) override {
+    auto pkg = detail::standard_package();
+    if (!pkg.ok()) return pkg.err();
+    if (j.members.size() > proto::max_ranks)
+      return fail(errc::invalid_argument, "a switch engine aggregates for at most " + std::to_string(proto::max_ranks) + " members");
+    proto::switch_setup rs{};
+    rs.nranks = static_cast<std::uint32_t>(j.members.size());
+    rs.slots = j.slots;
+    rs.slot_bytes = slot_bytes;
+    rs.role = proto::switch_root;
+    auto& e = _engines[j.group];
+    if (auto r = detail::install_switch_engine(*_port, e, j.group, j.slots, slot_bytes, rs, j.members, {}, pkg.value()); !r.ok()) {
+      tear_down(j.group);
+      return r.err();
+    }
+    return std::vector<std::uint32_t>{_port->rank()};
+  }
+  void tear_down(std::uint32_t group) override {
+    auto it = _engines.find(group);
+    if (it == _engines.end()) return;
+    detail::remove_switch_engine(*_port, it->second);
+    _engines.erase(it);
+  }
+
+private:
+  std::unique_ptr<detail::port> _port;
+  std::map<std::uint32_t, detail::switch_engine> _engines;
+};
+} // namespace
+
+std::unique_ptr<emu::group_installer> switch_group_installer(emu::nic_control& nic) { return std::make_unique<installer>(nic); }
 
 } // namespace spin::coll

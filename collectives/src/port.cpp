@@ -128,7 +128,9 @@ public:
     return _c.join_group(_node, j, me);
   }
   result<void> decide_group(const host::group_decision& d) override { return _c.decide_group(_node, d); }
-  result<void> leave_group(std::uint32_t group, std::uint32_t me) override { return _c.leave_group(_node, group, me); }
+  result<void> leave_group(std::uint32_t group, std::uint32_t me, std::uint32_t via) override {
+    return _c.leave_group(_node, group, me, via);
+  }
 
 private:
   host::client _c;
@@ -139,7 +141,49 @@ private:
   std::map<rt::ec_id, host::event_queue> _events;
 };
 
+// A switch reached in-band through a member's own NIC.
+class via final : public port {
+public:
+  via(std::unique_ptr<port> nic, std::uint32_t sw)
+      : _nic(std::move(nic)), _sw(sw), _name("switch rank " + std::to_string(sw) + " (in-band through " + _nic->name() + ")"),
+        _key("via:" + _nic->key() + "#" + std::to_string(sw)) {}
+  std::uint32_t rank() const noexcept override { return _sw; }
+  const std::string& name() const noexcept override { return _name; }
+  std::uint32_t max_payload_bytes() const noexcept override { return _nic->max_payload_bytes(); }
+  const std::string& key() const noexcept override { return _key; }
+  result<std::unique_ptr<port_memory>> alloc(std::size_t) override { return refuse<std::unique_ptr<port_memory>>(); }
+  result<rt::ec_id> install(const engine_package&, const engine_spec&) override { return refuse<rt::ec_id>(); }
+  result<void> uninstall(rt::ec_id) override { return refuse<void>(); }
+  std::size_t poll_events(rt::ec_id, std::span<rt::host_event>) override { return 0; }
+  std::size_t wait_events(rt::ec_id, std::span<rt::host_event>, std::chrono::nanoseconds) override { return 0; }
+  result<void> send(const host::message&) override { return refuse<void>(); }
+  result<host::pool_usage> group_pool(const std::optional<host::slot_pool>&) override { return refuse<host::pool_usage>(); }
+  result<host::group_answer> join_group(const host::group_join& j, std::uint32_t me) override {
+    host::group_join v = j;
+    v.via = _sw;
+    return _nic->join_group(v, me);
+  }
+  result<void> decide_group(const host::group_decision& d) override {
+    host::group_decision v = d;
+    v.via = _sw;
+    return _nic->decide_group(v);
+  }
+  result<void> leave_group(std::uint32_t group, std::uint32_t me, std::uint32_t) override { return _nic->leave_group(group, me, _sw); }
+
+private:
+  template <class T> result<T> refuse() const {
+    return fail(errc::not_supported, _name + ": a switch reached in-band takes group operations only");
+  }
+  std::unique_ptr<port> _nic;
+  std::uint32_t _sw;
+  std::string _name, _key;
+};
+
 } // namespace
+
+std::unique_ptr<port> via_port(std::unique_ptr<port> nic, std::uint32_t switch_rank) {
+  return std::make_unique<via>(std::move(nic), switch_rank);
+}
 
 result<std::unique_ptr<port>> remote_port(const std::string& socket, std::uint32_t node) {
   auto c = host::client::connect(socket);

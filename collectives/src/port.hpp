@@ -71,15 +71,26 @@ public:
   virtual result<void> post(const host::message& m) { return send(m); }
 
   // The NIC's group registry (spin/emu/groups.hpp), with this port as the owner of its joins:
-  // destroying the port (or closing its connection) leaves them.
+  // destroying the port (or closing its connection) leaves them. With j.via / d.via / `via`,
+  // the NIC's group agent asks that switch in-band (spin/emu/group_agent.hpp).
   virtual result<host::pool_usage> group_pool(const std::optional<host::slot_pool>& set) = 0;
   virtual result<host::group_answer> join_group(const host::group_join& j, std::uint32_t me) = 0;
   virtual result<void> decide_group(const host::group_decision& d) = 0;
-  virtual result<void> leave_group(std::uint32_t group, std::uint32_t me) = 0;
+  virtual result<void> leave_group(std::uint32_t group, std::uint32_t me, std::uint32_t via) = 0;
+  result<void> leave_group(std::uint32_t group, std::uint32_t me) { return leave_group(group, me, host::group_join::own_registry); }
 };
+
+/// A switch reached in-band through `nic`, a member's own NIC (its group agent sends the group
+/// operations on to `switch_rank`). Only group operations: a switch sets its in-band groups up
+/// itself, so everything else fails with not_supported.
+std::unique_ptr<port> via_port(std::unique_ptr<port> nic, std::uint32_t switch_rank);
 
 /// A NIC of this process. `nic` must outlive the port. (spin_coll_local: local.cpp)
 std::unique_ptr<port> local_port(emu::nic_control& nic);
+
+/// spin::coll's standard engine package (the bytes spin-emu trusts), decoded once per process.
+/// Errors: those of decoding it.
+result<engine_package> standard_package();
 /// Node `node` of the spin-emu process whose control socket is `socket`. Errors: those of
 /// host::client::connect and nodes(), not_found (no such node).
 result<std::unique_ptr<port>> remote_port(const std::string& socket, std::uint32_t node);

@@ -180,6 +180,7 @@ private:
   reply handle(std::uint64_t session, const std::string& line, std::vector<unique_fd> fds, bool fds_truncated);
   proto::reply execute(std::uint64_t session, const proto::request& req, std::vector<unique_fd>& fds, reply& r);
   nic_control& node_of(std::uint32_t index);
+  group_agent& agent_of(std::uint32_t index);
   void check_trusted(const std::string& path) const;
   void release_session(std::uint64_t session);
   void retry_orphans(std::uint32_t node);
@@ -548,6 +549,13 @@ nic_control& control_server_impl::node_of(std::uint32_t index) {
   return *_opts.nodes[index];
 }
 
+group_agent& control_server_impl::agent_of(std::uint32_t index) {
+  nic_control& n = node_of(index);
+  if (index >= _opts.agents.size() || _opts.agents[index] == nullptr)
+    throw request_error{errc::not_supported, n.name() + " runs no group agent: in-band joins (\"via\") need one"};
+  return *_opts.agents[index];
+}
+
 namespace {
 [[noreturn]] void pass(const error& e) { throw request_error{e.code, e.message}; }
 } // namespace
@@ -685,16 +693,23 @@ proto::reply control_server_impl::execute(std::uint64_t session, const proto::re
     return proto::pool_reply{*u};
   }
   if (const auto* q = std::get_if<proto::join>(&req)) {
-    auto a = node_of(q->node).groups().join(session, q->group, q->me);
+    auto a = q->group.via == host::group_join::own_registry ? node_of(q->node).groups().join(session, q->group, q->me)
+                                                             : agent_of(q->node).join(session, q->group.via, q->group, q->me);
     if (!a) pass(a.err());
     return proto::join_reply{std::move(a.value())};
   }
   if (const auto* q = std::get_if<proto::decide>(&req)) {
-    if (auto d = node_of(q->node).groups().decide(session, q->decision); !d) pass(d.err());
+    if (auto d = q->decision.via == host::group_join::own_registry ? node_of(q->node).groups().decide(session, q->decision)
+                                                                    : agent_of(q->node).give_up(session, q->decision.via, q->decision);
+        !d)
+      pass(d.err());
     return proto::done{};
   }
   if (const auto* q = std::get_if<proto::leave>(&req)) {
-    node_of(q->node).groups().leave(session, q->group, q->me);
+    if (q->via == host::group_join::own_registry)
+      node_of(q->node).groups().leave(session, q->group, q->me);
+    else
+      agent_of(q->node).leave(session, q->via, q->group, q->me);
     return proto::done{};
   }
   if (std::holds_alternative<proto::stats>(req)) {
@@ -732,6 +747,8 @@ void control_server_impl::retry_orphans(std::uint32_t node) {
 void control_server_impl::release_session(std::uint64_t session) {
   // Its groups first: their slots go back to the pools (the engine ECs follow below).
   for (nic_control* n : _opts.nodes) n->groups().release(session);
+  for (group_agent* a : _opts.agents)
+    if (a != nullptr) a->release(session);
   std::vector<std::pair<std::uint32_t, rt::ec_id>> ecs;
   std::vector<std::pair<std::uint32_t, rt::region_id>> regions;
   {

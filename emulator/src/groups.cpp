@@ -212,6 +212,12 @@ void group_registry::release_locked(std::uint64_t owner) {
   }
 }
 
+bool group_registry::holds(std::uint32_t group) const {
+  std::lock_guard l(_m);
+  auto it = _groups.find(group);
+  return it != _groups.end() && it->second.holds;
+}
+
 result<void> group_registry::lease(std::uint64_t owner, std::chrono::nanoseconds term, clock::time_point now) {
   if (term < std::chrono::nanoseconds::zero() || term > std::chrono::hours(1))
     return fail(errc::invalid_argument, "a lease's term must be in 0 ns..1 h");

@@ -1278,8 +1278,8 @@ result<void> nic::send(const message_send& m, std::chrono::milliseconds timeout)
 }
 
 result<void> nic::send_mgmt(std::uint32_t dest, std::span<const std::byte> bytes) {
-  if (bytes.empty() || bytes.size() > _p->host_payload)
-    return fail(errc::invalid_argument, "send_mgmt: a datagram holds 1.." + std::to_string(_p->host_payload) + " bytes, not " +
+  if (bytes.empty() || bytes.size() > _p->max_payload)
+    return fail(errc::invalid_argument, "send_mgmt: a datagram holds 1.." + std::to_string(_p->max_payload) + " bytes, not " +
                                             std::to_string(bytes.size()));
   if (dest == _p->cfg.rank) return fail(errc::invalid_argument, "send_mgmt: " + _p->cfg.name + " cannot send a datagram to itself");
   auto job = std::make_shared<send_job>();

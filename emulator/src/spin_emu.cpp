@@ -37,6 +37,11 @@
 #include <unistd.h>
 #include <vector>
 
+#ifdef SPIN_EMU_GROUP_AGENTS
+#include <spin/coll/switch_agent.hpp>
+#include <spin/emu/group_agent.hpp>
+#endif
+
 #ifdef SPIN_EMU_TRUSTED_ENGINE
 namespace spin::emu {
 std::span<const std::byte> trusted_coll_engine();  // the standard collective engine (trusted_engine.cpp)
@@ -107,6 +112,11 @@ int main(int argc, char** argv) {
                  "collective engine: user code on a switch that several jobs share must be eBPF); default: trusted in "
                  "switch mode, any otherwise")
       ->check(CLI::IsMember({"any", "trusted"}));
+  std::uint32_t group_lease_ms = 3000;
+  app.add_option("--group-lease-ms", group_lease_ms,
+                 "in-band groups: the lease this NIC asks of a switch for its joins, renewed by keep-alives every quarter "
+                 "of it; a switch releases the joins of a member NIC that stays silent this long")
+      ->check(CLI::Range(100, 3600 * 1000));
   app.add_option("--topology", topology_file, "cluster topology file (TOML; docs/emulator.md)")->check(CLI::ExistingFile);
   app.add_option("--port", port_names, "nic mode: DPDK port by device name (net_memif0, 0000:3b:00.0, ...); repeatable");
   app.add_option("--rank", rank,
@@ -212,6 +222,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<spin::emu::nic> nic;
   std::unique_ptr<spin::emu::cluster> cluster;
   std::vector<spin::emu::nic_control*> controls;
+  std::vector<bool> aggregates;  // by node: sets up the groups it grants in-band (a switch)
   if (mode == "nic") {
     spin::emu::nic_config nc;
     nc.name = name;
@@ -231,6 +242,7 @@ int main(int argc, char** argv) {
     if (!n) return die(n.err().message);
     nic = std::move(n.value());
     controls.push_back(nic.get());
+    aggregates.push_back(switch_mode);
   } else {
     auto t = spin::emu::load_topology_file(topology_file);
     if (!t) return die(t.err().message);
@@ -248,13 +260,28 @@ int main(int argc, char** argv) {
     if (!c) return die(c.err().message);
     cluster = std::move(c.value());
     controls = cluster->controls();
+    for (const auto& n : t->nodes) aggregates.push_back(n.kind == spin::emu::node_kind::switch_);
   }
+
+  // Every node's group agent: in-band joins, as a member (its ranks ask through it) and as a
+  // switch (it answers and sets groups up).
+  std::vector<std::unique_ptr<spin::emu::group_agent>> agents;
+#ifdef SPIN_EMU_GROUP_AGENTS
+  for (std::size_t i = 0; i < controls.size(); ++i) {
+    spin::emu::group_agent_options ao;
+    ao.lease_term = std::chrono::milliseconds(group_lease_ms);
+    auto a = spin::emu::group_agent::start(*controls[i], aggregates[i] ? spin::coll::switch_group_installer(*controls[i]) : nullptr, ao);
+    if (!a) return die(a.err().message);
+    agents.push_back(std::move(a.value()));
+  }
+#endif
 
   std::unique_ptr<spin::emu::control_server> server;
   if (!no_socket) {
     spin::emu::server_options so;
     so.socket_path = socket_path;
     so.nodes = controls;
+    for (auto& a : agents) so.agents.push_back(a.get());
     so.on_stop = [] { stop_flag.store(true); };
     if (native_packages.empty()) native_packages = switch_mode ? "trusted" : "any";
     if (native_packages == "trusted") {
@@ -354,6 +381,7 @@ int main(int argc, char** argv) {
   if (cluster)
     for (std::uint32_t i = 0; i < cluster->node_count(); ++i) cluster->node(i).cancel_sends();
   if (server) server->stop();
+  agents.clear();  // after the server (it holds them); leaves they send now are best effort
 
   std::string text, json;
   if (nic) {

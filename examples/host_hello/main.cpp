@@ -151,7 +151,7 @@ int main(int argc, char** argv) {
   if (!c)
     return cannot_run("cannot connect to spin-emu at " + o.socket + " (" + describe(c.err()) +
                       ").\n  Start it first, for example:\n"
-                      "    build/emulator/spin-emu --topology star.toml --socket " + o.socket + " &\n"
+                      "    build/collectives/spin-emu --topology star.toml --socket " + o.socket + " &\n"
                       "  or name the socket of a running one with --socket or SPIN_EMU_SOCKET (docs/emulator.md, Quick start).");
   auto nodes = c->nodes();
   if (!nodes) return cannot_run("nodes: " + describe(nodes.err()));

@@ -207,8 +207,8 @@ result<void> client::decide_group(std::uint32_t node, const group_decision& d) {
   return {};
 }
 
-result<void> client::leave_group(std::uint32_t node, std::uint32_t group, std::uint32_t me) {
-  auto rep = call<proto::done>(proto::leave{node, group, me});
+result<void> client::leave_group(std::uint32_t node, std::uint32_t group, std::uint32_t me, std::uint32_t via) {
+  auto rep = call<proto::done>(proto::leave{node, group, me, via});
   if (!rep) return rep.err();
   return {};
 }

@@ -225,6 +225,8 @@ void put(json& j, const join& r) {
   j["slots"] = r.group.slots;
   j["proof"] = r.group.proof;
   j["me"] = r.me;
+  if (r.group.packet_bytes != 0) j["packet_bytes"] = r.group.packet_bytes;
+  if (r.group.via != group_join::own_registry) j["via"] = r.group.via;
 }
 void put(json& j, const decide& r) {
   j["node"] = r.node;
@@ -232,11 +234,13 @@ void put(json& j, const decide& r) {
   j["granted"] = r.decision.granted;
   j["lease"] = r.decision.lease;
   j["reason"] = r.decision.reason;
+  if (r.decision.via != group_join::own_registry) j["via"] = r.decision.via;
 }
 void put(json& j, const leave& r) {
   j["node"] = r.node;
   j["group"] = r.group;
   j["me"] = r.me;
+  if (r.via != group_join::own_registry) j["via"] = r.via;
 }
 
 void get(fields&, hello&) {}
@@ -258,6 +262,8 @@ void get(fields& f, join& r) {
   r.group.slots = static_cast<std::uint32_t>(f.u64("slots", 1, 32767));
   r.group.proof = f.u64("proof", 0, u64_max);
   r.me = f.u32("me");
+  r.group.packet_bytes = static_cast<std::uint32_t>(f.opt_u64("packet_bytes", 0, 65535).value_or(0));
+  r.group.via = static_cast<std::uint32_t>(f.opt_u64("via", 0, group_join::own_registry - 1).value_or(group_join::own_registry));
 }
 void get(fields& f, decide& r) {
   r.node = f.u32("node");
@@ -265,11 +271,13 @@ void get(fields& f, decide& r) {
   r.decision.granted = f.boolean("granted");
   r.decision.lease = f.u32_list("lease", max_lease_words);
   r.decision.reason = f.text("reason", max_reason_bytes);
+  r.decision.via = static_cast<std::uint32_t>(f.opt_u64("via", 0, group_join::own_registry - 1).value_or(group_join::own_registry));
 }
 void get(fields& f, leave& r) {
   r.node = f.u32("node");
   r.group = f.u32("group");
   r.me = f.u32("me");
+  r.via = static_cast<std::uint32_t>(f.opt_u64("via", 0, group_join::own_registry - 1).value_or(group_join::own_registry));
 }
 void get(fields&, nodes&) {}
 void get(fields&, stats&) {}

@@ -35,6 +35,8 @@ struct config {
   // every member's NIC (docs/mpi.md, "Switch aggregation").
   std::optional<std::uint32_t> switch_node;
   std::string switch_socket;
+  // Or in-band: the switch of rank switch_rank, asked through each rank's own NIC (docs/mpi.md).
+  std::optional<std::uint32_t> switch_rank;
   std::optional<host::secret> secret;  // SPIN_JOB_SECRET; else each communicator's rank 0 draws one
   coll::algorithm algo = coll::algorithm::automatic;
   std::chrono::milliseconds timeout{10000};
@@ -75,6 +77,7 @@ config read_config() {
       std::fprintf(stderr, "spin-mpi: SPIN_MPI_ALGORITHM='%s' is not automatic, edge_ring or host_ring; using automatic\n", a);
   }
   if (auto n = env_u64("SPIN_MPI_SWITCH_NODE", max_node)) c.switch_node = static_cast<std::uint32_t>(*n);
+  if (auto r = env_u64("SPIN_MPI_SWITCH_RANK", 0xfffffffeull)) c.switch_rank = static_cast<std::uint32_t>(*r);
   if (auto s = host::env_secret("SPIN_JOB_SECRET"); s.ok())
     c.secret = s.value();
   else
@@ -226,16 +229,20 @@ spin_comm& spin_of(MPI_Comm comm) {
     coll::options o;
     o.timeout = cfg().timeout;
     o.job_secret = secret;
-    if (cfg().switch_node) {
+    if (cfg().switch_node || cfg().switch_rank) {
       // The switch's spin-emu keeps the slot pool and the group's one answer; this process's
-      // fabric is a view of it over a connection of its own (closed with the communicator).
-      auto f = coll::fabric::connect({coll::remote_switch{cfg().switch_socket, *cfg().switch_node, members}});
+      // fabric is a view of it over a connection of its own (closed with the communicator), or
+      // in-band through this rank's own NIC.
+      auto f = cfg().switch_node
+                   ? coll::fabric::connect({coll::remote_switch{cfg().switch_socket, *cfg().switch_node, members}})
+                   : coll::fabric::in_band({cfg().socket, cfg().node.value_or(static_cast<std::uint32_t>(std::max(0, world_rank()))),
+                                            *cfg().switch_rank});
       if (f.ok()) {
         sc->switches = std::move(f.value());
         o.switches = sc->switches.get();
       } else {
         ok = 0;
-        why = std::string("the switch (SPIN_MPI_SWITCH_NODE): ") + errc_name(f.err().code) + ": " + f.err().message;
+        why = std::string(cfg().switch_node ? "the switch (SPIN_MPI_SWITCH_NODE): " : "the switch (SPIN_MPI_SWITCH_RANK): ") + errc_name(f.err().code) + ": " + f.err().message;
       }
     }
     auto c = !ok ? result<std::unique_ptr<coll::communicator>>(fail(errc::bad_state, why)) : coll::communicator::connect(cfg().socket, cfg().node.value_or(static_cast<std::uint32_t>(std::max(0, world_rank()))), g, o);

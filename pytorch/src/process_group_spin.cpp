@@ -50,6 +50,7 @@ struct config {
   std::uint32_t node = 0;
   std::optional<std::uint32_t> switch_node;
   std::string switch_socket;
+  std::optional<std::uint32_t> switch_rank;
   tb::algo algo = tb::algo::automatic;
 };
 
@@ -72,6 +73,7 @@ config read_config(int global_rank) {
       throw std::invalid_argument("spin: SPIN_TORCH_ALGORITHM='" + s + "' is not automatic, edge_ring, switch or host_ring");
   }
   if (auto n = env_u64("SPIN_TORCH_SWITCH_NODE")) c.switch_node = static_cast<std::uint32_t>(*n);
+  if (auto r = env_u64("SPIN_TORCH_SWITCH_RANK", 0xfffffffeu)) c.switch_rank = static_cast<std::uint32_t>(*r);
   c.switch_socket = c.socket;
   if (const char* s = std::getenv("SPIN_TORCH_SWITCH_SOCKET"); s != nullptr && *s != '\0') c.switch_socket = s;
   return c;
@@ -162,7 +164,8 @@ public:
     if (failure.empty() && gid > 4095) failure = "group ids exhausted (4095 process groups per NIC)";
     if (failure.empty() && size > 1) {
       _comm = std::make_unique<tb::group>(_cfg.socket, _cfg.node, gid, members, static_cast<std::uint32_t>(rank), timeout,
-                                          _cfg.algo, _cfg.switch_socket, _cfg.switch_node, *secret, failure);
+                                          _cfg.algo, _cfg.switch_socket, _cfg.switch_node, _cfg.switch_rank, *secret,
+                                          failure);
       if (!failure.empty()) _comm.reset();
     }
     // Everyone learns whether everyone is ready.

@@ -79,7 +79,8 @@ struct group::impl {
 
 group::group(const std::string& socket, std::uint32_t node, std::uint32_t id, const std::vector<std::uint32_t>& members,
              std::uint32_t me, std::chrono::milliseconds timeout, algo a, const std::string& switch_socket,
-             std::optional<std::uint32_t> switch_node, const secret& job_secret, std::string& error)
+             std::optional<std::uint32_t> switch_node, std::optional<std::uint32_t> switch_rank, const secret& job_secret,
+             std::string& error)
     : _p(std::make_unique<impl>()) {
   _p->a = to_algorithm(a);
   coll::group g;
@@ -89,12 +90,14 @@ group::group(const std::string& socket, std::uint32_t node, std::uint32_t id, co
   coll::options o;
   o.timeout = timeout;
   o.job_secret = job_secret;
-  if (switch_node) {
+  if (switch_node || switch_rank) {
     // The switch's spin-emu keeps the slot pool and the group's one answer; this fabric is a
-    // view of it over a connection of its own.
-    auto f = coll::fabric::connect({coll::remote_switch{switch_socket, *switch_node, members}});
+    // view of it over a connection of its own, or in-band through this rank's own NIC.
+    auto f = switch_node ? coll::fabric::connect({coll::remote_switch{switch_socket, *switch_node, members}})
+                         : coll::fabric::in_band({socket, node, *switch_rank});
     if (!f.ok()) {
-      error = std::string("the switch (SPIN_TORCH_SWITCH_NODE): ") + errc_name(f.err().code) + ": " + f.err().message;
+      error = std::string(switch_node ? "the switch (SPIN_TORCH_SWITCH_NODE): " : "the switch (SPIN_TORCH_SWITCH_RANK): ") +
+              errc_name(f.err().code) + ": " + f.err().message;
       return;
     }
     _p->switches = std::move(f.value());

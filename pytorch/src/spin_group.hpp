@@ -45,11 +45,13 @@ class group {
 public:
   /// Connects node `node` of the spin-emu at `socket` as member `me` of group `id` whose NIC
   /// ranks are `members`; with `switch_node`, the group asks node `switch_node` of the spin-emu
-  /// at `switch_socket` (a switch linked to every member) for aggregator slots. On failure
-  /// `error` says why and every call fails.
+  /// at `switch_socket` (a switch linked to every member) for aggregator slots; with
+  /// `switch_rank` instead, the switch of that rank, in-band through this rank's own NIC. On
+  /// failure `error` says why and every call fails.
   group(const std::string& socket, std::uint32_t node, std::uint32_t id, const std::vector<std::uint32_t>& members,
         std::uint32_t me, std::chrono::milliseconds timeout, algo a, const std::string& switch_socket,
-        std::optional<std::uint32_t> switch_node, const secret& job_secret, std::string& error);
+        std::optional<std::uint32_t> switch_node, std::optional<std::uint32_t> switch_rank, const secret& job_secret,
+        std::string& error);
   ~group();
   group(const group&) = delete;
   group& operator=(const group&) = delete;

@@ -44,8 +44,9 @@ struct remote_net {
   std::unique_ptr<emu_process> sw;
   std::vector<std::unique_ptr<emu_process>> hosts;
 
-  /// `switch_args`: more arguments of the switch process.
-  explicit remote_net(links k = links::memif, const std::vector<std::string>& switch_args = {}) {
+  /// `switch_args`, `host_args`: more arguments of the switch process and of the host processes.
+  explicit remote_net(links k = links::memif, const std::vector<std::string>& switch_args = {},
+                      const std::vector<std::string>& host_args = {}) {
     const std::string prefix = "spinmp-" + std::to_string(::getpid()) + "-coll";
     const std::vector<std::string> common = {"--hpus", "1", "--max-frame", "1514", "--mbuf-bytes", "2048", "--payload-bytes", "1024"};
     // af_packet: 4096-frame kernel rings (default 512), so that a receiver the scheduler leaves
@@ -76,6 +77,7 @@ struct remote_net {
       hosts.push_back(std::make_unique<emu_process>("h" + std::to_string(i), dir.path));
       auto a = common;
       a.insert(a.end(), {"--port", pmd + "0", "--rank", std::to_string(i)});
+      a.insert(a.end(), host_args.begin(), host_args.end());
       const std::string vdev = k == links::memif ? "net_memif0,role=client,socket=" + dir.path + "/p" + std::to_string(i) + ".sock,id=0"
                                                  : af_packet(0, "eth0");
       hosts.back()->start(in_ns(lab ? lab->hosts[i] : ""), eal_args(prefix + "-h" + std::to_string(i), vdev), a);
@@ -483,6 +485,109 @@ TEST_CASE("a shared switch runs the standard engine and refuses a native user re
     }
   }
   CHECK(fab.value()->usage()[0].groups == 1);  // the standard engine's group only
+}
+
+/// Members join in-band through their own NICs: the switch sets the group up, answers all alike,
+/// and frees the slots of a member NIC that dies.
+static void inband_case(links k) {
+  // Hosts ask the switch for 300 ms leases (keep-alives every 75 ms).
+  remote_net net(k, {}, {"--group-lease-ms", "300"});
+  auto sw = net.sw->connect();
+  auto pool = [&] {
+    auto u = sw.group_pool(0);
+    REQUIRE_MESSAGE(u.ok(), u.err().message);
+    return u.value();
+  };
+  REQUIRE(pool().free == 256);  // spin-emu's default pool: 256 slots of 4096 bytes
+  // One fabric per rank, each through the rank's own NIC: no connection to the switch's spin-emu.
+  std::vector<std::unique_ptr<fabric>> fabs;
+  for (std::uint32_t r = 0; r < n_hosts; ++r) {
+    auto f = fabric::in_band({net.hosts[r]->socket, 0, 65535});
+    REQUIRE_MESSAGE(f.ok(), f.err().message);
+    fabs.push_back(std::move(f.value()));
+  }
+  static std::mutex log_m;
+  static std::vector<std::string> said;
+  auto make = [&](std::uint32_t id, std::uint32_t slots) {
+    said.clear();
+    std::vector<std::unique_ptr<communicator>> comms(n_hosts);
+    auto res = run_all(n_hosts, [&](std::uint32_t r) -> result<void> {
+      options o = remote_options(fabs[r].get());
+      o.switch_slots = slots;
+      o.log = [](const std::string& line) {
+        std::lock_guard l(log_m);
+        said.push_back(line);
+      };
+      group g;
+      g.id = id;
+      g.members = {0, 1, 2};
+      g.me = r;
+      auto c = communicator::connect(net.hosts[r]->socket, 0, g, o);
+      if (!c.ok()) return c.err();
+      comms[r] = std::move(c.value());
+      return {};
+    });
+    for (std::uint32_t r = 0; r < n_hosts; ++r) REQUIRE_MESSAGE(res[r].ok(), res[r].err().message << "\n" << net.diag());
+    std::erase(said, std::string());
+    return comms;
+  };
+  {
+    // More slots than the switch has: refused at once, in the same words for every member.
+    auto comms = make(5, 300);
+    REQUIRE(said.size() == n_hosts);
+    for (const auto& line : said)
+      CHECK(line == "group 5 (standard) runs without switch aggregation: the group asks for 300 slots; sw has 256");
+    CHECK(pool().groups == 0);
+  }
+  {
+    auto comms = make(6, 16);
+    CHECK(said.empty());
+    const auto u = pool();
+    CHECK(u.free == 240);
+    CHECK(u.groups == 1);
+    const std::uint64_t count = 3 * 256 + 5;
+    std::vector<std::vector<std::int64_t>> in(n_hosts, std::vector<std::int64_t>(count)), out = in;
+    for (std::uint32_t r = 0; r < n_hosts; ++r)
+      for (std::uint64_t i = 0; i < count; ++i) in[r][i] = static_cast<std::int64_t>(i * 1000 + r) - 7;
+    auto res = run_all(n_hosts, [&](std::uint32_t r) {
+      return comms[r]->allreduce(in[r].data(), out[r].data(), count, dtype::i64, op::sum, algorithm::switch_agg);
+    });
+    for (std::uint32_t r = 0; r < n_hosts; ++r) {
+      REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+      for (std::uint64_t i = 0; i < count; ++i) REQUIRE(out[r][i] == in[0][i] + in[1][i] + in[2][i]);
+      CHECK(comms[r]->stats().switch_slots == 16);
+    }
+  }
+  // Every member left (their leaves went in-band): the switch removed the group.
+  for (int i = 0; i < 200 && pool().free != 256; ++i) std::this_thread::sleep_for(10ms);
+  CHECK(pool().free == 256);
+  CHECK(pool().groups == 0);
+  {
+    auto comms = make(7, 16);
+    CHECK(pool().free == 240);
+    // Ranks 0 and 1 leave; rank 2's NIC dies without a word (SIGKILL; its communicator stays):
+    // after its lease (300 ms) the switch releases its join, the group's last, and frees the
+    // slots. (A NIC that stops cleanly sends its leaves: its slots go at once.)
+    comms[0].reset();
+    comms[1].reset();
+    std::this_thread::sleep_for(100ms);
+    CHECK(pool().free == 240);  // rank 2 still holds the group
+    net.hosts[2]->crash();
+    const auto killed = std::chrono::steady_clock::now();
+    for (int i = 0; i < 300 && pool().free != 256; ++i) std::this_thread::sleep_for(10ms);
+    CHECK(pool().free == 256);
+    CHECK(pool().groups == 0);
+    CHECK(std::chrono::steady_clock::now() - killed >= 200ms);  // not before the lease ran out
+    comms[2].reset();  // its NIC is gone: it fails quietly
+  }
+}
+
+TEST_CASE("members join in-band through their own NICs: the switch sets the group up, answers all alike, and frees the slots of a member NIC that dies") {
+  inband_case(links::memif);
+}
+
+TEST_CASE("in network namespaces on af_packet veths, members join in-band through their NICs' processes, with no connection to the switch's") {
+  inband_case(links::af_packet);
 }
 
 TEST_CASE("connecting to a missing spin-emu, a missing node or a switch without links fails with a clear error") {

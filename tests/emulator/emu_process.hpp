@@ -185,6 +185,12 @@ public:
     reap();
   }
 
+  /// SIGKILL without waiting or reaping (a crash: the process says nothing to anyone; reaping a
+  /// memif client may block until its server exits, so the destructor reaps).
+  void crash() {
+    if (running()) ::kill(_pid, SIGKILL);
+  }
+
   /// SIGTERM without waiting.
   void terminate() {
     if (running()) ::kill(_pid, SIGTERM);

@@ -122,6 +122,22 @@ TEST_CASE("the group registry's requests and replies survive a round trip") {
   CHECK(l.node == 3);
   CHECK(l.group == 48);
   CHECK(l.me == 1);
+  CHECK(l.via == host::group_join::own_registry);
+  CHECK(j.group.via == host::group_join::own_registry);
+  CHECK(j.group.packet_bytes == 0);
+  CHECK(d.decision.via == host::group_join::own_registry);
+  // In-band (via a switch's rank), with the packets' size for the switch to check.
+  host::group_join ij{16, {4, 5}, 64, 77};
+  ij.packet_bytes = 1024;
+  ij.via = 65535;
+  const auto vj = std::get<proto::join>(round_trip(proto::join{1, ij, 0}));
+  CHECK(vj.group.via == 65535);
+  CHECK(vj.group.packet_bytes == 1024);
+  CHECK(vj.group.proof == 77);
+  host::group_decision id{16, false, {}, "gave up"};
+  id.via = 0;
+  CHECK(std::get<proto::decide>(round_trip(proto::decide{1, id})).decision.via == 0);
+  CHECK(std::get<proto::leave>(round_trip(proto::leave{3, 48, 1, 65535})).via == 65535);
 
   bool other = true;
   host::pool_usage u{host::slot_pool{100, 2048}, 40, 2, 1};
@@ -188,6 +204,9 @@ TEST_CASE("malformed requests are refused with a message that names the problem"
            bad{R"({"id":1,"op":"group_decide","node":0,"group":16,"granted":1,"lease":[],"reason":""})",
                "field 'granted' must be true or false"},
            bad{R"({"id":1,"op":"group_pool","node":0,"set":{"slots":4}})", "missing field 'set.slot_bytes'"},
+           bad{R"({"id":1,"op":"group_join","node":0,"group":16,"members":[1],"slots":4,"proof":0,"me":0,"via":4294967295})",
+               "field 'via' must be an integer in 0..4294967294"},
+           bad{R"({"id":1,"op":"group_leave","node":0,"group":16,"me":0,"via":-1})", "field 'via' must be an integer"},
        }) {
     CAPTURE(b.line);
     const error e = refused(b.line);

@@ -55,6 +55,9 @@ env_args=(-x SPIN_MPI_SOCKET="$rank_sock" -x SPIN_TORCH_SOCKET="$rank_sock" -x S
 [[ -z $preload ]] || env_args+=(-x LD_PRELOAD="$preload")
 # SPIN_TEST_SWITCH_NODE: the ranks aggregate on that node of the cluster (the switch).
 [[ -z ${SPIN_TEST_SWITCH_NODE:-} ]] || env_args+=(-x SPIN_MPI_SWITCH_NODE="$SPIN_TEST_SWITCH_NODE" -x SPIN_TORCH_SWITCH_NODE="$SPIN_TEST_SWITCH_NODE")
+# SPIN_TEST_SWITCH_RANK: the ranks aggregate on the switch of that rank, joining in-band through
+# their own NICs (the node agents of the cluster process).
+[[ -z ${SPIN_TEST_SWITCH_RANK:-} ]] || env_args+=(-x SPIN_MPI_SWITCH_RANK="$SPIN_TEST_SWITCH_RANK" -x SPIN_TORCH_SWITCH_RANK="$SPIN_TEST_SWITCH_RANK")
 for v in ASAN_OPTIONS LSAN_OPTIONS UBSAN_OPTIONS TSAN_OPTIONS PYTHONPATH OMP_NUM_THREADS SPIN_MPI_ALGORITHM SPIN_TORCH_ALGORITHM; do
   [[ -z ${!v:-} ]] || env_args+=(-x "$v=${!v}")
 done

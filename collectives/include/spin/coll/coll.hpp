@@ -140,6 +140,16 @@ struct remote_switch {
   std::vector<std::uint32_t> links;
 };
 
+/// A switch reached in-band (docs/collectives.md, "In-band joins"): this process's members join
+/// through their own NIC, whose spin-emu's group agent asks the switch over the network; the
+/// switch's spin-emu sets the group up itself. Works wherever the NIC reaches the switch's rank:
+/// one host or several, with no control socket of the switch's.
+struct inband_switch {
+  std::string nic_socket;        ///< this process's NIC: its spin-emu's control socket
+  std::uint32_t nic_node = 0;    ///< the node index that socket's "nodes" lists
+  std::uint32_t switch_rank = 0; ///< the switch's rank (spin-emu --rank in switch mode: 65535 by default)
+};
+
 /// The switches of the emulated network as Core-INC resources, seen from this process
 /// (docs/collectives.md, "Switch-resident groups"). The slot pools and the group registry are
 /// the switches' own (spin/emu/groups.hpp, in the switch's spin-emu or this process's cluster):
@@ -164,6 +174,12 @@ public:
   /// switch, a switch without links, two switches with one rank), those of connecting
   /// (not_found: no socket or no such node; bad_state; timeout).
   static result<std::unique_ptr<fabric>> connect(const std::vector<remote_switch>& switches, const fabric_options& o = {});
+  /// One switch reached in-band, linked to every member (a star). Its pool is its own (spin-emu
+  /// sizes it): o.slots_per_switch and o.slot_bytes are not sent, and a group whose packets do
+  /// not fit its slots is refused by the switch. Errors: invalid_argument (options out of range,
+  /// the NIC is the switch), those of connecting to the NIC (not_found, bad_state, timeout);
+  /// joins fail with not_supported when the NIC's spin-emu runs no group agent.
+  static result<std::unique_ptr<fabric>> in_band(const inband_switch& s, const fabric_options& o = {});
   ~fabric();
   fabric(const fabric&) = delete;
   fabric& operator=(const fabric&) = delete;

@@ -31,14 +31,16 @@
 //   stop                                   -> {}   (then server_options::on_stop runs)
 //   group_pool   node, [set {slots, slot_bytes}]
 //                                          -> slots, slot_bytes, free, groups, waiting
-//   group_join   node, group, members [u32], slots, proof (u64), me
+//   group_join   node, group, members [u32], slots, proof (u64), me, [packet_bytes, via]
 //                                          -> state ("install"|"wait"|"granted"|"refused"),
 //                                             lease [u32], reason, installer (bool)
-//   group_decide node, group, granted (bool), lease [u32], reason
+//   group_decide node, group, granted (bool), lease [u32], reason, [via]
 //                                          -> {}
-//   group_leave  node, group, me           -> {}
+//   group_leave  node, group, me, [via]    -> {}
 //              (the node's group registry, spin/emu/groups.hpp: the slot pool that groups of
-//               every connection share; a connection's joins are its own and leave with it)
+//               every connection share; a connection's joins are its own and leave with it.
+//               With "via" (a switch's rank), the node's group agent asks that switch in-band:
+//               spin/emu/group_agent.hpp; not_supported when the server has no agent for it)
 //
 // Access. The socket file is mode 0600 and every connection's peer user (SO_PEERCRED) must be
 // server_options::allowed_uid; anyone else gets one reply with error code "permission" (the one
@@ -66,6 +68,7 @@
 // ring is full the rest of the burst is dropped and counted in the ring's header.
 #pragma once
 
+#include <spin/emu/group_agent.hpp>
 #include <spin/emu/nic_control.hpp>
 #include <span>
 #include <spin/host/protocol.hpp>
@@ -121,6 +124,9 @@ struct server_options {
   /// The packages native_policy::trusted accepts (spin-emu: the standard collective engine it
   /// was built with). Not owned: the bytes must outlive the server.
   std::vector<std::span<const std::byte>> trusted_packages;
+  /// Each node's group agent (in-band joins: requests with "via"), by node index; missing or
+  /// null: that node has none. Not owned: they must outlive the server.
+  std::vector<group_agent*> agents;
 };
 
 class control_server_impl;

@@ -68,6 +68,8 @@ public:
   void leave(std::uint64_t owner, std::uint32_t group, std::uint32_t me);
   /// Everything `owner` held: its members leave; the groups it was setting up are refused.
   void release(std::uint64_t owner);
+  /// True while group `group` holds slots here (being set up, or granted).
+  bool holds(std::uint32_t group) const;
 
   using clock = std::chrono::steady_clock;
   /// Gives `owner` a lease of `term` from `now` (replacing one it had): unless renewed within

@@ -80,8 +80,8 @@ public:
   /// returns).
   virtual result<void> post(const message_send& m) { return send(m, std::chrono::milliseconds(1000)); }
   /// Queues `bytes` as one management datagram to rank `dest` and returns (it leaves with the
-  /// host messages, in order). Errors: invalid_argument (empty, above the host payload per
-  /// packet, `dest` is this NIC, a frame that does not fit the port), not_found (no route),
+  /// host messages, in order). Errors: invalid_argument (empty, above max_payload_bytes(),
+  /// `dest` is this NIC, a frame that does not fit the port), not_found (no route),
   /// bad_state (the NIC was stopped), not_supported (a NIC without management datagrams: the
   /// default).
   virtual result<void> send_mgmt(std::uint32_t dest, std::span<const std::byte> bytes) {

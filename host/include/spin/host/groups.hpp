@@ -35,6 +35,14 @@ struct group_join {
   /// Proof of the job's secret (spin::coll: SipHash-2-4 under the secret over the group's id,
   /// slots and members); 0: none. Every member of a group must bring the first member's.
   std::uint64_t proof = 0;
+  /// Largest payload (bytes) of the group's packets; the switch refuses a group whose packets do
+  /// not fit its slots. 0: not checked (a member that checks it itself).
+  std::uint32_t packet_bytes = 0;
+  /// In-band: the rank of the switch that aggregates, reached through the NIC this request goes
+  /// to (its group agent sends the join on: spin/emu/group_agent.hpp). own_registry: the NIC
+  /// this request goes to is the switch.
+  std::uint32_t via = own_registry;
+  static constexpr std::uint32_t own_registry = ~0u;
 };
 
 /// Where a join stands.
@@ -66,6 +74,8 @@ struct group_decision {
   bool granted = false;
   std::vector<std::uint32_t> lease;  ///< granted: at most 65536 words
   std::string reason;                ///< refused: why (at most 1024 bytes)
+  /// In-band (group_join::via): the switch's rank; only refusals travel in-band.
+  std::uint32_t via = group_join::own_registry;
 };
 
 } // namespace spin::host

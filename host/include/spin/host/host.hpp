@@ -168,13 +168,17 @@ public:
   /// when given. Errors: not_found (no such node), those of emu::group_registry::pool.
   result<pool_usage> group_pool(std::uint32_t node, const std::optional<slot_pool>& set = std::nullopt);
   /// Member `me` of j.members asks to join j.group on node `node`; asking again polls. The
-  /// join is this connection's: closing the connection leaves. Errors: not_found, those of
-  /// emu::group_registry::join.
+  /// join is this connection's: closing the connection leaves. With j.via, node `node` asks the
+  /// switch of that rank in-band (its group agent, spin/emu/group_agent.hpp). Errors: not_found,
+  /// those of emu::group_registry::join and emu::group_agent::join, not_supported (j.via on a
+  /// spin-emu that runs no group agents).
   result<group_answer> join_group(std::uint32_t node, const group_join& j, std::uint32_t me);
-  /// The installer's decision. Errors: not_found, those of emu::group_registry::decide.
+  /// The installer's decision (with d.via: only a refusal, sent in-band). Errors: not_found,
+  /// those of emu::group_registry::decide and emu::group_agent::give_up.
   result<void> decide_group(std::uint32_t node, const group_decision& d);
   /// Member `me` leaves `group` on node `node`. Errors: not_found (no such node).
-  result<void> leave_group(std::uint32_t node, std::uint32_t group, std::uint32_t me);
+  result<void> leave_group(std::uint32_t node, std::uint32_t group, std::uint32_t me,
+                           std::uint32_t via = group_join::own_registry);
 
   /// Every node's statistics: a JSON array of {node, name, rank, stats}.
   result<std::string> stats_json();

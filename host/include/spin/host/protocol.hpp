@@ -125,6 +125,7 @@ struct leave {
   std::uint32_t node = 0;
   std::uint32_t group = 0;
   std::uint32_t me = 0;
+  std::uint32_t via = group_join::own_registry;  ///< in-band: the switch's rank (group_join::via)
 };
 
 /// Any request.

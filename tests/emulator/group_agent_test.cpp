@@ -1,0 +1,199 @@
+// Group agents in a cluster (spin/emu/group_agent.hpp): in-band joins over management datagrams,
+// one answer for every member, set-up and removal by the switch's installer, leaves, and
+// datagrams that lie about themselves counted and ignored.
+#include <doctest/doctest.h>
+
+#include <spin/emu/cluster.hpp>
+#include <spin/emu/group_agent.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+using namespace spin;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct driver {
+  std::atomic<bool> stop{false};
+  std::thread th;
+  explicit driver(emu::cluster& c) {
+    th = std::thread([this, &c] { c.run(stop); });
+  }
+  ~driver() {
+    stop = true;
+    th.join();
+  }
+};
+
+// Records what the switch's agent asks of it; set-up fails for group `fail_group`.
+struct fake_installer final : emu::group_installer {
+  struct log {
+    std::mutex m;
+    std::vector<std::uint32_t> set_up, torn_down;
+  };
+  log& l;
+  std::uint32_t rank;
+  std::uint32_t fail_group = ~0u;
+  fake_installer(log& lg, std::uint32_t r) : l(lg), rank(r) {}
+  result<std::vector<std::uint32_t>> set_up(const host::group_join& j, std::uint32_t slot_bytes) override {
+    std::lock_guard g(l.m);
+    if (j.group == fail_group) return fail(errc::no_memory, "no room for its slots");
+    CHECK(slot_bytes == 4096);
+    l.set_up.push_back(j.group);
+    return std::vector<std::uint32_t>{rank, 7};
+  }
+  void tear_down(std::uint32_t group) override {
+    std::lock_guard g(l.m);
+    l.torn_down.push_back(group);
+  }
+};
+
+// Polls agent `a` (member `me`, owner `owner`) until the answer is not `wait`.
+result<host::group_answer> join_until_decided(emu::group_agent& a, std::uint64_t owner, std::uint32_t sw, const host::group_join& j,
+                                              std::uint32_t me) {
+  for (int i = 0; i < 2000; ++i) {
+    auto r = a.join(owner, sw, j, me);
+    if (!r.ok() || r.value().state != host::join_state::wait) return r;
+    std::this_thread::sleep_for(2ms);
+  }
+  return fail(errc::timeout, "no answer within 4 s");
+}
+
+template <class F> bool eventually(F&& f) {
+  for (int i = 0; i < 500; ++i) {
+    if (f()) return true;
+    std::this_thread::sleep_for(2ms);
+  }
+  return f();
+}
+
+} // namespace
+
+TEST_SUITE("emulator") {
+
+TEST_CASE("group agents join in-band: the switch sets the group up once, every member gets its answer, and leaves remove it") {
+  emu::link_model m;
+  m.rate_gbps = 0;
+  emu::cluster_options co;
+  co.payload_bytes = 1024;
+  auto c = emu::cluster::create(emu::star(3, m), co);
+  REQUIRE_MESSAGE(c.ok(), c.err().message);
+  emu::cluster& cl = **c;
+  emu::nic& sw = cl.node(3);
+  fake_installer::log log;
+  auto inst = std::make_unique<fake_installer>(log, sw.rank());
+  inst->fail_group = 48;
+  auto sa = emu::group_agent::start(sw, std::move(inst));
+  REQUIRE(sa.ok());
+  std::vector<std::unique_ptr<emu::group_agent>> ha;
+  for (std::uint32_t h = 0; h < 3; ++h) {
+    emu::group_agent_options o;
+    o.lease_term = 200ms;
+    auto a = emu::group_agent::start(*cl.host(h), nullptr, o);
+    REQUIRE(a.ok());
+    ha.push_back(std::move(a.value()));
+  }
+  driver d(cl);
+  const std::uint32_t S = sw.rank();
+  const host::group_join j{16, {0, 1, 2}, 40, 99};
+  for (std::uint32_t r = 0; r < 3; ++r) {
+    auto a = join_until_decided(*ha[r], 100 + r, S, j, r);
+    REQUIRE_MESSAGE(a.ok(), a.err().message);
+    CHECK(a.value().state == host::join_state::granted);
+    CHECK(a.value().lease == std::vector<std::uint32_t>{S, 7});
+    CHECK(a.value().installer == (r == 0));
+  }
+  CHECK(sw.groups().pool().value().free == 216);
+  {
+    std::lock_guard g(log.m);
+    CHECK(log.set_up == std::vector<std::uint32_t>{16});  // once, by the switch
+  }
+  // The switch's errors travel back with their code: a member whose proof differs.
+  const host::group_join p1{80, {0, 1}, 4, 1};
+  REQUIRE(join_until_decided(*ha[0], 100, S, p1, 0).value().state == host::join_state::granted);
+  auto e = join_until_decided(*ha[1], 101, S, host::group_join{80, {0, 1}, 4, 2}, 1);
+  REQUIRE_FALSE(e.ok());
+  CHECK(e.err().code == errc::not_supported);
+  CHECK(e.err().message.find("proof of the job secret differs") != std::string::npos);
+  ha[0]->leave(100, S, 80, 0);
+  ha[1]->leave(101, S, 80, 1);
+  CHECK(eventually([&] { return !sw.groups().holds(80); }));
+  // A NIC joins only as itself, and one connection per member of a NIC.
+  auto as_other = join_until_decided(*ha[0], 100, S, host::group_join{96, {0, 1}, 4, 0}, 1);
+  REQUIRE_FALSE(as_other.ok());
+  CHECK(as_other.err().code == errc::invalid_argument);
+  CHECK(as_other.err().message == "switch rank 65535: rank 0 asked to join group 96 as member 1 (rank 1); a NIC joins only as itself");
+  ha[0]->leave(100, S, 96, 1);
+  auto twice = ha[1]->join(999, S, j, 1);
+  REQUIRE_FALSE(twice.ok());
+  CHECK(twice.err().code == errc::exists);
+  // A set-up that fails refuses the group, in its words, for every member.
+  const host::group_join k{48, {0, 1}, 8, 0};
+  for (std::uint32_t r = 0; r < 2; ++r) {
+    auto a = join_until_decided(*ha[r], 100 + r, S, k, r);
+    REQUIRE_MESSAGE(a.ok(), a.err().message);
+    CHECK(a.value().state == host::join_state::refused);
+    CHECK(a.value().reason == "setting the group up on s0: no room for its slots");
+  }
+  // A member NIC cannot aggregate (no installer), and in-band joins check what they carry.
+  auto na = join_until_decided(*ha[0], 100, cl.host(1)->rank(), host::group_join{32, {0, 1}, 4, 0}, 0);
+  REQUIRE(na.ok());
+  CHECK(na.value().state == host::join_state::refused);
+  CHECK(na.value().reason == "h1 (rank 1) does not aggregate: its spin-emu sets up no switch engines");
+  CHECK(ha[0]->join(100, cl.host(0)->rank(), j, 0).err().code == errc::invalid_argument);
+  CHECK(ha[0]->join(100, S, host::group_join{16, std::vector<std::uint32_t>(20000, 0), 40, 0}, 0).err().code == errc::invalid_argument);
+  CHECK(ha[0]->join(100, S, host::group_join{16, {0, 1}, 40, 0}, 2).err().code == errc::invalid_argument);
+  CHECK(ha[0]->give_up(100, S, host::group_decision{16, true, {}, ""}).err().code == errc::invalid_argument);
+  CHECK(ha[0]->give_up(555, S, host::group_decision{16, false, {}, ""}).err().code == errc::not_found);
+  // Packets larger than the switch's slots: refused by the switch.
+  host::group_join big{64, {0, 1}, 4, 0};
+  big.packet_bytes = 8192;
+  auto bg = join_until_decided(*ha[0], 100, S, big, 0);
+  REQUIRE(bg.ok());
+  CHECK(bg.value().reason == "packets of 8192 bytes do not fit the slots of 4096 bytes on s0");
+
+  // Datagrams that lie about themselves are counted and change nothing.
+  const auto before = sa.value()->stats().bad_datagrams;
+  const std::vector<std::vector<std::uint8_t>> bad = {
+      {'X', 1, 1, 0, 0, 0, 0, 16, 0, 0, 0, 0},                    // wrong magic
+      {'G', 2, 1, 0, 0, 0, 0, 16, 0, 0, 0, 0},                    // wrong version
+      {'G', 1, 9, 0, 0, 0, 0, 16, 0, 0, 0, 0},                    // unknown op
+      {'G', 1},                                                   // short header
+      {'G', 1, 1, 0, 0, 0, 0, 16, 0, 0, 0, 0, 0, 0, 0, 40},       // a join cut short
+      {'G', 1, 1, 0, 0, 0, 0, 16, 0, 0, 0, 0, 0, 0, 0, 40, 0, 0, 0, 0, 0, 0, 1, 44, 0, 0, 0, 0, 0, 0, 0, 99,
+       0, 0, 0, 200, 0, 0, 0, 1},                                 // 200 members announced, 1 carried
+      {'G', 1, 6, 0, 0, 0, 0, 16, 0, 0, 0, 0, 4, 0, 'a'},         // a give-up whose reason overruns
+  };
+  for (const auto& b : bad) REQUIRE(cl.host(2)->send_mgmt(S, std::as_bytes(std::span(b))).ok());
+  CHECK(eventually([&] { return sa.value()->stats().bad_datagrams == before + bad.size(); }));
+  CHECK(sw.groups().holds(16));
+
+  // Leaves: the last member's removes the group (the installer tears its engine down).
+  ha[0]->leave(100, S, 16, 0);
+  ha[1]->release(101);  // member 1's connection closed
+  CHECK(eventually([&] { return sw.groups().pool().value().groups == 1; }));  // member 2 holds it
+  ha[2].reset();  // a spin-emu that stops sends its leaves
+  CHECK(eventually([&] { return !sw.groups().holds(16); }));
+  // Every engine the switch set up is gone again (a late copy of a join may set a group up
+  // once more after its members left; that member's leave, which follows it, removes it).
+  CHECK(eventually([&] { return sa.value()->stats().groups_removed == sa.value()->stats().groups_set_up; }));
+  {
+    std::lock_guard g(log.m);
+    std::multiset<std::uint32_t> up(log.set_up.begin(), log.set_up.end()), down(log.torn_down.begin(), log.torn_down.end());
+    CHECK(up == down);
+    CHECK(up.count(16) == 1);
+    CHECK(up.count(80) >= 1);
+    CHECK(up.size() == sa.value()->stats().groups_set_up);
+  }
+  CHECK(sw.groups().pool().value().free == 256);
+  CHECK(sw.groups().pool().value().groups == 0);
+  CHECK(sw.stats().drops[static_cast<std::size_t>(emu::nic_drop::mgmt_queue_full)] == 0);
+}
+
+}  // TEST_SUITE
