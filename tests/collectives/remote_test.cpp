@@ -138,6 +138,37 @@ std::vector<std::unique_ptr<communicator>> connect_all(remote_net& net, fabric* 
   return comms;
 }
 
+/// Connects the members of group `id` on threads of their own, member r with fabric fab(r) and
+/// `slots` switch slots; returns the communicators and the lines they logged (empty lines
+/// dropped). Fails the test when a member cannot connect.
+std::pair<std::vector<std::unique_ptr<communicator>>, std::vector<std::string>> connect_group(
+    remote_net& net, std::uint32_t id, const std::function<fabric*(std::uint32_t)>& fab, std::uint32_t slots = 16) {
+  static std::mutex log_m;
+  static std::vector<std::string>* log_to = nullptr;
+  std::vector<std::string> said;
+  log_to = &said;
+  std::vector<std::unique_ptr<communicator>> comms(n_hosts);
+  auto res = run_all(n_hosts, [&](std::uint32_t r) -> result<void> {
+    options o = remote_options(fab(r));
+    o.switch_slots = slots;
+    o.log = [](const std::string& line) {
+      std::lock_guard l(log_m);
+      log_to->push_back(line);
+    };
+    group g;
+    g.id = id;
+    g.members = {0, 1, 2};
+    g.me = r;
+    auto c = communicator::connect(net.hosts[r]->socket, 0, g, o);
+    if (!c.ok()) return c.err();
+    comms[r] = std::move(c.value());
+    return {};
+  });
+  for (std::uint32_t r = 0; r < n_hosts; ++r) REQUIRE_MESSAGE(res[r].ok(), res[r].err().message << "\n" << net.diag());
+  std::erase(said, std::string());
+  return {std::move(comms), std::move(said)};
+}
+
 } // namespace
 
 /// Members whose fabrics are other connections (to the switch's spin-emu, processes) share
@@ -168,29 +199,7 @@ static void shared_pool_case(links k) {
     CHECK(f.err().message.find("cannot become 64 slots") != std::string::npos);
   }
   auto make = [&](std::uint32_t id) {
-    std::vector<std::unique_ptr<communicator>> comms(n_hosts);
-    std::vector<std::string> said(n_hosts);
-    static std::vector<std::string>* log_to = nullptr;
-    static std::mutex log_m;
-    log_to = &said;
-    auto res = run_all(n_hosts, [&](std::uint32_t r) -> result<void> {
-      options o = remote_options(r < 2 ? fa.value().get() : fb.value().get());
-      o.log = [](const std::string& line) {
-        std::lock_guard l(log_m);
-        log_to->push_back(line);
-      };
-      group g;
-      g.id = id;
-      g.members = {0, 1, 2};
-      g.me = r;
-      auto c = communicator::connect(net.hosts[r]->socket, 0, g, o);
-      if (!c.ok()) return c.err();
-      comms[r] = std::move(c.value());
-      return {};
-    });
-    for (std::uint32_t r = 0; r < n_hosts; ++r) REQUIRE_MESSAGE(res[r].ok(), res[r].err().message << "\n" << net.diag());
-    std::erase(said, std::string());
-    return std::pair{std::move(comms), said};
+    return connect_group(net, id, [&](std::uint32_t r) { return r < 2 ? fa.value().get() : fb.value().get(); });
   };
   {
     // 12 free, the group asks for 16: refused, and the same words reach every member.
@@ -506,30 +515,11 @@ static void inband_case(links k) {
     REQUIRE_MESSAGE(f.ok(), f.err().message);
     fabs.push_back(std::move(f.value()));
   }
-  static std::mutex log_m;
-  static std::vector<std::string> said;
+  std::vector<std::string> said;
   auto make = [&](std::uint32_t id, std::uint32_t slots) {
-    said.clear();
-    std::vector<std::unique_ptr<communicator>> comms(n_hosts);
-    auto res = run_all(n_hosts, [&](std::uint32_t r) -> result<void> {
-      options o = remote_options(fabs[r].get());
-      o.switch_slots = slots;
-      o.log = [](const std::string& line) {
-        std::lock_guard l(log_m);
-        said.push_back(line);
-      };
-      group g;
-      g.id = id;
-      g.members = {0, 1, 2};
-      g.me = r;
-      auto c = communicator::connect(net.hosts[r]->socket, 0, g, o);
-      if (!c.ok()) return c.err();
-      comms[r] = std::move(c.value());
-      return {};
-    });
-    for (std::uint32_t r = 0; r < n_hosts; ++r) REQUIRE_MESSAGE(res[r].ok(), res[r].err().message << "\n" << net.diag());
-    std::erase(said, std::string());
-    return comms;
+    auto [comms, lines] = connect_group(net, id, [&](std::uint32_t r) { return fabs[r].get(); }, slots);
+    said = std::move(lines);
+    return std::move(comms);
   };
   {
     // More slots than the switch has: refused at once, in the same words for every member.

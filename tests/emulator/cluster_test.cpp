@@ -3,6 +3,8 @@
 #include <doctest/doctest.h>
 
 #include <spin/emu/cluster.hpp>
+
+#include "cluster_driver.hpp"
 #include <spin/handler.hpp>
 
 #include <array>
@@ -27,17 +29,7 @@ SPIN_COMPLETION_HANDLER(done_ch) {
   return ret::success;
 }
 
-struct driver {
-  std::atomic<bool> stop{false};
-  std::thread th;
-  explicit driver(emu::cluster& c) {
-    th = std::thread([this, &c] { c.run(stop); });
-  }
-  ~driver() {
-    stop = true;
-    th.join();
-  }
-};
+using driver = spin::test::cluster_driver;
 
 std::vector<std::byte> bytes_of(std::uint32_t from, std::uint32_t to, std::size_t n) {
   std::vector<std::byte> v(n);

@@ -4,6 +4,8 @@
 #include <doctest/doctest.h>
 
 #include <spin/emu/cluster.hpp>
+
+#include "cluster_driver.hpp"
 #include <spin/emu/group_agent.hpp>
 
 #include <atomic>
@@ -19,17 +21,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-struct driver {
-  std::atomic<bool> stop{false};
-  std::thread th;
-  explicit driver(emu::cluster& c) {
-    th = std::thread([this, &c] { c.run(stop); });
-  }
-  ~driver() {
-    stop = true;
-    th.join();
-  }
-};
+using driver = spin::test::cluster_driver;
 
 // Records what the switch's agent asks of it; set-up fails for group `fail_group`.
 struct fake_installer final : emu::group_installer {
@@ -184,12 +176,13 @@ TEST_CASE("group agents join in-band: the switch sets the group up once, every m
   // once more after its members left; that member's leave, which follows it, removes it).
   CHECK(eventually([&] { return sa.value()->stats().groups_removed == sa.value()->stats().groups_set_up; }));
   {
+    const auto set_up = sa.value()->stats().groups_set_up;  // before log.m: the agent takes its lock, then the log's
     std::lock_guard g(log.m);
     std::multiset<std::uint32_t> up(log.set_up.begin(), log.set_up.end()), down(log.torn_down.begin(), log.torn_down.end());
     CHECK(up == down);
     CHECK(up.count(16) == 1);
     CHECK(up.count(80) >= 1);
-    CHECK(up.size() == sa.value()->stats().groups_set_up);
+    CHECK(up.size() == set_up);
   }
   CHECK(sw.groups().pool().value().free == 256);
   CHECK(sw.groups().pool().value().groups == 0);
