@@ -17,8 +17,8 @@ namespace pr = proto;
 using clock = std::chrono::steady_clock;
 
 result<void> install_switch_engine(port& nic, switch_engine& pl, std::uint32_t wire_id, std::uint32_t slots,
-                                 std::uint32_t slot_bytes, const pr::switch_setup& setup, const std::vector<std::uint32_t>& members,
-                                 const std::vector<std::uint32_t>& leaves, const engine_package& pkg) {
+                                   std::uint32_t slot_bytes, const pr::switch_setup& setup, const std::vector<std::uint32_t>& members,
+                                   const std::vector<std::uint32_t>& leaves, const engine_package& pkg) {
   const std::string& sname = nic.name();
   const std::uint32_t inputs = std::max<std::uint32_t>(setup.nranks, setup.nleaves);
   const std::uint64_t stride = engine_detail::slot_stride_bytes(inputs, slot_bytes);

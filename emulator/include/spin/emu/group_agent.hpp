@@ -11,12 +11,16 @@
 //   member NIC's lease on its keep-alives, and releases the joins of a member NIC whose lease ran
 //   out (its spin-emu crashed or its link went), removing groups nobody holds.
 //
-// Datagrams (payload of a management datagram; big-endian, docs/collectives.md gives the table):
-//   header   u8 'G', u8 version (1), u8 op, u8 0, u32 group, u32 me
-//   join     + u32 slots, u32 packet_bytes, u32 term_ms, u64 proof, u32 n, u32 members[n]
-//   answer   + u8 state (join_state, or 255: an error), u8 errc, u8 installer, u8 0, u32 n,
-//              u32 lease[n], u16 len, reason[len]
-//   leave, keepalive (+ u32 term_ms), alive (+ u8 known), give_up (+ u16 len, reason[len])
+// Datagrams (the payload of a management datagram; every field big-endian; this is their one
+// description, group_agent.cpp the one implementation):
+//   header     u8 'G', u8 version (1), u8 op, u8 0, u32 group, u32 me
+//   join (1)   + u32 slots, u32 packet_bytes, u32 term_ms, u64 proof, u32 n, u32 members[n]
+//   answer (2) + u8 state (join_state, or 255: an error), u8 -errc (error), u8 installer, u8 0,
+//                u32 n, u32 lease[n], u16 len, reason[len] (len <= 1024)
+//   leave (3), keepalive (4: + u32 term_ms), alive (5: + u8 known), give_up (6: + u16 len, reason)
+// A datagram that is short, has another magic or version, an unknown op or lengths that overrun
+// it is counted (bad_datagrams) and ignored. A member's poll sends its join again only when the
+// last one is unanswered for 10 ms.
 #pragma once
 
 #include <spin/emu/nic_control.hpp>
