@@ -86,7 +86,7 @@ TEST_CASE("group agents join in-band: the switch sets the group up once, every m
   std::vector<std::unique_ptr<emu::group_agent>> ha;
   for (std::uint32_t h = 0; h < 3; ++h) {
     emu::group_agent_options o;
-    o.lease_term = 200ms;
+    o.lease_term = 1000ms;
     auto a = emu::group_agent::start(*cl.host(h), nullptr, o);
     REQUIRE(a.ok());
     ha.push_back(std::move(a.value()));
