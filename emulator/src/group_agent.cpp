@@ -105,6 +105,7 @@ struct group_agent::held {
   bool answered = false;
   bool awaiting = false;  // a join was sent and no answer came since
   clock::time_point sent{};
+  clock::time_point first{};  // the first ask (answer_timeout runs from here)
   error err;                   // the switch's error, when its answer was one
   host::group_answer answer;  // otherwise
 };
@@ -117,6 +118,8 @@ result<std::unique_ptr<group_agent>> group_agent::start(nic_control& nic, std::u
     return fail(errc::invalid_argument, "group agent: lease_term out of 100 ms..1 h");
   if (o.tick < std::chrono::milliseconds(1) || o.tick > std::chrono::milliseconds(1000))
     return fail(errc::invalid_argument, "group agent: tick out of 1..1000 ms");
+  if (o.answer_timeout < std::chrono::milliseconds(10) || o.answer_timeout > std::chrono::hours(1))
+    return fail(errc::invalid_argument, "group agent: answer_timeout out of 10 ms..1 h");
   std::unique_ptr<group_agent> a(new group_agent(nic, std::move(installer), o));
   a->_th = std::thread([p = a.get()] { p->run(); });
   return a;
@@ -176,6 +179,11 @@ result<host::group_answer> group_agent::join(std::uint64_t owner, std::uint32_t 
     h->me = me;
   }
   const auto now = clock::now();
+  if (h->first == clock::time_point{}) h->first = now;
+  if (!h->answered && now - h->first >= _o.answer_timeout)
+    return fail(errc::timeout, "switch rank " + std::to_string(sw) + " sent no answer to an in-band join through " + _nic.name() +
+                                   " within " + std::to_string(_o.answer_timeout.count()) +
+                                   " ms (is its spin-emu running, in switch mode, and linked to this NIC?)");
   if (h->awaiting && now - h->sent < join_resend) {
     if (h->err.code != errc::ok) return h->err;
     if (h->answered) return h->answer;

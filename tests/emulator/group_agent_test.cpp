@@ -189,4 +189,25 @@ TEST_CASE("group agents join in-band: the switch sets the group up once, every m
   CHECK(sw.stats().drops[static_cast<std::size_t>(emu::nic_drop::mgmt_queue_full)] == 0);
 }
 
+TEST_CASE("an in-band join that no switch answers fails with timeout instead of waiting for a decision nobody makes") {
+  emu::link_model m;
+  m.rate_gbps = 0;
+  auto c = emu::cluster::create(emu::star(2, m), emu::cluster_options{});
+  REQUIRE_MESSAGE(c.ok(), c.err().message);
+  emu::cluster& cl = **c;
+  emu::group_agent_options o;
+  o.answer_timeout = 300ms;
+  auto a = emu::group_agent::start(*cl.host(0), nullptr, o);  // the switch (node 2) runs no agent
+  REQUIRE(a.ok());
+  driver d(cl);
+  const auto start = std::chrono::steady_clock::now();
+  auto r = join_until_decided(*a.value(), 1, cl.node(2).rank(), host::group_join{16, {0, 1}, 4, 0}, 0);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.err().code == errc::timeout);
+  CHECK(r.err().message == "switch rank 65535 sent no answer to an in-band join through h0 within 300 ms (is its spin-emu running, "
+                           "in switch mode, and linked to this NIC?)");
+  CHECK(std::chrono::steady_clock::now() - start >= 300ms);
+  CHECK(emu::group_agent::start(*cl.host(0), nullptr, emu::group_agent_options{3000ms, 50ms, 5ms}).err().code == errc::invalid_argument);
+}
+
 }  // TEST_SUITE

@@ -60,6 +60,10 @@ struct group_agent_options {
   std::chrono::milliseconds lease_term{3000};
   /// Largest wait on the management queue: how often the agent checks leases (1 .. 1000 ms).
   std::chrono::milliseconds tick{50};
+  /// Member side: a join the switch has not answered at all for this long fails with timeout
+  /// (its spin-emu is down, or it is not linked to this NIC), so that members do not wait for a
+  /// decision nobody will make (10 ms .. 1 h).
+  std::chrono::milliseconds answer_timeout{5000};
 };
 
 /// Counters of one agent (any thread).
@@ -89,8 +93,9 @@ public:
   /// until the switch answered ("asked ... in-band; no answer yet"). Errors: invalid_argument
   /// (`sw` is this NIC; more members than one datagram holds: (max payload - 36) / 4; `me` not
   /// an index of the members; the switch refuses a NIC that joins as a member whose rank is not
-  /// its own), exists (another owner on this NIC joined as this member), the switch's own
-  /// errors (its registry's, with their codes), those of send_mgmt.
+  /// its own), exists (another owner on this NIC joined as this member), timeout (the switch
+  /// sent no answer within options::answer_timeout of the first ask), the switch's own errors
+  /// (its registry's, with their codes), those of send_mgmt.
   result<host::group_answer> join(std::uint64_t owner, std::uint32_t sw, const host::group_join& j, std::uint32_t me);
   /// The first member gives up waiting for slots: the switch refuses the group for everyone.
   /// Only refusals travel in-band (a switch sets its groups up itself). Errors: invalid_argument
