@@ -3,7 +3,7 @@
 #pragma once
 
 #include <spin/coll/protocol.hpp>
-#include <spin/coll/siphash.hpp>
+#include <spin/siphash.hpp>
 #include <spin/rt/result.hpp>
 
 #include <cerrno>

@@ -3,7 +3,7 @@
 #include <spin/coll/coll.hpp>
 #include <spin/coll/engine.hpp>
 #include <spin/coll/protocol.hpp>
-#include <spin/coll/siphash.hpp>
+#include <spin/siphash.hpp>
 
 #include "port.hpp"
 #include "switch_engine.hpp"

@@ -404,11 +404,12 @@ result<void> nic::impl::init() {
   for (auto r : cfg.routes)
     if (r >= static_cast<std::int32_t>(nports))
       return fail(errc::invalid_argument, "nic " + cfg.name + ": a route names port " + std::to_string(r) + " of " + std::to_string(nports));
-  const std::uint32_t overhead = rt::wire::min_overhead + rt::wire::spin_coll_len;
+  // Room for the largest spin header: its collective extension and its authentication tag.
+  const std::uint32_t overhead = rt::wire::min_overhead + rt::wire::spin_coll_len + rt::wire::spin_auth_len;
   if (cfg.port.max_frame_bytes <= overhead)
     return fail(errc::invalid_argument, "nic " + cfg.name + ": maximum frame of " + std::to_string(cfg.port.max_frame_bytes) +
                                             " bytes leaves no room for payload");
-  max_payload = std::min<std::uint32_t>(cfg.port.max_frame_bytes - overhead, 65535 - 20 - 8 - 62);
+  max_payload = std::min<std::uint32_t>(cfg.port.max_frame_bytes - overhead, 65535 - 20 - 8 - 70);
   host_payload = cfg.payload_bytes == 0 ? max_payload : cfg.payload_bytes;
   if (host_payload > max_payload)
     return fail(errc::invalid_argument, "nic " + cfg.name + ": payload of " + std::to_string(host_payload) +
@@ -722,7 +723,7 @@ bool nic::impl::to_packet(lane_state& l, rte_mbuf*& m, rt::packet& out) noexcept
     return true;
   }
   rte_mbuf* tail = m->next;
-  if (m->nb_segs == 2 && RTE_MBUF_CLONED(tail) && m->data_len <= rt::wire::min_overhead + rt::wire::spin_coll_len) {
+  if (m->nb_segs == 2 && RTE_MBUF_CLONED(tail) && m->data_len <= rt::wire::min_overhead + rt::wire::spin_coll_len + rt::wire::spin_auth_len) {
     out = rt::packet{rte_pktmbuf_mtod(m, std::byte*), m->data_len, reinterpret_cast<std::uint64_t>(m)};
     out.tail = rte_pktmbuf_mtod(tail, std::byte*);
     out.tail_len = tail->data_len;
@@ -960,7 +961,7 @@ std::uint32_t nic::impl::loop_drain(lane_state& l) noexcept {
   std::uint32_t got = 0;
   for (std::uint32_t i = 0; i < n; ++i) {
     rte_mbuf* m = l.loop[i];
-    if (to_packet(l, m, l.rx_buf[got])) ++got;
+    if (to_packet(l, m, l.rx_buf[got])) l.rx_buf[got++].local = true;  // never crossed a link
   }
   // A frame that failed to_packet is freed and counted; the runtime takes the others.
   std::uint32_t k = rt->rx_burst(l.index, l.rx_buf.data(), got);

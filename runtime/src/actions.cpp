@@ -159,6 +159,12 @@ errc send_header(invocation& i, const send_desc* d, wire::header& h, bool data_c
   h.payload_len = d->len_bytes;
   h.message_len = d->message_len_bytes;
   h.offset = d->offset_bytes;
+  // An EC with a frame key signs what its handlers send; the tag does not cover message_id, so
+  // every copy of a multicast (ids h.message_id + i) carries this one.
+  if (!i.e->key.none()) {
+    h.flags = static_cast<std::uint16_t>(h.flags | wire::flag_auth);
+    h.auth_tag = wire::auth_tag(i.e->key, h, std::span<const std::byte>(static_cast<const std::byte*>(d->data), d->len_bytes));
+  }
   return errc::ok;
 }
 

@@ -125,6 +125,7 @@ struct ec {
   std::byte* host = nullptr;  // start of the window in host memory
   std::uint64_t host_len = 0;
   std::uint64_t budget_ticks = 0;
+  wire::auth_key key;  // cfg.frame_key's; none(): frames are not authenticated
   slot_pool scratch_slots;
   std::shared_ptr<event_channel> events;
 

@@ -339,6 +339,14 @@ bool runtime_core::handle(lane& l, const packet& in, bool may_steer) noexcept {
     drop(le, p, drop_reason::no_private_copy);
     return true;
   }
+  // An EC with a frame key takes from links only frames whose tag verifies (the payload is
+  // contiguous here: in the frame, or exactly its tail).
+  if (!e.key.none() && !p.local &&
+      ((h.flags & wire::flag_auth) == 0 ||
+       wire::auth_tag(e.key, h, std::span<const std::byte>(payload_of(p, ps.payload_offset), h.payload_len)) != h.auth_tag)) {
+    drop(le, p, drop_reason::unauthenticated);
+    return true;
+  }
 
   message_table& tb = le.table;
   std::uint32_t idx = tb.find(hash, h.source_rank, h.message_id);

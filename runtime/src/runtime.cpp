@@ -195,6 +195,7 @@ result<ec_id> runtime::install(const ec_config& cfg) {
   e->host = host.data();
   e->host_len = host.size();
   e->budget_ticks = ns_to_ticks(static_cast<std::uint64_t>(l.handler_budget.count()));
+  e->key = wire::auth_key::from_bytes(cfg.frame_key);
   e->id = c.next_ec_id++;
   e->slot = slot;
 

@@ -22,6 +22,7 @@ const char* drop_reason_name(drop_reason r) {
   case drop_reason::not_data: return "not_data";
   case drop_reason::ec_removed: return "ec_removed";
   case drop_reason::host_window: return "host_window";
+  case drop_reason::unauthenticated: return "unauthenticated";
   case drop_reason::no_private_copy: return "no_private_copy";
   case drop_reason::count_: break;
   }

@@ -1,4 +1,5 @@
 #include <spin/rt/wire.hpp>
+#include <spin/siphash.hpp>
 
 #include <bit>
 #include <cstring>
@@ -39,7 +40,12 @@ namespace {
 
 // Largest header prefix the parser ever needs: Ethernet + IPv4 with options + UDP + spin with
 // extension.
-constexpr std::size_t max_header_bytes = eth_len + 60 + udp_len + spin_base_len + spin_coll_len;
+constexpr std::size_t max_header_bytes = eth_len + 60 + udp_len + spin_base_len + spin_coll_len + spin_auth_len;
+
+// Bytes of the spin header, its extension and its tag as `flags` say.
+constexpr std::size_t spin_len(std::uint16_t flags) {
+  return spin_base_len + ((flags & flag_coll) ? spin_coll_len : 0) + ((flags & flag_auth) ? spin_auth_len : 0);
+}
 
 // Big-endian loads as one load and a byte swap each (the parser's inner loop).
 template <class T> T load_be(const std::uint8_t* p) {
@@ -112,7 +118,62 @@ std::size_t gather(std::span<const segment> segs, std::uint8_t* dst, std::size_t
   return got;
 }
 
+// Writes the spin header, its extension and its tag as h.flags say; returns their bytes.
+std::size_t put_spin(std::uint8_t* s, const header& h) {
+  s[0] = h.version;
+  s[1] = static_cast<std::uint8_t>(h.type);
+  put16(s + 2, h.flags);
+  put32(s + 4, h.source_rank);
+  put64(s + 8, h.match_bits);
+  put64(s + 16, h.message_id);
+  put32(s + 24, h.seq);
+  put16(s + 28, static_cast<std::uint16_t>(h.payload_len));
+  put64(s + 30, h.message_len);
+  put64(s + 38, h.offset);
+  std::size_t hl = spin_base_len;
+  if (h.flags & flag_coll) {
+    std::uint8_t* c = s + spin_base_len;
+    c[0] = h.coll.op;
+    c[1] = h.coll.dtype;
+    put16(c + 2, h.coll.slot);
+    put32(c + 4, h.coll.elem_count);
+    put32(c + 8, h.coll.epoch);
+    put32(c + 12, h.coll.aux);
+    hl += spin_coll_len;
+  }
+  if (h.flags & flag_auth) {
+    put64(s + hl, h.auth_tag);
+    hl += spin_auth_len;
+  }
+  return hl;
+}
+
 } // namespace
+
+auth_key auth_key::from_bytes(const std::array<std::uint8_t, 16>& b) {
+  auth_key k;
+  for (int i = 7; i >= 0; --i) {
+    k.k0 = k.k0 << 8 | b[static_cast<std::size_t>(i)];
+    k.k1 = k.k1 << 8 | b[static_cast<std::size_t>(i) + 8];
+  }
+  return k;
+}
+
+std::uint64_t auth_tag(const auth_key& k, const header& h, std::span<const std::byte> payload) noexcept {
+  // 46 header bytes, 16 extension bytes, 2 zero bytes: eight words ahead of the payload.
+  std::uint8_t pre[spin_base_len + spin_coll_len + 2 + spin_auth_len] = {};
+  header c = h;
+  c.flags = static_cast<std::uint16_t>(c.flags | flag_auth | flag_coll);
+  c.message_id = 0;
+  c.payload_len = static_cast<std::uint32_t>(payload.size());
+  c.auth_tag = 0;
+  if ((h.flags & flag_coll) == 0) c.coll = coll_ext{};
+  put_spin(pre, c);  // writes 70 bytes: the tag's 8 zero bytes land in the spare words
+  put16(pre + 2, static_cast<std::uint16_t>(h.flags | flag_auth));  // the flags as sent
+  constexpr std::size_t covered = spin_base_len + spin_coll_len + 2;
+  static_assert(covered % 8 == 0);
+  return siphash24(k.k0, k.k1, pre, covered, reinterpret_cast<const u8*>(payload.data()), payload.size());
+}
 
 bool parse(std::span<const segment> segs, std::uint16_t udp_port, parsed& out, reject& why) noexcept {
   std::uint64_t frame_len = 0;
@@ -162,7 +223,7 @@ bool parse(std::span<const segment> segs, std::uint16_t udp_port, parsed& out, r
     return fail(reject::bad_type);
   const std::uint16_t flags = be16(s + 2);
   if ((flags & ~known_flags) != 0) return fail(reject::bad_flags);
-  const std::size_t hdr_len = spin_base_len + ((flags & flag_coll) ? spin_coll_len : 0);
+  const std::size_t hdr_len = spin_len(flags);
   if (ulen < udp_len + hdr_len || have < spin_off + hdr_len) return fail(reject::spin_truncated);
   decode_spin(reinterpret_cast<const std::byte*>(s), h);
   if ((h.flags & flag_start) != 0 && h.seq != 0) return fail(reject::bad_flags);
@@ -199,6 +260,7 @@ void decode_spin(const std::byte* spin, header& h) noexcept {
   } else {
     h.coll = coll_ext{};
   }
+  h.auth_tag = (h.flags & flag_auth) ? be64(s + spin_base_len + ((h.flags & flag_coll) ? spin_coll_len : 0)) : 0;
 }
 
 endpoint rank_endpoint(std::uint32_t rank, std::uint16_t udp_port) {
@@ -210,7 +272,7 @@ endpoint rank_endpoint(std::uint32_t rank, std::uint16_t udp_port) {
 }
 
 std::size_t encoded_len(const header& h, std::size_t payload_len) {
-  return eth_len + ipv4_min_len + udp_len + spin_base_len + ((h.flags & flag_coll) ? spin_coll_len : 0) + payload_len;
+  return eth_len + ipv4_min_len + udp_len + spin_len(h.flags) + payload_len;
 }
 
 std::size_t encode(const endpoint& src, const endpoint& dst, header h, std::span<const std::byte> payload,
@@ -246,27 +308,7 @@ std::size_t encode_headers(const endpoint& src, const endpoint& dst, header h, s
   put16(udp + 6, 0);
   std::uint8_t* s = udp + udp_len;
   h.payload_len = static_cast<std::uint32_t>(payload_len);
-  s[0] = h.version;
-  s[1] = static_cast<std::uint8_t>(h.type);
-  put16(s + 2, h.flags);
-  put32(s + 4, h.source_rank);
-  put64(s + 8, h.match_bits);
-  put64(s + 16, h.message_id);
-  put32(s + 24, h.seq);
-  put16(s + 28, static_cast<std::uint16_t>(h.payload_len));
-  put64(s + 30, h.message_len);
-  put64(s + 38, h.offset);
-  std::size_t hl = spin_base_len;
-  if (h.flags & flag_coll) {
-    std::uint8_t* c = s + spin_base_len;
-    c[0] = h.coll.op;
-    c[1] = h.coll.dtype;
-    put16(c + 2, h.coll.slot);
-    put32(c + 4, h.coll.elem_count);
-    put32(c + 8, h.coll.epoch);
-    put32(c + 12, h.coll.aux);
-    hl += spin_coll_len;
-  }
+  const std::size_t hl = put_spin(s, h);
   return static_cast<std::size_t>(s + hl - f);
 }
 

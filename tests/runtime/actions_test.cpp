@@ -5,6 +5,8 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 #include <atomic>
 #include <cstring>
 #include <thread>
@@ -372,6 +374,74 @@ TEST_CASE("packets a handler sends leave through the TX port as valid frames tha
   const auto s = f.ec_stats(ec);
   CHECK(s.sends == 3);
   CHECK(s.send_bytes == 3000);
+}
+
+TEST_CASE("an EC with a frame key runs only link frames whose tag verifies, counts the others as unauthenticated, and tags what it sends") {
+  rt::memory_tx_port tx(1, 1 << 20, 5);
+  rt::runtime_config cfg;
+  cfg.hpus = 1;
+  cfg.tx = &tx;
+  cfg.rank = 5;
+  fixture f(cfg);
+  rt::ec_config c;
+  c.handlers.payload = echo_ph;
+  c.handler_mem_bytes = 8;
+  for (std::size_t i = 0; i < 16; ++i) c.frame_key[i] = static_cast<std::uint8_t>(0x40 + i);
+  const rt::ec_id ec = f.install(c);
+  const auto key = rt::wire::auth_key::from_bytes(c.frame_key);
+  auto payload = [](std::uint64_t msg) {
+    std::vector<std::byte> b(10);
+    for (std::uint64_t i = 0; i < b.size(); ++i) b[i] = pattern(2, msg, i);
+    return b;
+  };
+  auto tagged = [&](std::uint64_t msg, rt::wire::auth_key k) {
+    auto h = data_header(0, 2, msg, 0, 1, 10, 10);
+    h.flags |= rt::wire::flag_auth;
+    h.auth_tag = rt::wire::auth_tag(k, h, payload(msg));
+    return h;
+  };
+  std::vector<rt::packet> p;
+  p.push_back(f.pool.add(data_header(0, 2, 1, 0, 1, 10, 10), payload(1)));  // no tag
+  rt::wire::auth_key wrong = key;
+  wrong.k0 ^= 1;
+  p.push_back(f.pool.add(tagged(2, wrong), payload(2)));  // another key's tag
+  auto changed = payload(3);
+  changed[4] ^= std::byte{0x80};
+  p.push_back(f.pool.add(tagged(3, key), changed));  // payload changed after tagging
+  auto forged_source = tagged(4, key);
+  forged_source.source_rank = 3;
+  p.push_back(f.pool.add(forged_source, payload(4)));  // source rank changed after tagging
+  p.push_back(f.pool.add(tagged(5, key), payload(5)));  // verifies
+  rt::packet local = f.pool.add(data_header(0, 2, 6, 0, 1, 10, 10), payload(6));
+  local.local = true;  // from this NIC's own host: needs no tag
+  p.push_back(local);
+  REQUIRE(feed(*f.rt, p));
+  CHECK(f.drops(ec, rt::drop_reason::unauthenticated) == 4);
+  CHECK(f.ec_stats(ec).packets_in == 2);
+  auto frames = tx.take_frames();
+  REQUIRE(frames.size() == 2);
+  std::vector<std::uint64_t> ids;
+  for (auto& fr : frames) {
+    rt::wire::parsed ps;
+    rt::wire::reject why;
+    REQUIRE(rt::wire::parse(std::span<const std::byte>(fr.bytes), rt::wire::default_udp_port, ps, why));
+    CHECK((ps.hdr.flags & rt::wire::flag_auth) != 0);
+    CHECK(ps.hdr.auth_tag ==
+          rt::wire::auth_tag(key, ps.hdr, std::span<const std::byte>(fr.bytes).subspan(ps.payload_offset, ps.hdr.payload_len)));
+    ids.push_back(ps.hdr.message_id);
+  }
+  std::sort(ids.begin(), ids.end());
+  CHECK(ids == std::vector<std::uint64_t>{1005, 1006});
+  // An EC without a key takes tagged and untagged frames alike.
+  rt::ec_config open = c;
+  open.frame_key = {};
+  open.match.bits = 0x77;
+  const rt::ec_id oc = f.install(open);
+  auto t = tagged(7, wrong);
+  t.match_bits = 0x77;
+  REQUIRE(feed(*f.rt, std::vector<rt::packet>{f.pool.add(t, payload(7)), f.pool.add(data_header(0x77, 2, 8, 0, 1, 10, 10), payload(8))}));
+  CHECK(f.ec_stats(oc).packets_in == 2);
+  CHECK(f.drops(oc, rt::drop_reason::unauthenticated) == 0);
 }
 
 TEST_CASE("handlers read a packet's collective fields and send their own; a handler built before them still sends") {

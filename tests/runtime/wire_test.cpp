@@ -2,6 +2,7 @@
 
 #include <spin/rt/runtime.hpp>
 #include <spin/rt/wire.hpp>
+#include <spin/siphash.hpp>
 
 #include <doctest/doctest.h>
 
@@ -214,8 +215,8 @@ const std::vector<corruption>& corruptions() {
       {"spin version 2", r::bad_version, [](bytes& f) { put(f, f_version, 2); }},
       {"packet type 0", r::bad_type, [](bytes& f) { put(f, f_type, 0); }},
       {"packet type 6", r::bad_type, [](bytes& f) { put(f, f_type, 6); }},
-      {"unknown flag bit 4", r::bad_flags,
-       [](bytes& f) { put(f, f_flags, get(f, f_flags) | 0x10); }},
+      {"unknown flag bit 5", r::bad_flags,
+       [](bytes& f) { put(f, f_flags, get(f, f_flags) | 0x20); }},
       {"unknown flag bit 15", r::bad_flags,
        [](bytes& f) { put(f, f_flags, get(f, f_flags) | 0x8000); }},
       {"start flag with seq 1", r::bad_flags, [](bytes& f) { put(f, f_seq, 1); }},
@@ -255,11 +256,13 @@ TEST_CASE("an encoded frame parses back to the same header and payload") {
   CHECK(p.payload_offset == wire::min_overhead);
 }
 
-TEST_CASE("every header field round-trips through encode and parse, with and without the collective extension") {
+TEST_CASE("every header field round-trips through encode and parse, with and without the collective extension and the tag") {
   for (bool coll : {false, true}) {
+   for (bool auth : {false, true}) {
     for (int t = 1; t <= 5; ++t) {
       for (std::size_t len : {0u, 1u, 333u}) {
         CAPTURE(coll);
+        CAPTURE(auth);
         CAPTURE(t);
         CAPTURE(len);
         wire::header h = sample_header(coll, len);
@@ -268,9 +271,14 @@ TEST_CASE("every header field round-trips through encode and parse, with and wit
         h.seq = 0x41424344;
         h.offset = 0x0000000100000000ull;
         h.message_len = h.offset + len;
+        if (auth) {
+          h.flags |= wire::flag_auth;
+          h.auth_tag = 0x5152535455565758ull;
+        }
         const bytes payload = make_payload(len);
         const bytes f = encode(h, payload);
-        CHECK(f.size() == wire::min_overhead + (coll ? wire::spin_coll_len : 0) + len);
+        CHECK(f.size() == wire::min_overhead + (coll ? wire::spin_coll_len : 0) + (auth ? wire::spin_auth_len : 0) + len);
+        if (auth) CHECK(get_be(f, f.size() - len - 8, 8) == 0x5152535455565758ull);
         const outcome o = parse_whole(f);
         REQUIRE(o.ok);
         h.payload_len = static_cast<std::uint32_t>(len);
@@ -279,6 +287,71 @@ TEST_CASE("every header field round-trips through encode and parse, with and wit
         CHECK(o.p.payload_offset == f.size() - len);
         CHECK(std::equal(payload.begin(), payload.end(), f.begin() + o.p.payload_offset));
       }
+    }
+   }
+  }
+}
+
+// The tag as docs/wire-format.md defines it, from the frame's own bytes: the spin header with
+// message_id zero, the extension (or 16 zero bytes), two zero bytes, the payload.
+std::uint64_t documented_tag(const wire::auth_key& k, const bytes& f, bool coll, std::size_t len) {
+  std::uint8_t pre[64] = {};
+  for (std::size_t i = 0; i < wire::spin_base_len + (coll ? wire::spin_coll_len : 0); ++i)
+    pre[i] = std::to_integer<std::uint8_t>(f.at(spin_at + i));
+  std::memset(pre + f_msg_id.at, 0, 8);
+  return spin::siphash24(k.k0, k.k1, pre, 64, reinterpret_cast<const std::uint8_t*>(f.data() + f.size() - len), len);
+}
+
+TEST_CASE("the authentication tag is SipHash-2-4 of the header as sent, message_id zero, and the payload") {
+  std::array<std::uint8_t, 16> kb{};
+  for (std::size_t i = 0; i < 16; ++i) kb[i] = static_cast<std::uint8_t>(i);
+  const wire::auth_key k = wire::auth_key::from_bytes(kb);
+  CHECK(k.k0 == 0x0706050403020100ull);
+  CHECK(k.k1 == 0x0f0e0d0c0b0a0908ull);
+  CHECK_FALSE(k.none());
+  CHECK(wire::auth_key{}.none());
+  for (bool coll : {false, true}) {
+    for (std::size_t len : {0u, 7u, 8u, 333u}) {
+      CAPTURE(coll);
+      CAPTURE(len);
+      wire::header h = sample_header(coll, len);
+      h.flags |= wire::flag_auth;
+      const bytes payload = make_payload(len);
+      h.auth_tag = wire::auth_tag(k, h, payload);
+      const bytes f = encode(h, payload);
+      CHECK(h.auth_tag == documented_tag(k, f, coll, len));
+      const outcome o = parse_whole(f);
+      REQUIRE(o.ok);
+      CHECK(o.p.hdr.auth_tag == h.auth_tag);
+      CHECK(wire::auth_tag(k, o.p.hdr, std::span<const std::byte>(f.data() + o.p.payload_offset, len)) == h.auth_tag);
+      // message_id is not covered: every copy of a multicast carries one tag.
+      wire::header id = h;
+      id.message_id ^= 0xff;
+      CHECK(wire::auth_tag(k, id, payload) == h.auth_tag);
+      // Every other field, each payload byte and the key are.
+      std::vector<wire::header> other(9, h);
+      other[0].source_rank ^= 1;
+      other[1].match_bits ^= 1;
+      other[2].seq ^= 1;
+      other[3].message_len ^= 1;
+      other[4].offset ^= 1;
+      other[5].flags ^= wire::flag_retransmit;
+      other[6].type = wire::packet_type::result;
+      other[7].coll.aux ^= 1;
+      other[8].flags ^= wire::flag_coll;
+      for (std::size_t i = 0; i < other.size(); ++i) {
+        CAPTURE(i);
+        if (i == 7 && !coll) continue;  // without the extension its fields are not on the wire
+        CHECK(wire::auth_tag(k, other[i], payload) != h.auth_tag);
+      }
+      for (std::size_t b = 0; b < len; b += 41) {
+        bytes q = payload;
+        q[b] ^= std::byte{1};
+        CHECK(wire::auth_tag(k, h, q) != h.auth_tag);
+      }
+      wire::auth_key k2 = k;
+      k2.k1 ^= 1;
+      CHECK(wire::auth_tag(k2, h, payload) != h.auth_tag);
     }
   }
 }

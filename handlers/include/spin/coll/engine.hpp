@@ -23,7 +23,7 @@
 #pragma once
 
 #include <spin/coll/protocol.hpp>
-#include <spin/coll/siphash.hpp>
+#include <spin/siphash.hpp>
 #include <spin/coll/types.hpp>
 #include <spin/handler.hpp>
 

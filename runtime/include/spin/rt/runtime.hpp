@@ -154,6 +154,13 @@ struct ec_config {
   scratchpad_init scratchpad = scratchpad_init::zeroed;  ///< its contents when a message opens
   std::optional<host_window> window;      ///< host memory the EC may DMA to/from
   ec_limits limits;
+  /// Frame key (16 bytes; all zero, the default: none). With a key, every frame the EC's
+  /// handlers send carries `wire::flag_auth` and the SipHash-2-4 tag of its header and payload
+  /// under the key (docs/wire-format.md, "Authentication tag"), and a frame that matches the EC
+  /// from a link (not packet::local) without a tag that verifies is dropped as
+  /// drop_reason::unauthenticated before any handler sees it. The collectives derive one key per
+  /// group from the job secret (docs/collectives.md, "Authenticated frames").
+  std::array<std::uint8_t, 16> frame_key{};
 };
 
 /// DMA engine model: a DMA of n bytes completes latency + n*8/bandwidth after it was issued.
@@ -183,6 +190,9 @@ struct packet {
   /// packets (ec_limits::read_only_multicast) see them in place; any other EC gets a private
   /// copy from `runtime_config::unshare`.
   bool shared = false;
+  /// The frame never crossed a link: this NIC's own host or handlers sent it to this NIC's own
+  /// rank (the emulator's loopback). Such frames need no authentication tag (ec_config::frame_key).
+  bool local = false;
 };
 
 /// Replaces `p` by a private, contiguous copy of its frame (tail == null, shared == false) and

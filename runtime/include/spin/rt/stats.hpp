@@ -29,6 +29,7 @@ enum class drop_reason : std::uint8_t {
   not_data,         ///< packet type other than data/result (ack, nack, control): not for handlers in v1
   ec_removed,       ///< the EC was uninstalled while the packet waited
   host_window,      ///< default deposit (no payload handler) outside the EC's host window
+  unauthenticated,  ///< the EC has a frame key and the frame, from a link, has no tag or a tag that does not verify (ec_config::frame_key)
   no_private_copy,  ///< a two-buffer frame (a multicast copy) that had to be made contiguous (shared and the EC may write its packets, or its payload not exactly the second buffer) and could not be (no buffer, or no runtime_config::unshare)
   count_
 };

@@ -23,9 +23,10 @@ inline constexpr std::size_t udp_len = 8;
 /// payload in place when the frame buffer is 8-byte aligned, as mbufs are.
 inline constexpr std::size_t spin_base_len = 46;
 inline constexpr std::size_t spin_coll_len = 16;  ///< collective extension (bytes)
+inline constexpr std::size_t spin_auth_len = 8;   ///< authentication tag (bytes)
 /// Bytes before the payload of a data packet without IP options or extension: 88.
 inline constexpr std::size_t min_overhead = eth_len + ipv4_min_len + udp_len + spin_base_len;
-static_assert(min_overhead % 8 == 0 && spin_coll_len % 8 == 0);
+static_assert(min_overhead % 8 == 0 && spin_coll_len % 8 == 0 && spin_auth_len % 8 == 0);
 
 /// Packet types (byte 1 of the spin header).
 enum class packet_type : std::uint8_t { data = 1, ack = 2, nack = 3, result = 4, control = 5 };
@@ -36,8 +37,9 @@ enum flag : std::uint16_t {
   flag_end = 1u << 1,        ///< last packet of the message
   flag_retransmit = 1u << 2, ///< retransmission of an earlier packet
   flag_coll = 1u << 3,       ///< the 16-byte collective extension follows the base header
+  flag_auth = 1u << 4,       ///< the 8-byte authentication tag follows the header and its extension
 };
-inline constexpr std::uint16_t known_flags = flag_start | flag_end | flag_retransmit | flag_coll;
+inline constexpr std::uint16_t known_flags = flag_start | flag_end | flag_retransmit | flag_coll | flag_auth;
 
 /// Collective extension (present when `flag_coll` is set).
 struct coll_ext {
@@ -63,8 +65,25 @@ struct header {
   std::uint64_t message_len = 0;    ///< payload bytes of the whole message
   std::uint64_t offset = 0;         ///< byte offset of this payload in the message
   coll_ext coll{};                  ///< valid when flags & flag_coll
+  std::uint64_t auth_tag = 0;       ///< valid when flags & flag_auth (auth_tag())
   bool operator==(const header&) const = default;
 };
+
+/// The key of authenticated frames (an EC's frame key, rt::ec_config::frame_key): SipHash-2-4's
+/// 128-bit key, bytes 0..7 and 8..15 little-endian. All zero: none.
+struct auth_key {
+  std::uint64_t k0 = 0, k1 = 0;
+  bool none() const { return k0 == 0 && k1 == 0; }
+  static auth_key from_bytes(const std::array<std::uint8_t, 16>& b);
+};
+
+/// The authentication tag of a frame with header `h` and payload `payload`
+/// (docs/wire-format.md, "Authentication tag"): SipHash-2-4 under `k` of the spin header as on
+/// the wire with `flag_auth` set and `message_id` zero, the collective extension (16 zero bytes
+/// without `flag_coll`), two zero bytes, then the payload. `h.payload_len` is taken from
+/// `payload`. Not covered: addresses, ports and message_id, so that every copy of a multicast
+/// carries one tag. Thread-safe.
+std::uint64_t auth_tag(const auth_key& k, const header& h, std::span<const std::byte> payload) noexcept;
 
 /// Why a frame was rejected. Every rejected frame is counted under exactly one reason.
 enum class reject : std::uint8_t {
@@ -84,7 +103,7 @@ enum class reject : std::uint8_t {
   bad_type,         ///< unknown packet type
   bad_flags,        ///< unknown flag bits, or start flag on a packet with seq != 0
   length_mismatch,  ///< payload_len disagrees with the UDP length
-  bad_offset,       ///< offset + payload_len exceeds message_len
+  bad_offset,       ///< offset + payload_len exceeds message_len (or flag_end and they fall short)
   count_            ///< number of reasons
 };
 inline constexpr std::size_t reject_count = static_cast<std::size_t>(reject::count_);
@@ -124,8 +143,8 @@ inline bool parse(std::span<const std::byte> frame, std::uint16_t udp_port, pars
   return parse(std::span<const segment>(&s, 1), udp_port, out, why);
 }
 
-/// Decodes the spin header at `spin` (spin_base_len bytes, plus spin_coll_len when its flags say
-/// so) without validating it: for frames `parse` already accepted.
+/// Decodes the spin header at `spin` (spin_base_len bytes, plus spin_coll_len and spin_auth_len
+/// when its flags say so) without validating it: for frames `parse` already accepted.
 void decode_spin(const std::byte* spin, header& h) noexcept;
 
 /// Addresses of one endpoint on the wire.
@@ -142,7 +161,8 @@ endpoint rank_endpoint(std::uint32_t rank, std::uint16_t udp_port = default_udp_
 std::size_t encoded_len(const header& h, std::size_t payload_len);
 
 /// Writes a complete frame (Ethernet, IPv4 with checksum, UDP without checksum, spin header,
-/// payload) into `out`. `h.payload_len` is set from `payload`. Returns the frame length, or 0
+/// its extension and tag as `h.flags` say, payload) into `out`; the tag written is
+/// `h.auth_tag` as given (auth_tag() computes it). `h.payload_len` is set from `payload`. Returns the frame length, or 0
 /// when `out` is too small or the frame would exceed 65535 bytes of IP datagram.
 std::size_t encode(const endpoint& src, const endpoint& dst, header h, std::span<const std::byte> payload,
                    std::span<std::byte> out) noexcept;
