@@ -1,4 +1,5 @@
--- Wireshark/tshark dissector for the spinnic wire format v1 (docs/wire-format.md).
+-- Wireshark/tshark dissector for the spinnic wire format v1 (docs/wire-format.md), with the
+-- collective extension and the authentication tag.
 --
 --   tshark -X lua_script:tools/spin.lua -r capture.pcap
 --   wireshark -X lua_script:tools/spin.lua capture.pcap
@@ -12,13 +13,14 @@
 local default_port = 17771
 local base_len = 46  -- spin header without extension
 local coll_len = 16  -- collective extension
+local auth_len = 8   -- authentication tag
 
 local spin = Proto("spin", "spinnic wire format v1")
 
 local type_names = { [1] = "data", [2] = "ack", [3] = "nack", [4] = "result", [5] = "control" }
 
-local FLAG_START, FLAG_END, FLAG_RETRANSMIT, FLAG_COLL = 0x0001, 0x0002, 0x0004, 0x0008
-local KNOWN_FLAGS = 0x000f
+local FLAG_START, FLAG_END, FLAG_RETRANSMIT, FLAG_COLL, FLAG_AUTH = 0x0001, 0x0002, 0x0004, 0x0008, 0x0010
+local KNOWN_FLAGS = 0x001f
 
 local f = spin.fields
 f.version = ProtoField.uint8("spin.version", "Version", base.DEC)
@@ -28,7 +30,8 @@ f.flag_start = ProtoField.bool("spin.flags.start", "Start of message", 16, nil, 
 f.flag_end = ProtoField.bool("spin.flags.end", "End of message", 16, nil, FLAG_END)
 f.flag_retransmit = ProtoField.bool("spin.flags.retransmit", "Retransmission", 16, nil, FLAG_RETRANSMIT)
 f.flag_coll = ProtoField.bool("spin.flags.coll", "Collective extension", 16, nil, FLAG_COLL)
-f.flag_unknown = ProtoField.uint16("spin.flags.unknown", "Unknown flag bits", base.HEX, nil, 0xfff0)
+f.flag_auth = ProtoField.bool("spin.flags.auth", "Authentication tag", 16, nil, FLAG_AUTH)
+f.flag_unknown = ProtoField.uint16("spin.flags.unknown", "Unknown flag bits", base.HEX, nil, 0xffe0)
 f.src_rank = ProtoField.uint32("spin.src_rank", "Source rank", base.DEC)
 f.match_bits = ProtoField.uint64("spin.match_bits", "Match bits", base.HEX)
 f.msg_id = ProtoField.uint64("spin.msg_id", "Message id", base.HEX)
@@ -44,6 +47,7 @@ f.coll_shadow = ProtoField.bool("spin.coll.shadow", "Shadow copy", 16, nil, 0x80
 f.coll_elem_count = ProtoField.uint32("spin.coll.elem_count", "Element count", base.DEC)
 f.coll_epoch = ProtoField.uint32("spin.coll.epoch", "Epoch", base.DEC)
 f.coll_aux = ProtoField.uint32("spin.coll.aux", "Aux", base.HEX)
+f.auth_tag = ProtoField.uint64("spin.auth_tag", "Authentication tag", base.HEX)
 
 -- Expert info, named after wire::reject reasons.
 local MALFORMED, ERROR = expert.group.MALFORMED, expert.severity.ERROR
@@ -77,8 +81,9 @@ local function flag_names(flags)
   if bit.band(flags, FLAG_END) ~= 0 then names[#names + 1] = "end" end
   if bit.band(flags, FLAG_RETRANSMIT) ~= 0 then names[#names + 1] = "retransmit" end
   if bit.band(flags, FLAG_COLL) ~= 0 then names[#names + 1] = "coll" end
+  if bit.band(flags, FLAG_AUTH) ~= 0 then names[#names + 1] = "auth" end
   if bit.band(flags, bit.bnot(KNOWN_FLAGS), 0xffff) ~= 0 then
-    names[#names + 1] = string.format("unknown 0x%04x", bit.band(flags, 0xfff0))
+    names[#names + 1] = string.format("unknown 0x%04x", bit.band(flags, 0xffe0))
   end
   return table.concat(names, ",")
 end
@@ -89,6 +94,7 @@ local function add_flags(tree, range)
   item:add(f.flag_end, range)
   item:add(f.flag_retransmit, range)
   item:add(f.flag_coll, range)
+  item:add(f.flag_auth, range)
   item:add(f.flag_unknown, range)
   return item
 end
@@ -131,7 +137,8 @@ function spin.dissector(tvb, pinfo, tree)
   local msg_len = tvb(30, 8):uint64()
   local offset = tvb(38, 8):uint64()
   local has_coll = bit.band(flags, FLAG_COLL) ~= 0
-  local hdr_len = has_coll and (base_len + coll_len) or base_len
+  local has_auth = bit.band(flags, FLAG_AUTH) ~= 0
+  local hdr_len = base_len + (has_coll and coll_len or 0) + (has_auth and auth_len or 0)
   local tname = type_names[ptype] or ("unknown(" .. ptype .. ")")
 
   local info = string.format("spin %s seq=%u src=%u msg=%s len=%u", tname, seq, src, hex(msg_id), payload_len)
@@ -147,7 +154,7 @@ function spin.dissector(tvb, pinfo, tree)
       problems[#problems + 1] = "unknown type"
     elseif fd[3] == f.flags then
       if bit.band(flags, bit.bnot(KNOWN_FLAGS), 0xffff) ~= 0 then
-        sub:add_proto_expert_info(e_flags, string.format("Unknown flag bits 0x%04x", bit.band(flags, 0xfff0)))
+        sub:add_proto_expert_info(e_flags, string.format("Unknown flag bits 0x%04x", bit.band(flags, 0xffe0)))
         problems[#problems + 1] = "unknown flags"
       end
       if bit.band(flags, FLAG_START) ~= 0 and tvb(24, 4):uint() ~= 0 then
@@ -158,14 +165,15 @@ function spin.dissector(tvb, pinfo, tree)
   end
 
   local ext_truncated = false
-  if has_coll then
+  if has_coll or has_auth then
     if udp_payload < hdr_len or len < hdr_len then
       ext_truncated = true
-      item:add_proto_expert_info(e_truncated, string.format("Truncated collective extension: %d of %d bytes",
-                                                            udp_payload - base_len, coll_len))
+      item:add_proto_expert_info(e_truncated, string.format("Truncated %s: %d of %d bytes",
+                                                            has_coll and "collective extension" or "authentication tag",
+                                                            udp_payload - base_len, hdr_len - base_len))
       problems[#problems + 1] = "truncated extension"
       hdr_len = math.min(len, hdr_len)
-    else
+    elseif has_coll then
       local c = tvb(base_len, coll_len)
       local ci = item:add(f.coll, c)
       ci:add(f.coll_op, c(0, 1))
@@ -179,6 +187,11 @@ function spin.dissector(tvb, pinfo, tree)
       info = info .. string.format(" op=%u dtype=%u slot=%u%s epoch=%u", c(0, 1):uint(), c(1, 1):uint(),
                                    bit.band(slot, 0x7fff), bit.band(slot, 0x8000) ~= 0 and " shadow" or "",
                                    c(8, 4):uint())
+    end
+    if has_auth and not ext_truncated then
+      local t = tvb(base_len + (has_coll and coll_len or 0), auth_len)
+      item:add(f.auth_tag, t)
+      info = info .. " tag=" .. hex(t:uint64())
     end
   end
 

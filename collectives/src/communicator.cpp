@@ -7,6 +7,7 @@
 
 #include "cmd_key.hpp"
 #include "engine_ec.hpp"
+#include "job_secret.hpp"
 #include "port.hpp"
 #include "repair_timer.hpp"
 
@@ -241,6 +242,7 @@ struct communicator::impl {
     spec.scratchpad = cfg.scratchpad;
     spec.handler_mem_bytes = cfg.handler_mem_bytes;
     spec.window = rt::host_window{region, 0, arena_bytes};
+    spec.frame_key = detail::group_frame_key(o.job_secret, e.wire_id);
     auto ec = nic->install(pkg, spec);
     if (!ec.ok() && ec.err().code == errc::no_memory) {
       std::size_t on_nic = 0;

@@ -3,8 +3,8 @@
 #include <spin/coll/coll.hpp>
 #include <spin/coll/engine.hpp>
 #include <spin/coll/protocol.hpp>
-#include <spin/siphash.hpp>
 
+#include "job_secret.hpp"
 #include "port.hpp"
 #include "switch_engine.hpp"
 
@@ -141,8 +141,9 @@ struct fabric::impl {
 
   result<void> install(placement& pl, std::uint32_t wire_id, std::uint32_t slots, const pr::switch_setup& setup,
                        const std::vector<std::uint32_t>& members, const std::vector<std::uint32_t>& leaves,
-                       const engine_package& pkg) {
-    return detail::install_switch_engine(*switches[pl.sw].port, pl.eng, wire_id, slots, o.slot_bytes, setup, members, leaves, pkg);
+                       const engine_package& pkg, const detail::job_key& frame_key) {
+    return detail::install_switch_engine(*switches[pl.sw].port, pl.eng, wire_id, slots, o.slot_bytes, setup, members, leaves, pkg,
+                                         frame_key);
   }
 
   void undo(placement& pl) { detail::remove_switch_engine(*switches[pl.sw].port, pl.eng); }
@@ -160,7 +161,7 @@ struct fabric::impl {
   // so that no group holds one switch while it waits for another), then the engine ECs. On
   // error the caller undoes what was done (undo_setup).
   result<lease> set_up(std::uint32_t wire_id, job& j, const std::vector<std::uint32_t>& members, std::uint32_t slots,
-                       const engine_package& pkg) {
+                       const engine_package& pkg, const detail::job_key& frame_key) {
     const auto root = static_cast<std::int32_t>(j.root);
     const std::vector<std::int32_t> leaf_of = leaves_for(members, root);
     std::vector<std::uint32_t> used = {j.root};
@@ -184,7 +185,7 @@ struct fabric::impl {
     rs.role = pr::switch_root;
     rs.nleaves = static_cast<std::uint32_t>(leaf_ranks.size());
     j.placed.push_back({j.root, {}});
-    if (auto r = install(j.placed.back(), wire_id, slots, rs, members, leaf_ranks, pkg); !r.ok()) return r.err();
+    if (auto r = install(j.placed.back(), wire_id, slots, rs, members, leaf_ranks, pkg, frame_key); !r.ok()) return r.err();
     for (std::size_t k = 1; k < used.size(); ++k) {
       std::vector<std::uint32_t> local;
       for (std::size_t i = 0; i < members.size(); ++i)
@@ -196,7 +197,7 @@ struct fabric::impl {
       ls.role = pr::switch_leaf;
       ls.parent = switches[j.root].rank;
       j.placed.push_back({used[k], {}});
-      if (auto r = install(j.placed.back(), wire_id, slots, ls, local, {}, pkg); !r.ok()) return r.err();
+      if (auto r = install(j.placed.back(), wire_id, slots, ls, local, {}, pkg, frame_key); !r.ok()) return r.err();
     }
     lease l;
     l.switch_rank = switches[j.root].rank;
@@ -323,25 +324,6 @@ std::vector<fabric::switch_usage> fabric::usage() const {
 }
 
 namespace {
-// The proof of the job secret a join carries: SipHash-2-4 under the secret over "spin-join",
-// the group's wire id, slots and members; 0 without a secret.
-std::uint64_t join_proof(const std::array<std::uint8_t, 16>& secret, std::uint32_t wire_id, std::uint32_t slots,
-                         const std::vector<std::uint32_t>& members) {
-  std::uint64_t k0 = 0, k1 = 0;
-  std::memcpy(&k0, secret.data(), 8);
-  std::memcpy(&k1, secret.data() + 8, 8);
-  if (k0 == 0 && k1 == 0) return 0;
-  std::vector<std::uint8_t> msg = {'s', 'p', 'i', 'n', '-', 'j', 'o', 'i', 'n'};
-  auto put = [&](std::uint32_t v) {
-    for (int i = 0; i < 4; ++i) msg.push_back(static_cast<std::uint8_t>(v >> (8 * i)));
-  };
-  put(wire_id);
-  put(slots);
-  for (std::uint32_t m : members) put(m);
-  const std::uint64_t p = siphash24(k0, k1, msg.data(), msg.size());
-  return p == 0 ? 1 : p;  // 0 means "no proof"
-}
-
 // Lease words as the installer publishes them: the root's rank, then (two-level tree) each
 // member's leaf rank.
 std::vector<std::uint32_t> lease_words(const fabric::lease& l) {
@@ -367,8 +349,9 @@ result<fabric::lease> fabric::join(std::uint32_t wire_id, const std::vector<std:
                  std::to_string(_p->o.slot_bytes) + " bytes on " + rs.name;
     return out;
   }
-  host::group_join req{wire_id, members, slots, join_proof(job_secret, wire_id, slots, members)};
+  host::group_join req{wire_id, members, slots, detail::join_proof(job_secret, wire_id, slots, members)};
   req.packet_bytes = packet_bytes;  // an in-band switch checks it against its own slots
+  req.frame_key = detail::group_frame_key(job_secret, wire_id);
   // The installer gives up waiting for slots after `wait`; the other members wait for its
   // decision (it sets the group up, or gives up, within wait plus a set-up).
   const auto start = clock::now();
@@ -407,7 +390,7 @@ result<fabric::lease> fabric::join(std::uint32_t wire_id, const std::vector<std:
     }
     if (ans.state == host::join_state::install) {
       j.installer_me = me;
-      auto r = _p->set_up(wire_id, j, members, slots, pkg);
+      auto r = _p->set_up(wire_id, j, members, slots, pkg, req.frame_key);
       host::group_decision d;
       d.group = wire_id;
       if (r.ok()) {

@@ -93,6 +93,7 @@ public:
     cfg.limits = s.limits;
     cfg.handler_mem_bytes = s.handler_mem_bytes;
     cfg.scratchpad = s.scratchpad;
+    cfg.frame_key = s.frame_key;
     if (auto r = loaded.value().bind(cfg); !r.ok()) return r.err();
     cfg.window = s.window;
     return _nic.install(cfg);
@@ -169,7 +170,7 @@ public:
     rs.slot_bytes = slot_bytes;
     rs.role = proto::switch_root;
     auto& e = _engines[j.group];
-    if (auto r = detail::install_switch_engine(*_port, e, j.group, j.slots, slot_bytes, rs, j.members, {}, pkg.value()); !r.ok()) {
+    if (auto r = detail::install_switch_engine(*_port, e, j.group, j.slots, slot_bytes, rs, j.members, {}, pkg.value(), j.frame_key); !r.ok()) {
       tear_down(j.group);
       return r.err();
     }

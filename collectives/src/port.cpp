@@ -86,6 +86,7 @@ public:
     io.handler_mem_bytes = handler_mem;
     io.scratchpad = s.scratchpad;
     io.scratchpad_bytes = scratchpad;
+    io.frame_key = s.frame_key;
     auto ec = _c.install(_node, io);
     ::unlink(path.c_str());
     if (!ec.ok()) return ec.err();

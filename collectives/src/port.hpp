@@ -38,6 +38,7 @@ struct engine_spec {
   std::uint64_t handler_mem_bytes = 0;  ///< at least what the package declares
   rt::scratchpad_init scratchpad = rt::scratchpad_init::zeroed;
   rt::host_window window;
+  std::array<std::uint8_t, 16> frame_key{};  ///< the group's (group_frame_key); all zero: none
 };
 
 /// One NIC (or switch) as the collectives drive it. Not thread-safe: one thread at a time per

@@ -18,7 +18,8 @@ using clock = std::chrono::steady_clock;
 
 result<void> install_switch_engine(port& nic, switch_engine& pl, std::uint32_t wire_id, std::uint32_t slots,
                                    std::uint32_t slot_bytes, const pr::switch_setup& setup, const std::vector<std::uint32_t>& members,
-                                   const std::vector<std::uint32_t>& leaves, const engine_package& pkg) {
+                                   const std::vector<std::uint32_t>& leaves, const engine_package& pkg,
+                                   const std::array<std::uint8_t, 16>& frame_key) {
   const std::string& sname = nic.name();
   const std::uint32_t inputs = std::max<std::uint32_t>(setup.nranks, setup.nleaves);
   const std::uint64_t stride = engine_detail::slot_stride_bytes(inputs, slot_bytes);
@@ -35,6 +36,7 @@ result<void> install_switch_engine(port& nic, switch_engine& pl, std::uint32_t w
   spec.scratchpad = cfg.scratchpad;
   spec.handler_mem_bytes = engine_detail::slots_offset() + std::uint64_t{slots} * 2 * stride;
   spec.window = rt::host_window{pl.mem->region, 0, pl.mem->bytes.size()};
+  spec.frame_key = frame_key;
   auto ec = nic.install(pkg, spec);
   if (!ec.ok()) return fail(ec.err().code, "installing the aggregation engine on " + sname + ": " + ec.err().message);
   pl.ec = ec.value();

@@ -24,14 +24,14 @@ struct switch_engine {
 
 /// Installs `pkg`'s engine for group `wire_id` on switch `nic` (slots of `slot_bytes`), sends it
 /// its set-up (`setup`; `members`: the NIC ranks it aggregates for; `leaves`: a root's leaf
-/// switches) and waits up to 10 s for the engine to confirm. On error the caller removes what
+/// switches; `frame_key`: the group's, all zero for none) and waits up to 10 s for the engine to confirm. On error the caller removes what
 /// was done (remove_switch_engine). Errors: those of the port's alloc, install and send;
 /// invalid_argument (the engine refused its set-up), fault (the engine failed), timeout (no
 /// confirmation).
 result<void> install_switch_engine(port& nic, switch_engine& e, std::uint32_t wire_id, std::uint32_t slots,
                                    std::uint32_t slot_bytes, const proto::switch_setup& setup,
                                    const std::vector<std::uint32_t>& members, const std::vector<std::uint32_t>& leaves,
-                                   const engine_package& pkg);
+                                   const engine_package& pkg, const std::array<std::uint8_t, 16>& frame_key);
 /// Uninstalls the engine and frees its window (nothing when it was never installed).
 void remove_switch_engine(port& nic, switch_engine& e);
 

@@ -624,6 +624,7 @@ proto::reply control_server_impl::execute(std::uint64_t session, const proto::re
     cfg.scratchpad = q->scratchpad;
     cfg.handler_mem_bytes = q->handler_mem_bytes.value_or(0);
     cfg.scratchpad_bytes = q->scratchpad_bytes.value_or(0);
+    cfg.frame_key = q->frame_key;
     rt::load_options lo;
     lo.bpf = q->bpf;
     if (_opts.native == server_options::native_policy::trusted) check_trusted(q->package);

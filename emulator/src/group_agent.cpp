@@ -2,9 +2,13 @@
 #include <spin/emu/group_agent.hpp>
 #include <spin/emu/groups.hpp>
 
+#include <spin/siphash.hpp>
+
 #include <algorithm>
 #include <array>
 #include <cstring>
+
+#include <sys/random.h>
 
 namespace spin::emu {
 
@@ -13,10 +17,11 @@ namespace {
 using clock = std::chrono::steady_clock;
 
 constexpr std::uint8_t magic = 'G';
-constexpr std::uint8_t version = 1;
+constexpr std::uint8_t version = 2;
 enum op : std::uint8_t { op_join = 1, op_answer = 2, op_leave = 3, op_keepalive = 4, op_alive = 5, op_give_up = 6 };
 constexpr std::size_t header_bytes = 12;
-constexpr std::size_t join_fixed_bytes = header_bytes + 4 + 4 + 4 + 8 + 4;  // before the members
+constexpr std::size_t join_fixed_bytes = header_bytes + 4 + 4 + 4 + 8 + 8 + 16 + 4;  // before the members
+constexpr std::size_t tag_bytes = 8;  // a sealed datagram's trailer
 constexpr std::uint8_t state_error = 255;
 constexpr std::size_t max_reason = 1024;
 // A member's poll sends its join again only when the last one is unanswered for this long: a
@@ -96,6 +101,28 @@ private:
 constexpr std::uint8_t code_of(errc c) { return static_cast<std::uint8_t>(-static_cast<std::int32_t>(c)); }
 constexpr std::uint8_t max_code = code_of(errc::fault);
 
+using key16 = std::array<std::uint8_t, 16>;
+std::uint64_t le64(const std::uint8_t* p) {
+  std::uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = v << 8 | p[i];
+  return v;
+}
+std::uint64_t mac(const key16& k, const std::byte* p, std::size_t n) {
+  return siphash24(le64(k.data()), le64(k.data() + 8), reinterpret_cast<const u8*>(p), n);
+}
+// The frame key XOR the key stream of `nonce` (wrapping and unwrapping are the same).
+key16 wrap(const key16& mk, std::uint64_t nonce, const key16& in) {
+  key16 out = in;
+  for (std::uint32_t half = 0; half < 2; ++half) {
+    std::uint8_t msg[13 + 8 + 1] = {'s', 'p', 'i', 'n', '-', 'k', 'e', 'y', '-', 'w', 'r', 'a', 'p'};
+    for (int i = 0; i < 8; ++i) msg[13 + i] = static_cast<std::uint8_t>(nonce >> (8 * i));
+    msg[21] = static_cast<std::uint8_t>(half);
+    const std::uint64_t ks = siphash24(le64(mk.data()), le64(mk.data() + 8), msg, sizeof msg);
+    for (int i = 0; i < 8; ++i) out[8 * half + static_cast<std::uint32_t>(i)] ^= static_cast<std::uint8_t>(ks >> (8 * i));
+  }
+  return out;
+}
+
 } // namespace
 
 struct group_agent::held {
@@ -134,7 +161,7 @@ group_agent::~group_agent() {
     _stop = true;
     for (const auto& [k, h] : _held) {
       writer w(op_leave, std::get<1>(k), std::get<2>(k));
-      (void)_nic.send_mgmt(std::get<0>(k), w.bytes());
+      (void)transmit(std::get<0>(k), std::move(w.bytes()));
     }
     _held.clear();
   }
@@ -147,9 +174,19 @@ group_agent_stats group_agent::stats() const {
   return _st;
 }
 
-void group_agent::send(std::uint32_t to, const std::vector<std::byte>& d) {
+// Seals `d` when this agent has a management key, and sends it.
+result<void> group_agent::transmit(std::uint32_t to, std::vector<std::byte> d) {
+  if (_o.mgmt_key != key16{}) {
+    d[3] = std::byte{1};
+    const std::uint64_t t = mac(_o.mgmt_key, d.data(), d.size());
+    for (int i = 7; i >= 0; --i) d.push_back(static_cast<std::byte>(t >> (8 * i)));
+  }
+  return _nic.send_mgmt(to, d);
+}
+
+void group_agent::send(std::uint32_t to, std::vector<std::byte> d) {
   // Called with _m held.
-  if (_nic.send_mgmt(to, d).ok())
+  if (transmit(to, std::move(d)).ok())
     _st.datagrams_out++;
   else
     _st.send_errors++;
@@ -159,7 +196,8 @@ void group_agent::send(std::uint32_t to, const std::vector<std::byte>& d) {
 
 result<host::group_answer> group_agent::join(std::uint64_t owner, std::uint32_t sw, const host::group_join& j, std::uint32_t me) {
   if (sw == _nic.rank()) return fail(errc::invalid_argument, "an in-band join names this NIC (" + _nic.name() + ") as its switch");
-  const std::size_t room = _nic.max_payload_bytes() > join_fixed_bytes ? (_nic.max_payload_bytes() - join_fixed_bytes) / 4 : 0;
+  const std::size_t fixed = join_fixed_bytes + tag_bytes;
+  const std::size_t room = _nic.max_payload_bytes() > fixed ? (_nic.max_payload_bytes() - fixed) / 4 : 0;
   if (j.members.size() > room)
     return fail(errc::invalid_argument, "an in-band join carries at most " + std::to_string(room) + " members in one packet of " +
                                             _nic.name() + "; this group has " + std::to_string(j.members.size()) +
@@ -167,12 +205,16 @@ result<host::group_answer> group_agent::join(std::uint64_t owner, std::uint32_t 
   if (j.members.empty() || me >= j.members.size())
     return fail(errc::invalid_argument, "group " + std::to_string(j.group) + ": member index " + std::to_string(me) + " of " +
                                             std::to_string(j.members.size()) + " members");
+  if (j.frame_key != key16{} && _o.mgmt_key == key16{})
+    return fail(errc::invalid_argument, "group " + std::to_string(j.group) + " authenticates its frames (a job secret), and " + _nic.name() +
+                                            " has no management key to send its frame key to the switch in-band (start every "
+                                            "spin-emu of the fabric with the same SPIN_MGMT_KEY, or join through the switch's control socket)");
   std::lock_guard l(_m);
   auto& h = _held[{sw, j.group, me}];
   if (h && h->owner != owner)
     return fail(errc::exists, "member " + std::to_string(me) + " of group " + std::to_string(j.group) + " on switch rank " +
                                   std::to_string(sw) + " is joined by another connection of " + _nic.name());
-  if (!h || h->j.members != j.members || h->j.slots != j.slots || h->j.proof != j.proof) {
+  if (!h || h->j.members != j.members || h->j.slots != j.slots || h->j.proof != j.proof || h->j.frame_key != j.frame_key) {
     h = std::make_unique<held>();
     h->owner = owner;
     h->j = j;
@@ -197,9 +239,18 @@ result<host::group_answer> group_agent::join(std::uint64_t owner, std::uint32_t 
   w.u32(j.packet_bytes);
   w.u32(static_cast<std::uint32_t>(_o.lease_term.count()));
   w.u64(j.proof);
+  std::uint64_t nonce = 0;
+  key16 wrapped{};
+  if (j.frame_key != key16{}) {
+    if (::getrandom(&nonce, sizeof nonce, 0) != static_cast<ssize_t>(sizeof nonce))
+      return fail(errc::bad_state, "group " + std::to_string(j.group) + ": no random bytes for the key wrap (getrandom failed)");
+    wrapped = wrap(_o.mgmt_key, nonce, j.frame_key);
+  }
+  w.u64(nonce);
+  for (std::uint8_t b : wrapped) w.u8(b);
   w.u32(static_cast<std::uint32_t>(j.members.size()));
   for (std::uint32_t m : j.members) w.u32(m);
-  if (auto r = _nic.send_mgmt(sw, w.bytes()); !r.ok()) {
+  if (auto r = transmit(sw, std::move(w.bytes())); !r.ok()) {
     _st.send_errors++;
     return fail(r.err().code, "asking switch rank " + std::to_string(sw) + " in-band: " + r.err().message);
   }
@@ -319,6 +370,9 @@ void group_agent::on_join(std::uint32_t from, std::uint32_t group, std::uint32_t
   j.packet_bytes = r.u32();
   const std::uint32_t term_ms = r.u32();
   j.proof = r.u64();
+  const std::uint64_t nonce = r.u64();
+  key16 wrapped{};
+  for (auto& b : wrapped) b = r.u8();
   const std::uint32_t count = r.u32();
   if (r.bad || count != r.left() / 4 || r.left() % 4 != 0) {
     _st.bad_datagrams++;
@@ -326,6 +380,8 @@ void group_agent::on_join(std::uint32_t from, std::uint32_t group, std::uint32_t
   }
   j.members.resize(count);
   for (auto& m : j.members) m = r.u32();
+  // Only a sealed datagram (this agent has the management key) carries a wrapped key.
+  if (wrapped != key16{} || nonce != 0) j.frame_key = wrap(_o.mgmt_key, nonce, wrapped);
   group_registry& reg = _nic.groups();
   const std::uint64_t owner = member_owner(from);
   const auto term = std::chrono::milliseconds(std::clamp<std::uint32_t>(term_ms, 100, 3600 * 1000));
@@ -386,14 +442,28 @@ void group_agent::handle(const mgmt_datagram& d) {
   _st.datagrams_in++;
   reader r(d.bytes.data(), d.bytes.size());
   const std::uint8_t m = r.u8(), v = r.u8(), o = r.u8();
-  (void)r.u8();
+  const std::uint8_t sealed = r.u8();
   const std::uint32_t group = r.u32(), me = r.u32();
-  if (r.bad || m != magic || v != version) {
+  if (r.bad || m != magic || v != version || sealed > 1 || (sealed == 1 && d.bytes.size() < header_bytes + tag_bytes)) {
     _st.bad_datagrams++;
     return;
   }
+  std::size_t len = d.bytes.size();
+  if ((sealed == 1) != (_o.mgmt_key != key16{})) {
+    _st.forged_datagrams++;
+    return;
+  }
+  if (sealed == 1) {
+    len -= tag_bytes;
+    std::uint64_t t = 0;
+    for (std::size_t i = 0; i < tag_bytes; ++i) t = t << 8 | std::to_integer<std::uint64_t>(d.bytes[len + i]);
+    if (mac(_o.mgmt_key, d.bytes.data(), len) != t) {
+      _st.forged_datagrams++;
+      return;
+    }
+  }
   const std::byte* body = d.bytes.data() + header_bytes;
-  const std::size_t n = d.bytes.size() - header_bytes;
+  const std::size_t n = len - header_bytes;
   group_registry& reg = _nic.groups();
   const std::uint64_t owner = member_owner(d.source_rank);
   switch (o) {

@@ -40,6 +40,7 @@
 #ifdef SPIN_EMU_GROUP_AGENTS
 #include <spin/coll/switch_agent.hpp>
 #include <spin/emu/group_agent.hpp>
+#include <spin/host/env.hpp>
 #endif
 
 #ifdef SPIN_EMU_TRUSTED_ENGINE
@@ -267,9 +268,13 @@ int main(int argc, char** argv) {
   // switch (it answers and sets groups up).
   std::vector<std::unique_ptr<spin::emu::group_agent>> agents;
 #ifdef SPIN_EMU_GROUP_AGENTS
+  // The fabric's management key: from the environment, so that it shows in no process list.
+  auto mgmt_key = spin::host::env_secret("SPIN_MGMT_KEY");
+  if (!mgmt_key) return die(mgmt_key.err().message);
   for (std::size_t i = 0; i < controls.size(); ++i) {
     spin::emu::group_agent_options ao;
     ao.lease_term = std::chrono::milliseconds(group_lease_ms);
+    if (*mgmt_key) ao.mgmt_key = **mgmt_key;
     auto a = spin::emu::group_agent::start(*controls[i], aggregates[i] ? spin::coll::switch_group_installer(*controls[i]) : nullptr, ao);
     if (!a) return die(a.err().message);
     agents.push_back(std::move(a.value()));

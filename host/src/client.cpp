@@ -245,6 +245,7 @@ result<ec> client::install(std::uint32_t node, const install_options& o) {
   if (o.scratchpad_bytes != 0) req.scratchpad_bytes = o.scratchpad_bytes;
   req.scratchpad = o.scratchpad;
   req.window = o.window;
+  req.frame_key = o.frame_key;
   auto rep = call<proto::install_reply>(std::move(req));
   if (!rep) return rep.err();
   return ec{node, rep->ec};

@@ -24,6 +24,18 @@ struct invalid {
 };
 [[noreturn]] void reject(std::string message) { throw invalid{std::move(message)}; }
 
+// A 16-byte key as 32 lower-case hexadecimal digits, written only when it is not all zero.
+void put_key(nlohmann::json& j, const char* key, const std::array<std::uint8_t, 16>& k) {
+  if (k == std::array<std::uint8_t, 16>{}) return;
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string t(32, '0');
+  for (std::size_t i = 0; i < 16; ++i) {
+    t[2 * i] = hex[k[i] >> 4];
+    t[2 * i + 1] = hex[k[i] & 15];
+  }
+  j[key] = t;
+}
+
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 std::string max_text(std::uint64_t v) { return v == u64_max ? "2^64-1" : std::to_string(v); }
@@ -55,6 +67,28 @@ public:
     for (unsigned char c : s)
       if (c < 0x20 || c == 0x7f) reject("field " + name(key) + " contains a control character");
     return s;
+  }
+  /// An optional 16-byte key: 32 hexadecimal digits (either case); all zero when absent. The
+  /// error names the field, never its value.
+  std::array<std::uint8_t, 16> opt_key(const char* key) {
+    std::array<std::uint8_t, 16> k{};
+    const json* v = find(key);
+    if (v == nullptr) return k;
+    auto digit = [](char c) -> int {
+      if (c >= '0' && c <= '9') return c - '0';
+      if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+      if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+      return -1;
+    };
+    const std::string* t = v->is_string() ? &v->get_ref<const std::string&>() : nullptr;
+    bool ok = t != nullptr && t->size() == 32;
+    for (std::size_t i = 0; ok && i < 16; ++i) {
+      const int hi = digit((*t)[2 * i]), lo = digit((*t)[2 * i + 1]);
+      ok = hi >= 0 && lo >= 0;
+      if (ok) k[i] = static_cast<std::uint8_t>(hi << 4 | lo);
+    }
+    if (!ok) reject("field " + name(key) + " must be 32 hexadecimal digits (16 bytes)");
+    return k;
   }
   /// An array of 0..max_items integers of 0..2^32-1.
   std::vector<std::uint32_t> u32_list(const char* key, std::size_t max_items) {
@@ -189,6 +223,7 @@ void put(json& j, const install& r) {
   if (r.scratchpad == rt::scratchpad_init::undefined) j["scratchpad"] = "undefined";
   if (r.window)
     j["window"] = {{"region", r.window->region}, {"offset_bytes", r.window->offset_bytes}, {"len_bytes", r.window->len_bytes}};
+  put_key(j, "frame_key", r.frame_key);
 }
 void put(json& j, const uninstall& r) {
   j["node"] = r.node;
@@ -226,6 +261,7 @@ void put(json& j, const join& r) {
   j["proof"] = r.group.proof;
   j["me"] = r.me;
   if (r.group.packet_bytes != 0) j["packet_bytes"] = r.group.packet_bytes;
+  put_key(j, "frame_key", r.group.frame_key);
   if (r.group.via != group_join::own_registry) j["via"] = r.group.via;
 }
 void put(json& j, const decide& r) {
@@ -263,6 +299,7 @@ void get(fields& f, join& r) {
   r.group.proof = f.u64("proof", 0, u64_max);
   r.me = f.u32("me");
   r.group.packet_bytes = static_cast<std::uint32_t>(f.opt_u64("packet_bytes", 0, 65535).value_or(0));
+  r.group.frame_key = f.opt_key("frame_key");
   r.group.via = static_cast<std::uint32_t>(f.opt_u64("via", 0, group_join::own_registry - 1).value_or(group_join::own_registry));
 }
 void get(fields& f, decide& r) {
@@ -345,6 +382,7 @@ void get(fields& f, install& r) {
       reject("field 'scratchpad' must be \"zeroed\" or \"undefined\"");
   }
   r.persist = f.opt_bool("persist", false);
+  r.frame_key = f.opt_key("frame_key");
 }
 void get(fields& f, uninstall& r) {
   r.node = f.u32("node");

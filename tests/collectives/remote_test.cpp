@@ -12,6 +12,8 @@
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
+#include <array>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -142,7 +144,8 @@ std::vector<std::unique_ptr<communicator>> connect_all(remote_net& net, fabric* 
 /// `slots` switch slots; returns the communicators and the lines they logged (empty lines
 /// dropped). Fails the test when a member cannot connect.
 std::pair<std::vector<std::unique_ptr<communicator>>, std::vector<std::string>> connect_group(
-    remote_net& net, std::uint32_t id, const std::function<fabric*(std::uint32_t)>& fab, std::uint32_t slots = 16) {
+    remote_net& net, std::uint32_t id, const std::function<fabric*(std::uint32_t)>& fab, std::uint32_t slots = 16,
+    const std::array<std::uint8_t, 16>& job_secret = {}) {
   static std::mutex log_m;
   static std::vector<std::string>* log_to = nullptr;
   std::vector<std::string> said;
@@ -151,6 +154,7 @@ std::pair<std::vector<std::unique_ptr<communicator>>, std::vector<std::string>> 
   auto res = run_all(n_hosts, [&](std::uint32_t r) -> result<void> {
     options o = remote_options(fab(r));
     o.switch_slots = slots;
+    o.job_secret = job_secret;
     o.log = [](const std::string& line) {
       std::lock_guard l(log_m);
       log_to->push_back(line);
@@ -499,6 +503,15 @@ TEST_CASE("a shared switch runs the standard engine and refuses a native user re
 /// Members join in-band through their own NICs: the switch sets the group up, answers all alike,
 /// and frees the slots of a member NIC that dies.
 static void inband_case(links k) {
+  // Every spin-emu of the fabric shares a management key (from its environment): the groups have
+  // a job secret, so their frame keys travel to the switch wrapped under it, and every data frame
+  // carries a tag the switch checks.
+  struct mgmt_key_env {
+    mgmt_key_env() { ::setenv("SPIN_MGMT_KEY", "0f1e2d3c4b5a69788796a5b4c3d2e1f0", 1); }
+    ~mgmt_key_env() { ::unsetenv("SPIN_MGMT_KEY"); }
+  } key_env;
+  std::array<std::uint8_t, 16> secret{};
+  for (std::size_t i = 0; i < secret.size(); ++i) secret[i] = static_cast<std::uint8_t>(0x30 + i);
   // Hosts ask the switch for 1 s leases (keep-alives every 250 ms): short for a test, and still
   // four keep-alives long, so that a loaded machine (sanitizer builds) does not lapse a live one.
   remote_net net(k, {}, {"--group-lease-ms", "1000"});
@@ -518,7 +531,7 @@ static void inband_case(links k) {
   }
   std::vector<std::string> said;
   auto make = [&](std::uint32_t id, std::uint32_t slots) {
-    auto [comms, lines] = connect_group(net, id, [&](std::uint32_t r) { return fabs[r].get(); }, slots);
+    auto [comms, lines] = connect_group(net, id, [&](std::uint32_t r) { return fabs[r].get(); }, slots, secret);
     said = std::move(lines);
     return std::move(comms);
   };

@@ -4,7 +4,9 @@
 #include "handlers/argmax.hpp"
 
 #include <spin/coll/kernels.hpp>
+#include <spin/coll/protocol.hpp>
 #include <spin/rt/package.hpp>
+#include <spin/rt/wire.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -75,6 +77,77 @@ TEST_CASE("switch allreduce sends S bytes up and receives S down per host; the r
       CHECK(down <= want * per_packet + 0.01);
     }
   }
+}
+
+TEST_CASE("with a job secret, frames without the group's tag are dropped as unauthenticated on switch and NIC, and the group stays exact") {
+  const std::uint32_t n = 3;
+  options o;
+  for (std::size_t i = 0; i < 16; ++i) o.job_secret[i] = static_cast<std::uint8_t>(i + 1);
+  world w(emu::star(n, {}), o, 1, test::switches::fabric);
+  const std::uint64_t count = 3000;
+  std::vector<std::vector<std::int32_t>> in(n, std::vector<std::int32_t>(count)), out(n, std::vector<std::int32_t>(count));
+  for (std::uint32_t r = 0; r < n; ++r)
+    for (std::uint64_t i = 0; i < count; ++i) in[r][i] = static_cast<std::int32_t>(i * (r + 1));
+  auto check = [&](const char* when) {
+    std::vector<std::uint64_t> through(n);
+    for (std::uint32_t r = 0; r < n; ++r) through[r] = w.comms[r]->stats().switch_collectives;
+    auto res = w.run([&](std::uint32_t r) {
+      return w.comms[r]->allreduce(std::span<const std::int32_t>(in[r]), std::span<std::int32_t>(out[r]), op::sum, algorithm::switch_agg);
+    });
+    for (std::uint32_t r = 0; r < n; ++r) {
+      INFO(when << ", rank " << r);
+      REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+      CHECK(w.comms[r]->stats().switch_collectives == through[r] + 1);
+      for (std::uint64_t i = 0; i < count; i += 97) REQUIRE(out[r][i] == static_cast<std::int32_t>(i * 6));
+    }
+  };
+  check("before");
+  // Frames as a stranger on the network makes them: a member's source rank, the group's match
+  // bits and collective extension, no tag or a tag under another key.
+  emu::nic& sw = w.cluster->node(n);
+  emu::nic& h0 = *w.cluster->host(0);
+  namespace proto = spin::coll::proto;
+  auto frame = [&](std::uint32_t from, std::uint32_t to, std::uint32_t kind, bool tagged) {
+    rt::wire::header h;
+    h.flags = rt::wire::flag_start | rt::wire::flag_end | rt::wire::flag_coll;
+    h.source_rank = from;
+    h.match_bits = proto::match_bits(1u << 4, kind);
+    h.message_id = 777000 + kind;
+    h.coll = {static_cast<std::uint8_t>(op::sum), static_cast<std::uint8_t>(dtype::i32), 0, 256, 1, 0};
+    std::vector<std::byte> payload(1024, std::byte{0x7f});
+    h.message_len = payload.size();
+    if (tagged) {
+      h.flags |= rt::wire::flag_auth;
+      rt::wire::auth_key other;
+      other.k0 = 0x1234;
+      other.k1 = 0x5678;
+      h.auth_tag = rt::wire::auth_tag(other, h, payload);
+    }
+    std::vector<std::byte> f(rt::wire::encoded_len(h, payload.size()));
+    REQUIRE(rt::wire::encode(rt::wire::rank_endpoint(from), rt::wire::rank_endpoint(to), h, payload, f) == f.size());
+    return f;
+  };
+  auto unauthenticated = [](const emu::nic& nic, const char* ec_suffix) {
+    std::uint64_t k = 0;
+    for (const auto& e : nic.runtime_stats().ecs)
+      if (e.name.ends_with(ec_suffix)) k += e.drops[static_cast<std::size_t>(rt::drop_reason::unauthenticated)];
+    return k;
+  };
+  for (bool tagged : {false, true}) {
+    REQUIRE(sw.inject(frame(2, sw.rank(), proto::k_up, tagged)) == errc::ok);
+    REQUIRE(h0.inject(frame(sw.rank(), 0, proto::k_down, tagged)) == errc::ok);
+  }
+  bool counted = false;
+  for (int i = 0; i < 500 && !counted; ++i) {
+    counted = unauthenticated(sw, ".switch") == 2 && unauthenticated(h0, ".rank0") == 2;
+    if (!counted) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  CHECK(unauthenticated(sw, ".switch") == 2);
+  CHECK(unauthenticated(h0, ".rank0") == 2);
+  check("after the forged frames");
+  // The members' own frames all verified.
+  for (std::uint32_t r = 1; r < n; ++r) CHECK(unauthenticated(*w.cluster->host(r), (".rank" + std::to_string(r)).c_str()) == 0);
+  CHECK(unauthenticated(sw, ".switch") == 2);
 }
 
 TEST_CASE("a switch epoch that stalls without loss sends nothing twice: its repair tick asks the switch first") {

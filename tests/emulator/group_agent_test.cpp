@@ -8,6 +8,7 @@
 #include "cluster_driver.hpp"
 #include <spin/emu/group_agent.hpp>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -28,6 +29,7 @@ struct fake_installer final : emu::group_installer {
   struct log {
     std::mutex m;
     std::vector<std::uint32_t> set_up, torn_down;
+    std::vector<std::array<std::uint8_t, 16>> frame_keys;  // of each set-up, in order
   };
   log& l;
   std::uint32_t rank;
@@ -38,6 +40,7 @@ struct fake_installer final : emu::group_installer {
     if (j.group == fail_group) return fail(errc::no_memory, "no room for its slots");
     CHECK(slot_bytes == 4096);
     l.set_up.push_back(j.group);
+    l.frame_keys.push_back(j.frame_key);
     return std::vector<std::uint32_t>{rank, 7};
   }
   void tear_down(std::uint32_t group) override {
@@ -153,14 +156,16 @@ TEST_CASE("group agents join in-band: the switch sets the group up once, every m
   // Datagrams that lie about themselves are counted and change nothing.
   const auto before = sa.value()->stats().bad_datagrams;
   const std::vector<std::vector<std::uint8_t>> bad = {
-      {'X', 1, 1, 0, 0, 0, 0, 16, 0, 0, 0, 0},                    // wrong magic
-      {'G', 2, 1, 0, 0, 0, 0, 16, 0, 0, 0, 0},                    // wrong version
-      {'G', 1, 9, 0, 0, 0, 0, 16, 0, 0, 0, 0},                    // unknown op
-      {'G', 1},                                                   // short header
-      {'G', 1, 1, 0, 0, 0, 0, 16, 0, 0, 0, 0, 0, 0, 0, 40},       // a join cut short
-      {'G', 1, 1, 0, 0, 0, 0, 16, 0, 0, 0, 0, 0, 0, 0, 40, 0, 0, 0, 0, 0, 0, 1, 44, 0, 0, 0, 0, 0, 0, 0, 99,
+      {'X', 2, 1, 0, 0, 0, 0, 16, 0, 0, 0, 0},                    // wrong magic
+      {'G', 1, 1, 0, 0, 0, 0, 16, 0, 0, 0, 0},                    // wrong version (the first format's)
+      {'G', 2, 9, 0, 0, 0, 0, 16, 0, 0, 0, 0},                    // unknown op
+      {'G', 2, 4, 2, 0, 0, 0, 16, 0, 0, 0, 0, 0, 0, 0, 0},        // a seal flag that is neither 0 nor 1
+      {'G', 2},                                                   // short header
+      {'G', 2, 1, 0, 0, 0, 0, 16, 0, 0, 0, 0, 0, 0, 0, 40},       // a join cut short
+      {'G', 2, 1, 0, 0, 0, 0, 16, 0, 0, 0, 0, 0, 0, 0, 40, 0, 0, 0, 0, 0, 0, 1, 44, 0, 0, 0, 0, 0, 0, 0, 99,
+       0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
        0, 0, 0, 200, 0, 0, 0, 1},                                 // 200 members announced, 1 carried
-      {'G', 1, 6, 0, 0, 0, 0, 16, 0, 0, 0, 0, 4, 0, 'a'},         // a give-up whose reason overruns
+      {'G', 2, 6, 0, 0, 0, 0, 16, 0, 0, 0, 0, 4, 0, 'a'},         // a give-up whose reason overruns
   };
   for (const auto& b : bad) REQUIRE(cl.host(2)->send_mgmt(S, std::as_bytes(std::span(b))).ok());
   CHECK(eventually([&] { return sa.value()->stats().bad_datagrams == before + bad.size(); }));
@@ -187,6 +192,75 @@ TEST_CASE("group agents join in-band: the switch sets the group up once, every m
   CHECK(sw.groups().pool().value().free == 256);
   CHECK(sw.groups().pool().value().groups == 0);
   CHECK(sw.stats().drops[static_cast<std::size_t>(emu::nic_drop::mgmt_queue_full)] == 0);
+}
+
+TEST_CASE("with a management key agents seal their datagrams, carry a group's frame key wrapped, and count datagrams of strangers as forged") {
+  emu::link_model m;
+  m.rate_gbps = 0;
+  auto c = emu::cluster::create(emu::star(2, m), emu::cluster_options{});
+  REQUIRE_MESSAGE(c.ok(), c.err().message);
+  emu::cluster& cl = **c;
+  emu::nic& sw = cl.node(2);
+  const std::uint32_t S = sw.rank();
+  std::array<std::uint8_t, 16> mk{}, fk{};
+  for (std::size_t i = 0; i < 16; ++i) {
+    mk[i] = static_cast<std::uint8_t>(0x11 * (i + 1));
+    fk[i] = static_cast<std::uint8_t>(0xa0 + i);
+  }
+  emu::group_agent_options keyed;
+  keyed.mgmt_key = mk;
+  fake_installer::log log;
+  auto sa = emu::group_agent::start(sw, std::make_unique<fake_installer>(log, S), keyed);
+  REQUIRE(sa.ok());
+  auto a0 = emu::group_agent::start(*cl.host(0), nullptr, keyed);
+  REQUIRE(a0.ok());
+  emu::group_agent_options stranger;  // no management key
+  stranger.answer_timeout = 300ms;
+  auto a1 = emu::group_agent::start(*cl.host(1), nullptr, stranger);
+  REQUIRE(a1.ok());
+  driver d(cl);
+
+  // A group with a frame key: the switch's installer gets exactly that key.
+  host::group_join j{16, {0}, 4, 7};
+  j.frame_key = fk;
+  auto g = join_until_decided(*a0.value(), 1, S, j, 0);
+  REQUIRE_MESSAGE(g.ok(), g.err().message);
+  CHECK(g.value().state == host::join_state::granted);
+  {
+    std::lock_guard l(log.m);
+    REQUIRE(log.frame_keys.size() == 1);
+    CHECK(log.frame_keys[0] == fk);
+  }
+  // A group without one stays without one.
+  auto g2 = join_until_decided(*a0.value(), 1, S, host::group_join{32, {0}, 4, 0}, 0);
+  REQUIRE(g2.ok());
+  {
+    std::lock_guard l(log.m);
+    REQUIRE(log.frame_keys.size() == 2);
+    CHECK(log.frame_keys[1] == std::array<std::uint8_t, 16>{});
+  }
+  // Without a management key an agent does not send a frame key in clear.
+  host::group_join j1{48, {1}, 4, 7};
+  j1.frame_key = fk;
+  auto clear = a1.value()->join(2, S, j1, 0);
+  REQUIRE_FALSE(clear.ok());
+  CHECK(clear.err().code == errc::invalid_argument);
+  CHECK(clear.err().message.find("has no management key to send its frame key to the switch in-band") != std::string::npos);
+  // Its unsealed join is forged to the switch: counted, never answered.
+  const auto forged = sa.value()->stats().forged_datagrams;
+  auto unanswered = join_until_decided(*a1.value(), 2, S, host::group_join{48, {1}, 4, 0}, 0);
+  REQUIRE_FALSE(unanswered.ok());
+  CHECK(unanswered.err().code == errc::timeout);
+  CHECK(sa.value()->stats().forged_datagrams > forged);
+  CHECK_FALSE(sw.groups().holds(48));
+  // A sealed datagram whose tag was made without the key, or whose bytes changed: forged.
+  const auto before = sa.value()->stats().forged_datagrams;
+  const std::vector<std::uint8_t> keepalive = {'G', 2, 4, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 0xe8, 1, 2, 3, 4, 5, 6, 7, 8};
+  REQUIRE(cl.host(1)->send_mgmt(S, std::as_bytes(std::span(keepalive))).ok());
+  CHECK(eventually([&] { return sa.value()->stats().forged_datagrams == before + 1; }));
+  CHECK(sa.value()->stats().bad_datagrams == 0);
+  // The keyed member's own datagrams were all taken.
+  CHECK(a0.value()->stats().forged_datagrams == 0);
 }
 
 TEST_CASE("an in-band join that no switch answers fails with timeout instead of waiting for a decision nobody makes") {

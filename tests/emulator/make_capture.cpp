@@ -69,9 +69,10 @@ int main(int argc, char** argv) {
   // 1, 2: a two-packet data message (start, then end).
   frames.push_back(encode(data(0, wire::flag_start, 0, 2048), 1024));
   frames.push_back(encode(data(1, wire::flag_end, 1024, 2048), 1024));
-  // 3: a collective packet with the extension, shadow copy of slot 5.
+  // 3: a collective packet with the extension, shadow copy of slot 5, and an authentication tag.
   {
-    wire::header h = data(0, wire::flag_start | wire::flag_end | wire::flag_coll, 0, 64);
+    wire::header h = data(0, wire::flag_start | wire::flag_end | wire::flag_coll | wire::flag_auth, 0, 64);
+    h.auth_tag = 0x0123456789abcdefull;
     h.source_rank = 3;
     h.message_id = 0x100;
     h.match_bits = 0xfeedface00000001ull;
@@ -121,9 +122,9 @@ int main(int argc, char** argv) {
     put16(f, 42 + 28, 100);
     frames.push_back(f);
   }
-  // 12: malformed: unknown type 9 and unknown flag bits 0x0030.
+  // 12: malformed: unknown type 9 and unknown flag bits 0x0060.
   {
-    wire::header h = data(0, 0x0030 | wire::flag_start, 0, 0);
+    wire::header h = data(0, 0x0060 | wire::flag_start, 0, 0);
     h.type = static_cast<wire::packet_type>(9);
     frames.push_back(encode(h, 0));
   }

@@ -36,7 +36,7 @@ NO_COLL = [""] * 7
 EXPECTED = {
     1: ["1700000000.000000000", "1", "1", "0x0001", "1", "0", "0", "0", "1", M_1234, ID_2A, "0", "1024", "2048", "0"] + NO_COLL + ["1024"],
     2: ["1700000000.001000001", "1", "1", "0x0002", "0", "1", "0", "0", "1", M_1234, ID_2A, "1", "1024", "2048", "1024"] + NO_COLL + ["1024"],
-    3: ["1700000000.002000002", "1", "1", "0x000b", "1", "1", "0", "1", "3", "0xfeedface00000001", "0x0000000000000100", "0", "64", "64", "0",
+    3: ["1700000000.002000002", "1", "1", "0x001b", "1", "1", "0", "1", "3", "0xfeedface00000001", "0x0000000000000100", "0", "64", "64", "0",
         "1", "3", "5", "1", "16", "9", "0x00000000", "64"],
     4: ["1700000000.003000003", "1", "1", "0x0006", "0", "1", "1", "0", "1", M_1234, ID_2A, "1", "1024", "2048", "1024"] + NO_COLL + ["1024"],
     5: ["1700000000.004000004", "1", "2", "0x0000", "0", "0", "0", "0", "2", "0x0000000000000000", ID_2A, "1", "0", "0", "0"] + NO_COLL + [""],
@@ -48,7 +48,7 @@ EXPECTED = {
     # Unknown version: the version, then the rest as data.
     10: ["1700000000.009000009", "2", "", "", "", "", "", "", "", "", "", "", "", "", ""] + NO_COLL + ["53"],
     11: ["1700000000.010000010", "1", "1", "0x0003", "1", "1", "0", "0", "1", M_1234, ID_2A, "0", "100", "100", "0"] + NO_COLL + ["8"],
-    12: ["1700000000.011000011", "1", "9", "0x0031", "1", "0", "0", "0", "1", M_1234, ID_2A, "0", "0", "0", "0"] + NO_COLL + [""],
+    12: ["1700000000.011000011", "1", "9", "0x0061", "1", "0", "0", "0", "1", M_1234, ID_2A, "0", "0", "0", "0"] + NO_COLL + [""],
     # UDP port 9999: not spin; the UDP payload goes to the data dissector.
     13: ["1700000000.012000012", "", "", "", "", "", "", "", "", "", "", "", "", "", ""] + NO_COLL + ["50"],
 }
@@ -56,7 +56,7 @@ EXPECTED = {
 EXPECTED_INFO = {
     1: "spin data seq=0 src=1 msg=0x2a len=1024 [start]",
     2: "spin data seq=1 src=1 msg=0x2a len=1024 [end]",
-    3: "spin data seq=0 src=3 msg=0x100 len=64 op=1 dtype=3 slot=5 shadow epoch=9 [start,end,coll]",
+    3: "spin data seq=0 src=3 msg=0x100 len=64 op=1 dtype=3 slot=5 shadow epoch=9 tag=0x123456789abcdef [start,end,coll,auth]",
     4: "spin data seq=1 src=1 msg=0x2a len=1024 [end,retransmit]",
     5: "spin ack seq=1 src=2 msg=0x2a len=0",
     6: "spin nack seq=1 src=2 msg=0x2a len=0",
@@ -65,7 +65,7 @@ EXPECTED_INFO = {
     9: "spin [truncated header: 20 of 46 bytes]",
     10: "spin [unknown version 2]",
     11: "spin data seq=0 src=1 msg=0x2a len=100 [start,end] [Malformed: length mismatch]",
-    12: "spin unknown(9) seq=0 src=1 msg=0x2a len=0 [start,unknown 0x0030] [Malformed: unknown type, unknown flags]",
+    12: "spin unknown(9) seq=0 src=1 msg=0x2a len=0 [start,unknown 0x0060] [Malformed: unknown type, unknown flags]",
     13: "17771 \u2192 9999 Len=50",
 }
 

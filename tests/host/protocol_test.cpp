@@ -5,6 +5,8 @@
 
 #include <doctest/doctest.h>
 
+#include <array>
+
 #include <string>
 
 using namespace spin;
@@ -51,7 +53,9 @@ TEST_CASE("every request decodes to the value that was encoded") {
   in.scratchpad = rt::scratchpad_init::undefined;
   in.bpf = rt::bpf_exec::interpreter;
   in.persist = true;
+  for (std::size_t i = 0; i < 16; ++i) in.frame_key[i] = static_cast<std::uint8_t>(0xf0 - 7 * i);
   const auto out = std::get<proto::install>(round_trip(in));
+  CHECK(out.frame_key == in.frame_key);
   CHECK(out.node == 3);
   CHECK(out.package == in.package);
   CHECK(out.name == in.name);
@@ -125,6 +129,10 @@ TEST_CASE("the group registry's requests and replies survive a round trip") {
   CHECK(l.via == host::group_join::own_registry);
   CHECK(j.group.via == host::group_join::own_registry);
   CHECK(j.group.packet_bytes == 0);
+  CHECK(j.group.frame_key == std::array<std::uint8_t, 16>{});
+  host::group_join kj{16, {4}, 64, 77};
+  kj.frame_key = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0xff};
+  CHECK(std::get<proto::join>(round_trip(proto::join{1, kj, 0})).group.frame_key == kj.frame_key);
   CHECK(d.decision.via == host::group_join::own_registry);
   // In-band (via a switch's rank), with the packets' size for the switch to check.
   host::group_join ij{16, {4, 5}, 64, 77};
@@ -207,6 +215,12 @@ TEST_CASE("malformed requests are refused with a message that names the problem"
            bad{R"({"id":1,"op":"group_join","node":0,"group":16,"members":[1],"slots":4,"proof":0,"me":0,"via":4294967295})",
                "field 'via' must be an integer in 0..4294967294"},
            bad{R"({"id":1,"op":"group_leave","node":0,"group":16,"me":0,"via":-1})", "field 'via' must be an integer"},
+           bad{R"({"id":1,"op":"install","node":0,"package":"/p","name":"n","match":{"bits":0,"ignore_mask":0},"frame_key":"00112233"})",
+               "field 'frame_key' must be 32 hexadecimal digits (16 bytes)"},
+           bad{R"({"id":1,"op":"install","node":0,"package":"/p","name":"n","match":{"bits":0,"ignore_mask":0},"frame_key":"0011223344556677889900aabbccddeg"})",
+               "field 'frame_key' must be 32 hexadecimal digits (16 bytes)"},
+           bad{R"({"id":1,"op":"group_join","node":0,"group":16,"members":[1],"slots":4,"proof":0,"me":0,"frame_key":7})",
+               "field 'frame_key' must be 32 hexadecimal digits (16 bytes)"},
        }) {
     CAPTURE(b.line);
     const error e = refused(b.line);

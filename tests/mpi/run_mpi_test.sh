@@ -39,7 +39,10 @@ trap 'exit 143' INT TERM
 } > "$dir/star.toml"
 
 sock=$dir/emu.sock
-"$spin_emu" --topology "$dir/star.toml" --socket "$sock" --duration 600 -q > "$dir/emu.log" 2>&1 &
+# The fabric's management key (docs/deployment.md): in-band joins of a group with a job secret
+# (every MPI and PyTorch group has one) carry its frame key wrapped under it.
+SPIN_MGMT_KEY=$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n') \
+  "$spin_emu" --topology "$dir/star.toml" --socket "$sock" --duration 600 -q > "$dir/emu.log" 2>&1 &
 emu_pid=$!
 for _ in $(seq 200); do
   [[ -S $sock ]] && break

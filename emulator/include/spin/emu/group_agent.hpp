@@ -13,20 +13,33 @@
 //
 // Datagrams (the payload of a management datagram; every field big-endian; this is their one
 // description, group_agent.cpp the one implementation):
-//   header     u8 'G', u8 version (1), u8 op, u8 0, u32 group, u32 me
-//   join (1)   + u32 slots, u32 packet_bytes, u32 term_ms, u64 proof, u32 n, u32 members[n]
+//   header     u8 'G', u8 version (2), u8 op, u8 sealed (0 or 1), u32 group, u32 me
+//   join (1)   + u32 slots, u32 packet_bytes, u32 term_ms, u64 proof, u64 nonce, u8 key[16],
+//                u32 n, u32 members[n]
 //   answer (2) + u8 state (join_state, or 255: an error), u8 -errc (error), u8 installer, u8 0,
 //                u32 n, u32 lease[n], u16 len, reason[len] (len <= 1024)
 //   leave (3), keepalive (4: + u32 term_ms), alive (5: + u8 known), give_up (6: + u16 len, reason)
+//   sealed     + u64 tag: SipHash-2-4 under the management key of every byte before it
 // A datagram that is short, has another magic or version, an unknown op or lengths that overrun
 // it is counted (bad_datagrams) and ignored. A member's poll sends its join again only when the
 // last one is unanswered for 10 ms.
+//
+// The management key (group_agent_options::mgmt_key; spin-emu reads SPIN_MGMT_KEY) is what the
+// NICs and switches of one fabric share, as an InfiniBand fabric's management key: with it an
+// agent seals every datagram it sends and takes only sealed datagrams whose tag verifies; without
+// it, only unsealed ones. Any other datagram is counted (forged_datagrams) and ignored. A join's
+// `key` is the group's frame key (host::group_join::frame_key) XOR a key stream: SipHash-2-4
+// under the management key of "spin-key-wrap", `nonce` (8 random bytes) and the half's index.
+// All zero with nonce 0: the group has no frame key. An agent without a management key refuses
+// to send a join that has one (the key would cross the network in clear). Sealing does not stop
+// replays: a copied keep-alive renews a lease until the copier stops.
 #pragma once
 
 #include <spin/emu/nic_control.hpp>
 #include <spin/host/groups.hpp>
 #include <spin/rt/result.hpp>
 
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -64,12 +77,16 @@ struct group_agent_options {
   /// (its spin-emu is down, or it is not linked to this NIC), so that members do not wait for a
   /// decision nobody will make (10 ms .. 1 h).
   std::chrono::milliseconds answer_timeout{5000};
+  /// The fabric's management key (16 bytes; all zero: none). Every agent of a fabric must have
+  /// the same: an agent drops the datagrams of one with another (see above).
+  std::array<std::uint8_t, 16> mgmt_key{};
 };
 
 /// Counters of one agent (any thread).
 struct group_agent_stats {
   std::uint64_t datagrams_in = 0, datagrams_out = 0;
   std::uint64_t bad_datagrams = 0;  ///< too short, a wrong magic or version, an unknown op, lengths that lie
+  std::uint64_t forged_datagrams = 0;  ///< sealed when this agent has no management key, unsealed when it has one, or a tag that does not verify
   std::uint64_t send_errors = 0;    ///< send_mgmt refused (no route, queue stopped)
   std::uint64_t groups_set_up = 0, groups_removed = 0;  ///< switch side: by the installer
   std::uint64_t leases_expired = 0;  ///< switch side: member NICs released for silence
@@ -91,7 +108,8 @@ public:
   // Member side. `owner` is the rank's control session; `sw` the switch's rank.
   /// Asks switch `sw` (again: this is how a member polls) and returns the latest answer: `wait`
   /// until the switch answered ("asked ... in-band; no answer yet"). Errors: invalid_argument
-  /// (`sw` is this NIC; more members than one datagram holds: (max payload - 36) / 4; `me` not
+  /// (`sw` is this NIC; more members than one datagram holds: (max payload - 68) / 4; a frame
+  /// key and no management key to wrap it; `me` not
   /// an index of the members; the switch refuses a NIC that joins as a member whose rank is not
   /// its own), exists (another owner on this NIC joined as this member), timeout (the switch
   /// sent no answer within options::answer_timeout of the first ask), the switch's own errors
@@ -116,7 +134,8 @@ private:
   void on_join(std::uint32_t from, std::uint32_t group, std::uint32_t me, const std::byte* p, std::size_t n);
   void on_answer(std::uint32_t from, std::uint32_t group, std::uint32_t me, const std::byte* p, std::size_t n);
   void answer(std::uint32_t to, std::uint32_t group, std::uint32_t me, const result<host::group_answer>& a);
-  void send(std::uint32_t to, const std::vector<std::byte>& d);
+  void send(std::uint32_t to, std::vector<std::byte> d);
+  result<void> transmit(std::uint32_t to, std::vector<std::byte> d);
   void tick(std::chrono::steady_clock::time_point now);
   void sweep_groups();
   static std::uint64_t member_owner(std::uint32_t rank) noexcept;

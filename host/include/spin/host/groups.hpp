@@ -4,6 +4,7 @@
 // (spin/host/protocol.hpp), and an in-process port passes them directly.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -43,6 +44,12 @@ struct group_join {
   /// this request goes to is the switch.
   std::uint32_t via = own_registry;
   static constexpr std::uint32_t own_registry = ~0u;
+  /// The group's frame key (spin::coll: derived from the job secret and the group id), which the
+  /// switch gives the group's engine (rt::ec_config::frame_key) so that it takes only frames its
+  /// members tagged; all zero: none. Not part of the registry's comparison of members' requests
+  /// (the proof already binds every member to one secret). In-band it travels wrapped under the
+  /// management key (spin/emu/group_agent.hpp).
+  std::array<std::uint8_t, 16> frame_key{};
 };
 
 /// Where a join stands.

@@ -76,6 +76,9 @@ struct install_options {
   rt::scratchpad_init scratchpad = rt::scratchpad_init::zeroed;  ///< a message's scratchpad when it opens
   rt::bpf_exec bpf = rt::bpf_exec::jit; ///< for eBPF packages
   lifetime life = lifetime::session;
+  /// The EC's frame key (rt::ec_config::frame_key; all zero: none). It travels over the control
+  /// connection, which only processes of this host can reach (a Unix socket).
+  std::array<std::uint8_t, 16> frame_key{};
 };
 
 /// An installed EC.

@@ -73,6 +73,8 @@ struct install {
   rt::scratchpad_init scratchpad = rt::scratchpad_init::zeroed;
   rt::bpf_exec bpf = rt::bpf_exec::jit;
   bool persist = false;  ///< outlives the connection
+  /// rt::ec_config::frame_key; JSON "frame_key", 32 hexadecimal digits, absent when all zero.
+  std::array<std::uint8_t, 16> frame_key{};
 };
 /// "uninstall".
 struct uninstall {
