@@ -38,6 +38,7 @@
 #endif
 
 #include <algorithm>
+#include <random>
 #include <atomic>
 #include <barrier>
 #include <cerrno>
@@ -169,6 +170,10 @@ bool run_spin(const coll_options& o, const std::vector<std::string>& algos, cons
   co.packet_bytes = o.packet_bytes;
   co.window_packets = o.window_packets;
   co.switch_slots = o.switch_slots;
+  if (o.authenticate) {
+    std::random_device rd;
+    for (auto& b : co.job_secret) b = static_cast<std::uint8_t>(rd());
+  }
   // The buffers come from the arena (no staging copy); the staging buffers stay small.
   co.staging_bytes = std::size_t{1} << 20;
   // host_ring keeps its partial sums in the arena too (one more message).
@@ -618,6 +623,9 @@ int run_coll(const coll_options& o) {
   const double ring = busbw_factor(o.ranks);
   for (const auto& a : order) {
     std::printf("\n# %s: %s\n", a.c_str(), describe(a));
+    if (a == "switch" || a == "edge_ring" || a == "host_ring")
+      std::printf("# data frames: %s\n", o.authenticate ? "authenticated (a job secret: a SipHash-2-4 tag on every frame, checked by its receiver)"
+                                                          : "not authenticated (no job secret; --authenticate gives one)");
     std::printf("#%70s%38s\n", "out-of-place", "in-place");
     std::printf("# %12s %11s %6s %6s %5s %10s %8s %8s %7s %10s %8s %8s %7s %12s %7s\n", "size", "count", "type", "redop", "root", "time",
                 "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong", "sent/rank", "x S");
@@ -676,6 +684,7 @@ int run_coll(const coll_options& o) {
                                 {"max_iters", o.max_iters}, {"warmup_iters", o.warmup_iters}, {"budget_bytes", o.budget_bytes},
                                 {"packet_bytes", o.packet_bytes}, {"window_packets", o.window_packets},
                                 {"switch_slots", o.switch_slots}, {"link_latency_ns", o.link_latency_ns},
+                                {"authenticate", o.authenticate},
                                 {"repair_min_us", o.repair_min_us}, {"repair_max_ms", o.repair_max_ms},
                                 {"algorithms", o.algorithms}}},
                               {"ring_bytes_factor", ring},

@@ -25,6 +25,10 @@ struct coll_options {
   std::uint32_t lcores = 0;                         ///< lcores of the emulated cluster; 0: every CPU
   std::uint32_t window_packets = 32;                ///< packets each rank's NIC keeps in flight (coll::options' default)
   std::uint32_t switch_slots = 64;                  ///< aggregator slots the group takes on the switch (coll::options' default)
+  /// spin::coll's in-process algorithms with a random job secret (coll::options::job_secret):
+  /// every data frame carries a SipHash-2-4 tag that its receiver checks (the *_mpi modes
+  /// always have one, as every MPI job does).
+  bool authenticate = false;
   /// One-way propagation delay of every emulated link (emu::link_model::latency), ns; 0: none.
   /// A host's packet to another host crosses two links (through the switch).
   std::uint64_t link_latency_ns = 0;

@@ -146,6 +146,9 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1u, 256u));
   add_repair_options(cc, c.repair_min_us, c.repair_max_ms);
+  cc->add_flag("--authenticate", c.authenticate,
+               "give spin::coll's in-process algorithms a random job secret, so that every data frame carries and has "
+               "checked a SipHash-2-4 tag (MPI modes always do)");
   cc->add_option("--switch-slots", c.switch_slots, "aggregator slots the group takes on the switch (options::switch_slots)")
       ->capture_default_str()
       ->check(CLI::Range(1u, 32767u));

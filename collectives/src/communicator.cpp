@@ -242,7 +242,7 @@ struct communicator::impl {
     spec.scratchpad = cfg.scratchpad;
     spec.handler_mem_bytes = cfg.handler_mem_bytes;
     spec.window = rt::host_window{region, 0, arena_bytes};
-    spec.frame_key = detail::group_frame_key(o.job_secret, e.wire_id);
+    if (o.authenticate_frames) spec.frame_key = detail::group_frame_key(o.job_secret, e.wire_id);
     auto ec = nic->install(pkg, spec);
     if (!ec.ok() && ec.err().code == errc::no_memory) {
       std::size_t on_nic = 0;
@@ -274,7 +274,8 @@ struct communicator::impl {
     if (pr::event_detail_of(ev.value()) != 0) return fail(errc::invalid_argument, what + " set-up: the NIC refused the member table");
     if (o.switches != nullptr) {
       engine_ec& me = engines.back();
-      auto l = o.switches->join(me.wire_id, g.members, g.me, o.switch_slots, o.packet_bytes, o.switch_wait, pkg, o.job_secret);
+      auto l = o.switches->join(me.wire_id, g.members, g.me, o.switch_slots, o.packet_bytes, o.switch_wait, pkg, o.job_secret,
+                                  o.authenticate_frames);
       if (!l.ok()) return l.err();
       me.joined = true;
       me.lease = l.value();

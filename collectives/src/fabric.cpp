@@ -335,7 +335,8 @@ std::vector<std::uint32_t> lease_words(const fabric::lease& l) {
 
 result<fabric::lease> fabric::join(std::uint32_t wire_id, const std::vector<std::uint32_t>& members, std::uint32_t me,
                                    std::uint32_t slots, std::uint32_t packet_bytes, std::chrono::milliseconds wait,
-                                   const engine_package& pkg, const std::array<std::uint8_t, 16>& job_secret) {
+                                   const engine_package& pkg, const std::array<std::uint8_t, 16>& job_secret,
+                                   bool authenticate_frames) {
   std::unique_lock<std::mutex> l(_p->m);
   lease out;
   const std::int32_t root = _p->switch_for(members);
@@ -351,7 +352,7 @@ result<fabric::lease> fabric::join(std::uint32_t wire_id, const std::vector<std:
   }
   host::group_join req{wire_id, members, slots, detail::join_proof(job_secret, wire_id, slots, members)};
   req.packet_bytes = packet_bytes;  // an in-band switch checks it against its own slots
-  req.frame_key = detail::group_frame_key(job_secret, wire_id);
+  if (authenticate_frames) req.frame_key = detail::group_frame_key(job_secret, wire_id);
   // The installer gives up waiting for slots after `wait`; the other members wait for its
   // decision (it sets the group up, or gives up, within wait plus a set-up).
   const auto start = clock::now();

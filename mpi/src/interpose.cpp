@@ -38,6 +38,7 @@ struct config {
   // Or in-band: the switch of rank switch_rank, asked through each rank's own NIC (docs/mpi.md).
   std::optional<std::uint32_t> switch_rank;
   std::optional<host::secret> secret;  // SPIN_JOB_SECRET; else each communicator's rank 0 draws one
+  bool frame_auth = true;              // SPIN_MPI_FRAME_AUTH (coll::options::authenticate_frames)
   coll::algorithm algo = coll::algorithm::automatic;
   std::chrono::milliseconds timeout{10000};
   int log = 0;
@@ -86,6 +87,7 @@ config read_config() {
   if (const char* s = std::getenv("SPIN_MPI_SWITCH_SOCKET"); s != nullptr && *s != '\0') c.switch_socket = s;
   if (auto t = env_u64("SPIN_MPI_TIMEOUT_MS", max_timeout_ms); t && *t > 0) c.timeout = std::chrono::milliseconds(*t);
   if (auto l = env_u64("SPIN_MPI_LOG", 2)) c.log = static_cast<int>(*l);
+  if (auto a = env_u64("SPIN_MPI_FRAME_AUTH", 1)) c.frame_auth = *a == 1;
   return c;
 }
 
@@ -229,6 +231,7 @@ spin_comm& spin_of(MPI_Comm comm) {
     coll::options o;
     o.timeout = cfg().timeout;
     o.job_secret = secret;
+    o.authenticate_frames = cfg().frame_auth;
     if (cfg().switch_node || cfg().switch_rank) {
       // The switch's spin-emu keeps the slot pool and the group's one answer; this process's
       // fabric is a view of it over a connection of its own (closed with the communicator), or

@@ -90,6 +90,13 @@ group::group(const std::string& socket, std::uint32_t node, std::uint32_t id, co
   coll::options o;
   o.timeout = timeout;
   o.job_secret = job_secret;
+  // SPIN_TORCH_FRAME_AUTH=0: frames without tags (coll::options::authenticate_frames).
+  if (auto a = host::env_number("SPIN_TORCH_FRAME_AUTH", 1); !a.ok()) {
+    error = a.err().message;
+    return;
+  } else if (a.value()) {
+    o.authenticate_frames = *a.value() == 1;
+  }
   if (switch_node || switch_rank) {
     // The switch's spin-emu keeps the slot pool and the group's one answer; this fabric is a
     // view of it over a connection of its own, or in-band through this rank's own NIC.

@@ -113,8 +113,17 @@ struct options {
   /// SPIN_JOB_SECRET gives it). Every member must use the same. A switch group's joins carry a
   /// SipHash-2-4 proof of it (over the group's id, slots and members); the switch refuses a join
   /// whose proof differs from the group's first member's, so that another job cannot take a
-  /// group's answer or slots by using its id. Data frames carry no proof yet.
+  /// group's answer or slots by using its id. With `authenticate_frames`, every data frame of
+  /// the group carries a SipHash-2-4 tag under a key derived from it, and NICs and switches drop
+  /// frames without a tag that verifies (docs/collectives.md, "Authenticated frames").
   std::array<std::uint8_t, 16> job_secret{};
+  /// With a job secret: tag and check every data frame (the default). false: frames carry no
+  /// tag, which spares a SipHash pass over each payload per send and per receive, for a fabric
+  /// that only this job's NICs and switches can reach; joins still prove the secret. Every
+  /// member must choose the same: members that differ drop each other's frames, and their
+  /// collectives end in a timeout. libspin-mpi: SPIN_MPI_FRAME_AUTH=0; spin_torch:
+  /// SPIN_TORCH_FRAME_AUTH=0.
+  bool authenticate_frames = true;
   /// Where the communicator says why it runs without the switch (one line per reason). Null:
   /// standard error.
   void (*log)(const std::string& line) = nullptr;
@@ -207,12 +216,13 @@ public:
   /// Member `me` of `members` joins group `wire_id` (communicator internals). The group's first
   /// member installs its aggregation engine (package `pkg`, the reduction's) on the switch;
   /// every member gets the same lease (a group whose id another group holds on the switch gets a
-  /// refusal that says so). Errors: invalid_argument (slots differ from the first member's),
+  /// refusal that says so). With a secret and `authenticate_frames`, the switch's engines get the
+  /// group's frame key (options::authenticate_frames). Errors: invalid_argument (slots differ from the first member's),
   /// not_supported (the proof of `job_secret` differs from the first member's), timeout (the first member, in another process, did not decide within
   /// 60 s after `wait`), those of reaching the switch (bad_state: its spin-emu went away).
   result<lease> join(std::uint32_t wire_id, const std::vector<std::uint32_t>& members, std::uint32_t me, std::uint32_t slots,
                      std::uint32_t packet_bytes, std::chrono::milliseconds wait, const engine_package& pkg,
-                     const std::array<std::uint8_t, 16>& job_secret = {});
+                     const std::array<std::uint8_t, 16>& job_secret = {}, bool authenticate_frames = true);
   /// Member `me` leaves group `wire_id`; the group's last member anywhere frees its slots.
   void leave(std::uint32_t wire_id, std::uint32_t me);
 
