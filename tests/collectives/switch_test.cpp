@@ -150,6 +150,50 @@ TEST_CASE("with a job secret, frames without the group's tag are dropped as unau
   CHECK(unauthenticated(sw, ".switch") == 2);
 }
 
+TEST_CASE("with authenticate_frames off, a group with a job secret sends untagged frames and its engines take untagged ones") {
+  options o;
+  for (std::size_t i = 0; i < 16; ++i) o.job_secret[i] = static_cast<std::uint8_t>(i + 1);
+  o.authenticate_frames = false;
+  world w(emu::star(2, {}), o, 1, test::switches::fabric);
+  std::vector<std::vector<std::int32_t>> in(2, std::vector<std::int32_t>(5000, 3)), out(2, std::vector<std::int32_t>(5000));
+  auto res = w.run([&](std::uint32_t r) {
+    return w.comms[r]->allreduce(std::span<const std::int32_t>(in[r]), std::span<std::int32_t>(out[r]), op::sum, algorithm::switch_agg);
+  });
+  for (std::uint32_t r = 0; r < 2; ++r) {
+    REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+    CHECK(w.comms[r]->stats().switch_collectives == 1);
+    CHECK(out[r][4999] == 6);
+  }
+  // No EC has a key: nothing is dropped as unauthenticated, and the switch's engine takes an
+  // untagged frame in (it ignores it itself: an old epoch).
+  for (std::uint32_t node = 0; node < 3; ++node)
+    for (const auto& e : w.cluster->node(node).runtime_stats().ecs) {
+      CHECK(e.drops[static_cast<std::size_t>(rt::drop_reason::unauthenticated)] == 0);
+      CHECK(e.packets_in > 0);
+    }
+  emu::nic& sw = w.cluster->node(2);
+  auto switch_in = [&] {
+    std::uint64_t k = 0;
+    for (const auto& e : sw.runtime_stats().ecs)
+      if (e.name.ends_with(".switch")) k += e.packets_in;
+    return k;
+  };
+  const std::uint64_t before = switch_in();
+  rt::wire::header h;
+  h.flags = rt::wire::flag_start | rt::wire::flag_end | rt::wire::flag_coll;
+  h.source_rank = 1;
+  h.match_bits = spin::coll::proto::match_bits(1u << 4, spin::coll::proto::k_up);
+  h.message_id = 999;
+  h.coll = {static_cast<std::uint8_t>(op::sum), static_cast<std::uint8_t>(dtype::i32), 0, 16, 1, 0};
+  std::vector<std::byte> payload(64);
+  h.message_len = payload.size();
+  std::vector<std::byte> f(rt::wire::encoded_len(h, payload.size()));
+  REQUIRE(rt::wire::encode(rt::wire::rank_endpoint(1), rt::wire::rank_endpoint(sw.rank()), h, payload, f) == f.size());
+  REQUIRE(sw.inject(f) == errc::ok);
+  for (int i = 0; i < 500 && switch_in() == before; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  CHECK(switch_in() == before + 1);
+}
+
 TEST_CASE("a switch epoch that stalls without loss sends nothing twice: its repair tick asks the switch first") {
   // Links of 5 ms (a round trip through the switch takes 20 ms) and a fixed repair interval of
   // 1 ms: most ticks find no progress, though nothing is lost. Each tick once sent the rank's
