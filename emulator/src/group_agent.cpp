@@ -226,14 +226,16 @@ result<host::group_answer> group_agent::join(std::uint64_t owner, std::uint32_t 
     return fail(errc::timeout, "switch rank " + std::to_string(sw) + " sent no answer to an in-band join through " + _nic.name() +
                                    " within " + std::to_string(_o.answer_timeout.count()) +
                                    " ms (is its spin-emu running, in switch mode, and linked to this NIC?)");
-  if (h->awaiting && now - h->sent < join_resend) {
+  // The latest answer: the switch's error or answer, or `wait` until it answered.
+  auto latest = [&]() -> result<host::group_answer> {
     if (h->err.code != errc::ok) return h->err;
     if (h->answered) return h->answer;
     host::group_answer a;
     a.state = host::join_state::wait;
     a.reason = "asked the switch (rank " + std::to_string(sw) + ") in-band through " + _nic.name() + "; no answer yet";
     return a;
-  }
+  };
+  if (h->awaiting && now - h->sent < join_resend) return latest();
   writer w(op_join, j.group, me);
   w.u32(j.slots);
   w.u32(j.packet_bytes);
@@ -257,14 +259,7 @@ result<host::group_answer> group_agent::join(std::uint64_t owner, std::uint32_t 
   _st.datagrams_out++;
   h->awaiting = true;
   h->sent = now;
-  if (!h->answered) {
-    host::group_answer a;
-    a.state = host::join_state::wait;
-    a.reason = "asked the switch (rank " + std::to_string(sw) + ") in-band through " + _nic.name() + "; no answer yet";
-    return a;
-  }
-  if (h->err.code != errc::ok) return h->err;
-  return h->answer;
+  return latest();
 }
 
 result<void> group_agent::give_up(std::uint64_t owner, std::uint32_t sw, const host::group_decision& d) {

@@ -100,6 +100,15 @@ SPIN_PAYLOAD_HANDLER(lock_misuse_ph) {
   return ret::success;                         // returns with the lock held: released by the runtime
 }
 
+// A runtime of `hpus` HPUs at rank 5 whose handlers send into `tx`.
+rt::runtime_config sending_config(rt::memory_tx_port& tx, std::uint32_t hpus) {
+  rt::runtime_config cfg;
+  cfg.hpus = hpus;
+  cfg.tx = &tx;
+  cfg.rank = 5;
+  return cfg;
+}
+
 SPIN_PAYLOAD_HANDLER(echo_ph) {
   // Ping-pong: returns each packet to its sender as message id + 1000.
   send_desc d{};
@@ -345,11 +354,7 @@ TEST_CASE("unlocking a lock not held, locking one twice and returning with a loc
 
 TEST_CASE("packets a handler sends leave through the TX port as valid frames that the runtime accepts again") {
   rt::memory_tx_port tx(2, 1 << 20, /*source_rank=*/5);
-  rt::runtime_config cfg;
-  cfg.hpus = 2;
-  cfg.tx = &tx;
-  cfg.rank = 5;
-  fixture f(cfg);
+  fixture f(sending_config(tx, 2));
   rt::ec_config c;
   c.handlers.payload = echo_ph;
   c.handler_mem_bytes = 8;
@@ -378,11 +383,7 @@ TEST_CASE("packets a handler sends leave through the TX port as valid frames tha
 
 TEST_CASE("an EC with a frame key runs only link frames whose tag verifies, counts the others as unauthenticated, and tags what it sends") {
   rt::memory_tx_port tx(1, 1 << 20, 5);
-  rt::runtime_config cfg;
-  cfg.hpus = 1;
-  cfg.tx = &tx;
-  cfg.rank = 5;
-  fixture f(cfg);
+  fixture f(sending_config(tx, 1));
   rt::ec_config c;
   c.handlers.payload = echo_ph;
   c.handler_mem_bytes = 8;
@@ -446,11 +447,7 @@ TEST_CASE("an EC with a frame key runs only link frames whose tag verifies, coun
 
 TEST_CASE("handlers read a packet's collective fields and send their own; a handler built before them still sends") {
   rt::memory_tx_port tx(1, 1 << 20, 5);
-  rt::runtime_config cfg;
-  cfg.hpus = 1;
-  cfg.tx = &tx;
-  cfg.rank = 5;
-  fixture f(cfg);
+  fixture f(sending_config(tx, 1));
   rt::ec_config c;
   c.handlers.payload = coll_echo_ph;
   c.handler_mem_bytes = 32;
@@ -510,11 +507,7 @@ std::uint64_t pattern_sum(std::uint32_t n) {
 
 TEST_CASE("a multicast sends one frame per destination with consecutive message ids, and refuses bad destination lists") {
   rt::memory_tx_port tx(1, 1 << 20, 5);
-  rt::runtime_config cfg;
-  cfg.hpus = 1;
-  cfg.tx = &tx;
-  cfg.rank = 5;
-  fixture f(cfg);
+  fixture f(sending_config(tx, 1));
   const std::uint32_t dests[2] = {3, 9};
   const rt::ec_id ec = install_mcast(f, dests);
   const auto pk = message_packet(f.pool, 0, 2, 7, 300, 300, 0);
