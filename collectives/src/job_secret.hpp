@@ -17,13 +17,10 @@ using job_key = std::array<std::uint8_t, 16>;
 
 // SipHash-2-4 under `secret` of `label` followed by the little-endian words `words`.
 inline std::uint64_t keyed(const job_key& secret, const char* label, const std::vector<std::uint32_t>& words) {
-  std::uint64_t k0 = 0, k1 = 0;
-  std::memcpy(&k0, secret.data(), 8);
-  std::memcpy(&k1, secret.data() + 8, 8);
   std::vector<std::uint8_t> msg(label, label + std::strlen(label));
   for (std::uint32_t v : words)
     for (int i = 0; i < 4; ++i) msg.push_back(static_cast<std::uint8_t>(v >> (8 * i)));
-  return siphash24(k0, k1, msg.data(), msg.size());
+  return siphash24(secret.data(), msg.data(), msg.size());
 }
 
 /// The proof of the job secret a join carries: SipHash-2-4 under the secret over "spin-join",

@@ -102,14 +102,7 @@ constexpr std::uint8_t code_of(errc c) { return static_cast<std::uint8_t>(-stati
 constexpr std::uint8_t max_code = code_of(errc::fault);
 
 using key16 = std::array<std::uint8_t, 16>;
-std::uint64_t le64(const std::uint8_t* p) {
-  std::uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = v << 8 | p[i];
-  return v;
-}
-std::uint64_t mac(const key16& k, const std::byte* p, std::size_t n) {
-  return siphash24(le64(k.data()), le64(k.data() + 8), reinterpret_cast<const u8*>(p), n);
-}
+std::uint64_t mac(const key16& k, const std::byte* p, std::size_t n) { return siphash24(k.data(), reinterpret_cast<const u8*>(p), n); }
 // The frame key XOR the key stream of `nonce` (wrapping and unwrapping are the same).
 key16 wrap(const key16& mk, std::uint64_t nonce, const key16& in) {
   key16 out = in;
@@ -117,7 +110,7 @@ key16 wrap(const key16& mk, std::uint64_t nonce, const key16& in) {
     std::uint8_t msg[13 + 8 + 1] = {'s', 'p', 'i', 'n', '-', 'k', 'e', 'y', '-', 'w', 'r', 'a', 'p'};
     for (int i = 0; i < 8; ++i) msg[13 + i] = static_cast<std::uint8_t>(nonce >> (8 * i));
     msg[21] = static_cast<std::uint8_t>(half);
-    const std::uint64_t ks = siphash24(le64(mk.data()), le64(mk.data() + 8), msg, sizeof msg);
+    const std::uint64_t ks = siphash24(mk.data(), msg, sizeof msg);
     for (int i = 0; i < 8; ++i) out[8 * half + static_cast<std::uint32_t>(i)] ^= static_cast<std::uint8_t>(ks >> (8 * i));
   }
   return out;

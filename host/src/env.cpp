@@ -33,21 +33,34 @@ result<std::optional<secret>> env_secret(const char* name) {
   if (v == nullptr || *v == '\0') return std::optional<secret>{};
   // The value is not echoed: it is a secret.
   const auto refuse = [&] { return fail(errc::invalid_argument, std::string(name) + " must be 32 hexadecimal digits (16 bytes), not all zero"); };
-  if (std::strlen(v) != 32) return refuse();
+  const auto s = parse_secret(v);
+  if (!s || *s == secret{}) return refuse();
+  return s;
+}
+
+std::optional<secret> parse_secret(std::string_view text) {
+  if (text.size() != 32) return std::nullopt;
   secret s{};
-  bool any = false;
   for (std::size_t i = 0; i < 32; ++i) {
-    const char c = v[i];
+    const char c = text[i];
     int d = -1;
     if (c >= '0' && c <= '9') d = c - '0';
     else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
     else if (c >= 'A' && c <= 'F') d = c - 'A' + 10;
-    if (d < 0) return refuse();
+    if (d < 0) return std::nullopt;
     s[i / 2] = static_cast<std::uint8_t>(s[i / 2] | (i % 2 == 0 ? d << 4 : d));
-    any = any || d != 0;
   }
-  if (!any) return refuse();
-  return std::optional<secret>{s};
+  return s;
+}
+
+std::string secret_hex(const secret& s) {
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string t(32, '0');
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    t[2 * i] = hex[s[i] >> 4];
+    t[2 * i + 1] = hex[s[i] & 15];
+  }
+  return t;
 }
 
 result<secret> random_secret() {

@@ -1,5 +1,6 @@
 // The control protocol's JSON: the only file that spells its keys (spin/host/protocol.hpp).
 #include <spin/host/protocol.hpp>
+#include <spin/host/env.hpp>
 
 #include <spin/host/shm.hpp>
 
@@ -24,16 +25,9 @@ struct invalid {
 };
 [[noreturn]] void reject(std::string message) { throw invalid{std::move(message)}; }
 
-// A 16-byte key as 32 lower-case hexadecimal digits, written only when it is not all zero.
-void put_key(nlohmann::json& j, const char* key, const std::array<std::uint8_t, 16>& k) {
-  if (k == std::array<std::uint8_t, 16>{}) return;
-  static constexpr char hex[] = "0123456789abcdef";
-  std::string t(32, '0');
-  for (std::size_t i = 0; i < 16; ++i) {
-    t[2 * i] = hex[k[i] >> 4];
-    t[2 * i + 1] = hex[k[i] & 15];
-  }
-  j[key] = t;
+// A 16-byte key as 32 hexadecimal digits, written only when it is not all zero.
+void put_key(nlohmann::json& j, const char* key, const secret& k) {
+  if (k != secret{}) j[key] = secret_hex(k);
 }
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
@@ -70,25 +64,12 @@ public:
   }
   /// An optional 16-byte key: 32 hexadecimal digits (either case); all zero when absent. The
   /// error names the field, never its value.
-  std::array<std::uint8_t, 16> opt_key(const char* key) {
-    std::array<std::uint8_t, 16> k{};
+  secret opt_key(const char* key) {
     const json* v = find(key);
-    if (v == nullptr) return k;
-    auto digit = [](char c) -> int {
-      if (c >= '0' && c <= '9') return c - '0';
-      if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-      if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-      return -1;
-    };
-    const std::string* t = v->is_string() ? &v->get_ref<const std::string&>() : nullptr;
-    bool ok = t != nullptr && t->size() == 32;
-    for (std::size_t i = 0; ok && i < 16; ++i) {
-      const int hi = digit((*t)[2 * i]), lo = digit((*t)[2 * i + 1]);
-      ok = hi >= 0 && lo >= 0;
-      if (ok) k[i] = static_cast<std::uint8_t>(hi << 4 | lo);
-    }
-    if (!ok) reject("field " + name(key) + " must be 32 hexadecimal digits (16 bytes)");
-    return k;
+    if (v == nullptr) return {};
+    const auto k = v->is_string() ? parse_secret(v->get_ref<const std::string&>()) : std::nullopt;
+    if (!k) reject("field " + name(key) + " must be 32 hexadecimal digits (16 bytes)");
+    return *k;
   }
   /// An array of 0..max_items integers of 0..2^32-1.
   std::vector<std::uint32_t> u32_list(const char* key, std::size_t max_items) {

@@ -151,12 +151,7 @@ std::size_t put_spin(std::uint8_t* s, const header& h) {
 } // namespace
 
 auth_key auth_key::from_bytes(const std::array<std::uint8_t, 16>& b) {
-  auth_key k;
-  for (int i = 7; i >= 0; --i) {
-    k.k0 = k.k0 << 8 | b[static_cast<std::size_t>(i)];
-    k.k1 = k.k1 << 8 | b[static_cast<std::size_t>(i) + 8];
-  }
-  return k;
+  return auth_key{siphash_detail::le64(b.data()), siphash_detail::le64(b.data() + 8)};
 }
 
 std::uint64_t auth_tag(const auth_key& k, const header& h, std::span<const std::byte> payload) noexcept {

@@ -84,4 +84,13 @@ TEST_SUITE("host") {
     REQUIRE(b.ok());
     CHECK(a.value() != b.value());
   }
+
+  TEST_CASE("a 16-byte key round-trips through 32 hexadecimal digits, and anything else is no key") {
+    const secret k{0x00, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, 0x99, 0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0xff};
+    CHECK(spin::host::secret_hex(k) == "00112233445566778899aabbccddeeff");
+    CHECK(spin::host::parse_secret("00112233445566778899AABBCCDDEEFF") == k);
+    CHECK(spin::host::parse_secret(spin::host::secret_hex(secret{})) == secret{});
+    for (const char* bad : {"", "0011", "00112233445566778899aabbccddeeffa", "0011223344556677889gaabbccddeeff", "0x112233445566778899aabbccddeeff"})
+      CHECK_FALSE(spin::host::parse_secret(bad).has_value());
+  }
 }

@@ -67,4 +67,10 @@ constexpr u64 siphash24(u64 k0, u64 k1, const u8* prefix, u64 plen, const u8* da
 /// SipHash-2-4 of `len` bytes at `data` under the 128-bit key (k0, k1). Any length.
 constexpr u64 siphash24(u64 k0, u64 k1, const u8* data, u64 len) { return siphash24(k0, k1, data, 0, data, len); }
 
+/// SipHash-2-4 of `len` bytes at `data` under the 16 key bytes at `key` (k0 = bytes 0..7,
+/// k1 = bytes 8..15, little-endian, as the paper's reference implementation reads its key).
+constexpr u64 siphash24(const u8* key, const u8* data, u64 len) {
+  return siphash24(siphash_detail::le64(key), siphash_detail::le64(key + 8), data, len);
+}
+
 } // namespace spin

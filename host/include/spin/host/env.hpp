@@ -7,6 +7,8 @@
 #include <array>
 #include <cstdint>
 #include <optional>
+#include <string>
+#include <string_view>
 
 namespace spin::host {
 
@@ -17,8 +19,14 @@ namespace spin::host {
 /// Thread: any, as std::getenv (no thread may set the environment meanwhile).
 result<std::optional<std::uint64_t>> env_number(const char* name, std::uint64_t max);
 
-/// A job secret: 16 bytes.
+/// A job secret: 16 bytes. The same shape carries the keys derived from it (frame keys) and the
+/// fabric's management key.
 using secret = std::array<std::uint8_t, 16>;
+/// `text` as 16 bytes: exactly 32 hexadecimal digits, either case (all zero is allowed here).
+/// nullopt for anything else. Thread: any.
+std::optional<secret> parse_secret(std::string_view text);
+/// `s` as 32 lower-case hexadecimal digits. Thread: any.
+std::string secret_hex(const secret& s);
 /// Environment variable `name` read as a job secret: exactly 32 hexadecimal digits (either
 /// case). Returns nullopt when `name` is unset or empty. Errors (errc::invalid_argument, the
 /// message names the variable but not its value): anything else, or all zeros (no secret).
