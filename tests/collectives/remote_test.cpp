@@ -173,6 +173,21 @@ std::pair<std::vector<std::unique_ptr<communicator>>, std::vector<std::string>> 
   return {std::move(comms), std::move(said)};
 }
 
+/// An i64 sum through the switch on every member, exact (a count that ends in a short packet).
+void check_switch_allreduce(const std::vector<std::unique_ptr<communicator>>& comms) {
+  const std::uint64_t count = 3 * 256 + 5;
+  std::vector<std::vector<std::int64_t>> in(n_hosts, std::vector<std::int64_t>(count)), out = in;
+  for (std::uint32_t r = 0; r < n_hosts; ++r)
+    for (std::uint64_t i = 0; i < count; ++i) in[r][i] = static_cast<std::int64_t>(i * 1000 + r) - 7;
+  auto res = run_all(n_hosts, [&](std::uint32_t r) {
+    return comms[r]->allreduce(in[r].data(), out[r].data(), count, dtype::i64, op::sum, algorithm::switch_agg);
+  });
+  for (std::uint32_t r = 0; r < n_hosts; ++r) {
+    REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+    for (std::uint64_t i = 0; i < count; ++i) REQUIRE(out[r][i] == in[0][i] + in[1][i] + in[2][i]);
+  }
+}
+
 } // namespace
 
 /// Members whose fabrics are other connections (to the switch's spin-emu, processes) share
@@ -226,17 +241,7 @@ static void shared_pool_case(links k) {
       CHECK(u[0].free == 16);
       CHECK(u[0].groups == 1);
     }
-    const std::uint64_t count = 3 * 256 + 5;
-    std::vector<std::vector<std::int64_t>> in(n_hosts, std::vector<std::int64_t>(count)), out = in;
-    for (std::uint32_t r = 0; r < n_hosts; ++r)
-      for (std::uint64_t i = 0; i < count; ++i) in[r][i] = static_cast<std::int64_t>(i * 1000 + r) - 7;
-    auto res = run_all(n_hosts, [&](std::uint32_t r) {
-      return comms[r]->allreduce(in[r].data(), out[r].data(), count, dtype::i64, op::sum, algorithm::switch_agg);
-    });
-    for (std::uint32_t r = 0; r < n_hosts; ++r) {
-      REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
-      for (std::uint64_t i = 0; i < count; ++i) REQUIRE(out[r][i] == in[0][i] + in[1][i] + in[2][i]);
-    }
+    check_switch_allreduce(comms);
   }
   // Every member gone: the slots are back.
   CHECK(fb.value()->usage()[0].free == 32);
@@ -549,18 +554,8 @@ static void inband_case(links k) {
     const auto u = pool();
     CHECK(u.free == 240);
     CHECK(u.groups == 1);
-    const std::uint64_t count = 3 * 256 + 5;
-    std::vector<std::vector<std::int64_t>> in(n_hosts, std::vector<std::int64_t>(count)), out = in;
-    for (std::uint32_t r = 0; r < n_hosts; ++r)
-      for (std::uint64_t i = 0; i < count; ++i) in[r][i] = static_cast<std::int64_t>(i * 1000 + r) - 7;
-    auto res = run_all(n_hosts, [&](std::uint32_t r) {
-      return comms[r]->allreduce(in[r].data(), out[r].data(), count, dtype::i64, op::sum, algorithm::switch_agg);
-    });
-    for (std::uint32_t r = 0; r < n_hosts; ++r) {
-      REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
-      for (std::uint64_t i = 0; i < count; ++i) REQUIRE(out[r][i] == in[0][i] + in[1][i] + in[2][i]);
-      CHECK(comms[r]->stats().switch_slots == 16);
-    }
+    check_switch_allreduce(comms);
+    for (std::uint32_t r = 0; r < n_hosts; ++r) CHECK(comms[r]->stats().switch_slots == 16);
   }
   // Every member left (their leaves went in-band): the switch removed the group.
   for (int i = 0; i < 200 && pool().free != 256; ++i) std::this_thread::sleep_for(10ms);
