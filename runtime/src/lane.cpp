@@ -332,6 +332,8 @@ bool runtime_core::handle(lane& l, const packet& in, bool may_steer) noexcept {
     drop(le, p, drop_reason::not_data);
     return true;
   }
+  // Whether the frame crossed a link, before a private copy (unshare) replaces the packet.
+  const bool from_link = !p.local;
   // A payload in a second buffer reaches the handlers in place only when it is exactly that
   // buffer; a shared one only when the EC's handlers do not write such packets.
   if (((p.tail != nullptr && ps.payload_offset != p.frame_len) || (p.shared && !e.cfg.limits.read_only_multicast)) &&
@@ -341,7 +343,7 @@ bool runtime_core::handle(lane& l, const packet& in, bool may_steer) noexcept {
   }
   // An EC with a frame key takes from links only frames whose tag verifies (the payload is
   // contiguous here: in the frame, or exactly its tail).
-  if (!e.key.none() && !p.local &&
+  if (!e.key.none() && from_link &&
       ((h.flags & wire::flag_auth) == 0 ||
        wire::auth_tag(e.key, h, std::span<const std::byte>(payload_of(p, ps.payload_offset), h.payload_len)) != h.auth_tag)) {
     drop(le, p, drop_reason::unauthenticated);

@@ -594,6 +594,30 @@ TEST_CASE("a payload in a second, shared buffer reaches read-only ECs in place a
   }
 }
 
+TEST_CASE("a local frame stays local when the runtime gives it a private copy: an EC with a frame key runs it untagged") {
+  rt::runtime_config cfg;
+  cfg.hpus = 1;
+  cfg.unshare = pool_unshare;
+  fixture f(cfg);
+  rt::ec_config c;
+  c.handlers.payload = where_ph;
+  c.handler_mem_bytes = 16;
+  c.frame_key[0] = 1;
+  const rt::ec_id ec = f.install(c);
+  const rt::packet whole = message_packet(f.pool, 0, 2, 7, 500, 500, 0);
+  rt::wire::parsed ps;
+  rt::wire::reject why;
+  REQUIRE(rt::wire::parse(std::span<const std::byte>(whole.frame, whole.frame_len), rt::wire::default_udp_port, ps, why));
+  std::vector<std::byte> tail;
+  rt::packet p = split_packet(whole, ps.payload_offset, tail, true);
+  p.local = true;
+  unshare_calls = 0;
+  REQUIRE(feed(*f.rt, std::span<const rt::packet>(&p, 1)));
+  CHECK(unshare_calls == 1);
+  CHECK(f.word(ec, 8) == pattern_sum(500));
+  CHECK(f.drops(ec, rt::drop_reason::unauthenticated) == 0);
+}
+
 TEST_CASE("a two-buffer frame whose payload does not start the second buffer is made contiguous first, and dropped with a reason when it cannot be") {
   for (const bool can_copy : {true, false}) {
     CAPTURE(can_copy);

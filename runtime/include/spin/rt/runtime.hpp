@@ -192,6 +192,8 @@ struct packet {
   bool shared = false;
   /// The frame never crossed a link: this NIC's own host or handlers sent it to this NIC's own
   /// rank (the emulator's loopback). Such frames need no authentication tag (ec_config::frame_key).
+  /// The runtime reads it before `runtime_config::unshare` replaces the packet, so an unshare
+  /// function need not keep it.
   bool local = false;
 };
 
