@@ -396,8 +396,17 @@ std::string to_json(const cluster_stats& s) {
 std::string to_text(const cluster_stats& s) {
   std::string out;
   for (const auto& n : s.nodes) out += to_text(n);
-  for (const auto& l : s.links) out += "link " + l.from + " -> " + l.to + ": " + to_text(l.stats) + "\n";
-  return out;
+  if (s.links.empty()) return out;
+  auto num = [](std::uint64_t v) { return std::to_string(v); };
+  rt::detail::text_table t({"link", "in packets", "in bytes", "delivered", "delivered bytes", "lost", "queue full",
+                            "duplicated", "dup no mbuf", "reordered", "output stalls", "held"});
+  for (const auto& l : s.links) {
+    const auto& k = l.stats;
+    t.row({l.from + "->" + l.to, num(k.packets_in), num(k.bytes_in), num(k.packets_delivered), num(k.bytes_delivered),
+           num(k.dropped_loss), num(k.dropped_queue_full), num(k.duplicated), num(k.dup_no_mbuf), num(k.reordered),
+           num(k.output_stalls), num(k.held)});
+  }
+  return out + t.str("");
 }
 
 }  // namespace spin::emu

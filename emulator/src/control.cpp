@@ -528,12 +528,7 @@ reply control_server_impl::handle(std::uint64_t session, const std::string& line
                                             std::to_string(fds.size()));
       return r;
     }
-    auto body = proto::encode_reply(req->id, execute(session, req->req, fds, r));
-    if (!body) {
-      fail_with(body.err().code, body.err().message);
-      return r;
-    }
-    r.line = std::move(body.value());
+    r.line = proto::encode_reply(req->id, execute(session, req->req, fds, r));
   } catch (const request_error& e) {
     fail_with(e.code, e.message);
   } catch (const std::exception& e) {  // allocation failure and the like: the request fails
@@ -716,8 +711,7 @@ proto::reply control_server_impl::execute(std::uint64_t session, const proto::re
   if (std::holds_alternative<proto::stats>(req)) {
     proto::stats_reply out;
     for (std::size_t i = 0; i < _opts.nodes.size(); ++i)
-      out.nodes.push_back({static_cast<std::uint32_t>(i), _opts.nodes[i]->name(), _opts.nodes[i]->rank(),
-                           _opts.nodes[i]->stats_json()});
+      out.nodes.push_back({static_cast<std::uint32_t>(i), _opts.nodes[i]->stats()});
     return out;
   }
   // stop

@@ -179,22 +179,6 @@ std::string to_json(const link_stats& s) {
   return j.dump();
 }
 
-std::string to_text(const link_stats& s) {
-  char buf[512];
-  std::snprintf(buf, sizeof buf,
-                "in %llu pkts / %llu B, delivered %llu pkts / %llu B, dropped loss %llu queue_full %llu, "
-                "duplicated %llu (no mbuf %llu), reordered %llu, output stalls %llu, held %llu",
-                static_cast<unsigned long long>(s.packets_in), static_cast<unsigned long long>(s.bytes_in),
-                static_cast<unsigned long long>(s.packets_delivered),
-                static_cast<unsigned long long>(s.bytes_delivered),
-                static_cast<unsigned long long>(s.dropped_loss),
-                static_cast<unsigned long long>(s.dropped_queue_full),
-                static_cast<unsigned long long>(s.duplicated), static_cast<unsigned long long>(s.dup_no_mbuf),
-                static_cast<unsigned long long>(s.reordered), static_cast<unsigned long long>(s.output_stalls),
-                static_cast<unsigned long long>(s.held));
-  return buf;
-}
-
 // ---- DPDK link ---------------------------------------------------------------------------
 
 result<std::unique_ptr<link>> link::create(rte_ring* in, rte_ring* out, rte_mempool* dup_pool,

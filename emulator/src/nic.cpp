@@ -16,7 +16,6 @@
 #include <rte_prefetch.h>
 #include <rte_ring.h>
 
-#include <nlohmann/json.hpp>
 
 #include <condition_variable>
 #include <cstdio>
@@ -28,21 +27,6 @@
 
 
 namespace spin::emu {
-
-const char* nic_drop_name(nic_drop d) {
-  switch (d) {
-    case nic_drop::no_mbuf: return "no_mbuf";
-    case nic_drop::oversize: return "oversize";
-    case nic_drop::malformed: return "malformed";
-    case nic_drop::unknown_ec: return "unknown_ec";
-    case nic_drop::rx_queue_full: return "rx_queue_full";
-    case nic_drop::tx_queue_full: return "tx_queue_full";
-    case nic_drop::unroutable: return "unroutable";
-    case nic_drop::mgmt_queue_full: return "mgmt_queue_full";
-    case nic_drop::count_: break;
-  }
-  return "?";
-}
 
 namespace {
 
@@ -1352,67 +1336,6 @@ nic_stats nic::stats() const {
 }
 
 rt::runtime_stats nic::runtime_stats() const { return _p->rt ? _p->rt->stats() : rt::runtime_stats{}; }
-std::string nic::stats_json() const { return to_json(stats()); }
 group_registry& nic::groups() noexcept { return *_p->groups; }
-
-std::string to_json(const nic_stats& s) {
-  nlohmann::ordered_json j;
-  j["name"] = s.name;
-  j["rank"] = s.rank;
-  auto& ports = j["ports"] = nlohmann::ordered_json::array();
-  for (const auto& p : s.ports)
-    ports.push_back({{"name", p.name},
-                     {"rx_packets", p.rx_packets},
-                     {"rx_bytes", p.rx_bytes},
-                     {"tx_packets", p.tx_packets},
-                     {"tx_bytes", p.tx_bytes},
-                     {"forwarded", p.forwarded},
-                     {"hw", {{"ipackets", p.hw.ipackets},
-                             {"ibytes", p.hw.ibytes},
-                             {"opackets", p.hw.opackets},
-                             {"obytes", p.hw.obytes},
-                             {"imissed", p.hw.imissed},
-                             {"rx_nombuf", p.hw.rx_nombuf},
-                             {"ierrors", p.hw.ierrors},
-                             {"oerrors", p.hw.oerrors}}}});
-  auto& d = j["drops"] = nlohmann::ordered_json::object();
-  for (std::size_t i = 0; i < nic_drop_count; ++i) d[nic_drop_name(static_cast<nic_drop>(i))] = s.drops[i];
-  j["host_messages_sent"] = s.host_messages_sent;
-  j["host_packets_sent"] = s.host_packets_sent;
-  j["host_bytes_sent"] = s.host_bytes_sent;
-  j["loopback_packets"] = s.loopback_packets;
-  j["multicast_shared"] = s.multicast_shared;
-  j["forward_in_place"] = s.forward_in_place;
-  j["forward_chained"] = s.forward_chained;
-  j["unshared"] = s.unshared;
-  j["mbufs_in_use"] = s.mbufs_in_use;
-  j["capture_frames"] = s.capture_frames;
-  j["capture_errors"] = s.capture_errors;
-  j["mgmt_received"] = s.mgmt_received;
-  j["mgmt_sent"] = s.mgmt_sent;
-  j["runtime"] = nlohmann::ordered_json::parse(rt::to_json(s.runtime));
-  return j.dump();
-}
-
-std::string to_text(const nic_stats& s) {
-  std::string out = "nic " + s.name + " (rank " + std::to_string(s.rank) + ")\n";
-  for (const auto& p : s.ports) {
-    out += "  port " + p.name + ": rx " + std::to_string(p.rx_packets) + " pkts " + std::to_string(p.rx_bytes) + " B, tx " +
-           std::to_string(p.tx_packets) + " pkts " + std::to_string(p.tx_bytes) + " B";
-    if (p.forwarded != 0) out += ", forwarded " + std::to_string(p.forwarded);
-    out += "\n";
-  }
-  std::string drops;
-  for (std::size_t i = 0; i < nic_drop_count; ++i)
-    if (s.drops[i] != 0) drops += std::string(drops.empty() ? "" : ", ") + nic_drop_name(static_cast<nic_drop>(i)) + " " + std::to_string(s.drops[i]);
-  if (!drops.empty()) out += "  drops: " + drops + "\n";
-  if (s.host_messages_sent != 0)
-    out += "  host sends: " + std::to_string(s.host_messages_sent) + " messages, " + std::to_string(s.host_packets_sent) + " packets, " +
-           std::to_string(s.host_bytes_sent) + " B\n";
-  if (s.capture_frames != 0 || s.capture_errors != 0)
-    out += "  capture: " + std::to_string(s.capture_frames) + " frames, " + std::to_string(s.capture_errors) + " errors\n";
-  out += rt::to_text(s.runtime);
-  return out;
-}
 
 }  // namespace spin::emu

@@ -392,8 +392,8 @@ int main(int argc, char** argv) {
   if (nic) {
     nic->quiesce(std::chrono::milliseconds(500));
     const auto s = nic->stats();
-    text = spin::emu::to_text(s);
-    json = spin::emu::to_json(s);
+    text = to_text(s);
+    json = to_json(s);
   } else {
     cluster->quiesce(std::chrono::milliseconds(500));
     const auto s = cluster->stats();

@@ -12,7 +12,6 @@
 #include <spin/host/host.hpp>
 
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -76,37 +75,32 @@ const host::node_info* find_node(const std::vector<host::node_info>& nodes, cons
 // message is caught.
 std::byte pattern(std::uint64_t k, std::uint64_t i) { return static_cast<std::byte>((i + 7 * k) % 251); }
 
-// The receiver's counters that host_hello reports, from spin::host::client::stats_json.
+// The receiver's counters that host_hello reports, from spin::host::client::stats.
 struct counters {
   std::uint64_t rx_packets = 0, rx_bytes = 0, nic_drops = 0;                  // the NIC's ports
   std::uint64_t ec_packets = 0, ec_completed = 0, ec_deposit_bytes = 0, ec_events = 0, ec_drops = 0;  // the EC
 };
 
 spin::result<counters> read_counters(host::client& c, std::uint32_t node, spin::rt::ec_id ec) {
-  auto text = c.stats_json();
-  if (!text) return text.err();
-  try {
-    for (const auto& n : nlohmann::json::parse(*text)) {
-      if (n.at("node").get<std::uint32_t>() != node) continue;
-      const auto& s = n.at("stats");
-      counters k;
-      for (const auto& p : s.at("ports")) {
-        k.rx_packets += p.at("rx_packets").get<std::uint64_t>();
-        k.rx_bytes += p.at("rx_bytes").get<std::uint64_t>();
-      }
-      for (const auto& [reason, count] : s.at("drops").items()) k.nic_drops += count.get<std::uint64_t>();
-      for (const auto& e : s.at("runtime").at("ecs")) {
-        if (e.at("ec_id").get<spin::rt::ec_id>() != ec) continue;
-        k.ec_packets = e.at("packets_in").get<std::uint64_t>();
-        k.ec_completed = e.at("messages_completed").get<std::uint64_t>();
-        k.ec_deposit_bytes = e.at("deposit_bytes").get<std::uint64_t>();
-        k.ec_events = e.at("events_posted").get<std::uint64_t>();
-        for (const auto& [reason, count] : e.at("drops").items()) k.ec_drops += count.get<std::uint64_t>();
-      }
-      return k;
+  auto nodes = c.stats();
+  if (!nodes) return nodes.err();
+  for (const auto& n : *nodes) {
+    if (n.node != node) continue;
+    counters k;
+    for (const auto& p : n.stats.ports) {
+      k.rx_packets += p.rx_packets;
+      k.rx_bytes += p.rx_bytes;
     }
-  } catch (const nlohmann::json::exception& e) {  // a server of another version
-    return spin::fail(spin::errc::invalid_argument, std::string("stats: unexpected JSON: ") + e.what());
+    k.nic_drops = n.stats.total_drops();
+    for (const auto& e : n.stats.runtime.ecs) {
+      if (e.ec_id != ec) continue;
+      k.ec_packets = e.packets_in;
+      k.ec_completed = e.messages_completed;
+      k.ec_deposit_bytes = e.deposit_bytes;
+      k.ec_events = e.events_posted;
+      k.ec_drops = e.total_drops();
+    }
+    return k;
   }
   return spin::fail(spin::errc::not_found, "stats: no node " + std::to_string(node));
 }

@@ -289,10 +289,10 @@ result<void> client::send(std::uint32_t node, const message& m, std::chrono::mil
   return {};
 }
 
-result<std::string> client::stats_json() {
+result<std::vector<node_stats>> client::stats() {
   auto rep = call<proto::stats_reply>(proto::stats{});
   if (!rep) return rep.err();
-  return proto::stats_array_json(*rep);
+  return std::move(rep->nodes);
 }
 
 result<void> client::stop_emulator() {

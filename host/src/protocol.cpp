@@ -423,15 +423,7 @@ void put(json& j, const events_reply& r) {
   j["capacity"] = r.capacity;
   j["bytes"] = r.bytes;
 }
-void put(json& j, const stats_reply& r) {
-  json list = json::array();
-  for (const auto& n : r.nodes) {
-    json s = json::parse(n.stats_json, nullptr, false);
-    if (s.is_discarded()) reject("node " + std::to_string(n.node) + " returned statistics that are not JSON");
-    list.push_back({{"node", n.node}, {"name", n.name}, {"rank", n.rank}, {"stats", std::move(s)}});
-  }
-  j["stats"] = std::move(list);
-}
+void put(json& j, const stats_reply& r) { j["stats"] = json::parse(to_json(r.nodes)); }
 
 void put(json& j, const pool_reply& r) {
   j["slots"] = r.usage.pool.slots;
@@ -487,9 +479,11 @@ void get(const json& j, join_reply& r) {
   r.answer.installer = j.at("installer").get<bool>();
 }
 void get(const json& j, stats_reply& r) {
-  for (const auto& n : j.at("stats"))
-    r.nodes.push_back(node_stats{n.at("node").get<std::uint32_t>(), n.at("name").get<std::string>(),
-                                 n.at("rank").get<std::uint32_t>(), dump(n.at("stats"))});
+  for (const auto& n : j.at("stats")) {
+    auto s = nic_stats_from_json(dump(n.at("stats")));
+    if (!s) reject("node " + dump(n.at("node")) + ": " + s.err().message);
+    r.nodes.push_back(node_stats{n.at("node").get<std::uint32_t>(), std::move(s.value())});
+  }
 }
 
 } // namespace
@@ -536,20 +530,10 @@ result<decoded_request> decode_request(std::string_view line, std::optional<std:
   }
 }
 
-result<std::string> encode_reply(std::uint64_t id, const reply& r) {
+std::string encode_reply(std::uint64_t id, const reply& r) {
   json j{{"id", id}, {"ok", true}};
-  try {
-    std::visit([&](const auto& x) { put(j, x); }, r);
-  } catch (const invalid& e) {
-    return fail(errc::bad_state, e.message);
-  }
+  std::visit([&](const auto& x) { put(j, x); }, r);
   return dump(j);
-}
-
-std::string stats_array_json(const stats_reply& r) {
-  json j;
-  put(j, r);  // the NIC's own stats text was parsed when decoded: it is JSON
-  return dump(j["stats"]);
 }
 
 std::string encode_error(std::optional<std::uint64_t> id, std::string_view code, std::string_view message) {
@@ -590,6 +574,8 @@ template <class R> result<R> decode_reply(std::string_view line, std::uint64_t e
     get(rep, out);
   } catch (const json::exception& e) {
     return fail(errc::bad_state, std::string("malformed control reply (") + e.what() + "): " + std::string(line.substr(0, 200)));
+  } catch (const invalid& e) {
+    return fail(errc::bad_state, "malformed control reply: " + e.message);
   }
   return out;
 }

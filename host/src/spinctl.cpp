@@ -1,7 +1,7 @@
 // spinctl: command-line front end of spin-emu's control socket (spin/emu/control.hpp).
 //
 //   spinctl [--socket PATH] nodes
-//   spinctl [--socket PATH] stats [--pretty]
+//   spinctl [--socket PATH] stats [--json [--pretty]]
 //   spinctl [--socket PATH] install NODE PACKAGE [--name N] [--match-bits X] [--ignore-mask Y] [--budget-ns N]
 //   spinctl [--socket PATH] uninstall NODE EC
 //   spinctl [--socket PATH] stop
@@ -48,9 +48,10 @@ int main(int argc, char** argv) {
 
   auto* nodes_cmd = app.add_subcommand("nodes", "list the emulated NICs (index, name, rank)");
 
-  bool pretty = false;
-  auto* stats_cmd = app.add_subcommand("stats", "print every NIC's statistics as JSON");
-  stats_cmd->add_flag("--pretty", pretty, "indent the JSON");
+  bool as_json = false, pretty = false;
+  auto* stats_cmd = app.add_subcommand("stats", "print every NIC's statistics as tables (as spin-emu does at exit)");
+  stats_cmd->add_flag("--json", as_json, "print them as one JSON array of {node, name, rank, stats} instead");
+  stats_cmd->add_flag("--pretty", pretty, "indent the JSON")->needs("--json");
 
   std::string node, package, name;
   std::uint64_t match_bits = 0, ignore_mask = 0, budget_ns = 0;
@@ -86,12 +87,15 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (stats_cmd->parsed()) {
-    auto s = c->stats_json();
+    auto s = c->stats();
     if (!s) return report(s.err());
-    if (pretty)
-      std::cout << nlohmann::json::parse(*s).dump(2) << "\n";
-    else
-      std::cout << *s << "\n";
+    if (!as_json) {
+      for (const auto& n : *s) std::cout << spin::host::to_text(n.stats);
+    } else if (pretty) {
+      std::cout << nlohmann::json::parse(spin::host::to_json(*s)).dump(2) << "\n";
+    } else {
+      std::cout << spin::host::to_json(*s) << "\n";
+    }
     return 0;
   }
   if (install_cmd->parsed()) {

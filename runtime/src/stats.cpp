@@ -1,39 +1,9 @@
 #include <spin/rt/stats.hpp>
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <bit>
-#include <cstdio>
 
 namespace spin::rt {
-
-const char* drop_reason_name(drop_reason r) {
-  switch (r) {
-  case drop_reason::duplicate: return "duplicate";
-  case drop_reason::out_of_window: return "out_of_window";
-  case drop_reason::bad_sequence: return "bad_sequence";
-  case drop_reason::inconsistent: return "inconsistent";
-  case drop_reason::no_message_slot: return "no_message_slot";
-  case drop_reason::parking_full: return "parking_full";
-  case drop_reason::handler_drop: return "handler_drop";
-  case drop_reason::bad_return: return "bad_return";
-  case drop_reason::message_aborted: return "message_aborted";
-  case drop_reason::not_data: return "not_data";
-  case drop_reason::ec_removed: return "ec_removed";
-  case drop_reason::host_window: return "host_window";
-  case drop_reason::unauthenticated: return "unauthenticated";
-  case drop_reason::no_private_copy: return "no_private_copy";
-  case drop_reason::count_: break;
-  }
-  return "unknown";
-}
-
-std::uint64_t ec_stats::total_drops() const {
-  std::uint64_t n = 0;
-  for (auto d : drops) n += d;
-  return n;
-}
 
 namespace detail {
 
@@ -126,108 +96,5 @@ void ec_counters::snapshot(const ec_counters* const* cs, std::size_t n, ec_stats
 }
 
 } // namespace detail
-
-namespace {
-
-const char* kind_name(std::size_t k) {
-  static constexpr const char* names[] = {"header", "payload", "completion"};
-  return names[k];
-}
-
-nlohmann::json latency_json(const latency_summary& l) {
-  return {{"count", l.count}, {"mean_ns", l.mean_ns}, {"p50_ns", l.p50_ns}, {"p99_ns", l.p99_ns}, {"max_ns", l.max_ns}};
-}
-
-} // namespace
-
-std::string to_json(const runtime_stats& s) {
-  nlohmann::json j;
-  j["frames_accepted"] = s.frames_accepted;
-  nlohmann::json rej = nlohmann::json::object();
-  for (std::size_t i = 0; i < wire::reject_count; ++i) rej[wire::reject_name(static_cast<wire::reject>(i))] = s.frames_rejected[i];
-  j["frames_rejected"] = rej;
-  j["unknown_ec"] = s.unknown_ec;
-  j["watchdog_wakeups"] = s.watchdog_wakeups;
-  j["nic_memory"] = {{"capacity_bytes", s.nic_mem_capacity_bytes}, {"used_bytes", s.nic_mem_used_bytes},
-                     {"peak_bytes", s.nic_mem_peak_bytes}};
-  j["hpus"] = nlohmann::json::array();
-  for (const auto& h : s.hpus)
-    j["hpus"].push_back({{"hpu", h.hpu}, {"tasks", h.tasks}, {"busy_ns", h.busy_ns}, {"preempted", h.preempted},
-                         {"frames", h.frames}, {"steered", h.steered}});
-  j["ecs"] = nlohmann::json::array();
-  for (const auto& e : s.ecs) {
-    nlohmann::json je = {{"ec_id", e.ec_id}, {"name", e.name}, {"packets_in", e.packets_in}, {"bytes_in", e.bytes_in}, {"packets_skipped", e.packets_skipped},
-                         {"messages_started", e.messages_started}, {"messages_completed", e.messages_completed},
-                         {"messages_dropped", e.messages_dropped}, {"messages_aborted", e.messages_aborted},
-                         {"dma_to_host_bytes", e.dma_to_host_bytes}, {"dma_from_host_bytes", e.dma_from_host_bytes},
-                         {"dma_ops", e.dma_ops}, {"deposit_bytes", e.deposit_bytes}, {"sends", e.sends},
-                         {"send_bytes", e.send_bytes}, {"send_failed", e.send_failed},
-                         {"events_posted", e.events_posted}, {"events_lost", e.events_lost},
-                         {"api_errors", e.api_errors}, {"handler_mem_bytes", e.handler_mem_bytes},
-                         {"nic_mem_bytes", e.nic_mem_bytes}};
-    nlohmann::json d = nlohmann::json::object();
-    for (std::size_t i = 0; i < drop_reason_count; ++i) d[drop_reason_name(static_cast<drop_reason>(i))] = e.drops[i];
-    je["drops"] = d;
-    nlohmann::json k = nlohmann::json::object();
-    for (std::size_t i = 0; i < 3; ++i)
-      k[kind_name(i)] = {{"invocations", e.kinds[i].invocations}, {"bytes", e.kinds[i].bytes},
-                         {"over_budget", e.kinds[i].over_budget}, {"faults", e.kinds[i].faults}, {"time", latency_json(e.kinds[i].time)}};
-    je["handlers"] = k;
-    j["ecs"].push_back(je);
-  }
-  return j.dump(2);
-}
-
-std::string to_text(const runtime_stats& s) {
-  std::string out;
-  char line[256];
-  auto add = [&](const char* fmt, auto... args) {
-    std::snprintf(line, sizeof line, fmt, args...);
-    out += line;
-  };
-  add("frames accepted %llu, unknown EC %llu\n", static_cast<unsigned long long>(s.frames_accepted),
-      static_cast<unsigned long long>(s.unknown_ec));
-  for (std::size_t i = 0; i < wire::reject_count; ++i)
-    if (s.frames_rejected[i] != 0)
-      add("  rejected %-16s %llu\n", wire::reject_name(static_cast<wire::reject>(i)),
-          static_cast<unsigned long long>(s.frames_rejected[i]));
-  add("NIC memory: %llu of %llu bytes used (peak %llu)\n", static_cast<unsigned long long>(s.nic_mem_used_bytes),
-      static_cast<unsigned long long>(s.nic_mem_capacity_bytes), static_cast<unsigned long long>(s.nic_mem_peak_bytes));
-  for (const auto& h : s.hpus)
-    add("HPU %u: %llu frames (%llu steered to another HPU), %llu tasks, busy %.3f ms, preempted %llu\n", h.hpu,
-        static_cast<unsigned long long>(h.frames), static_cast<unsigned long long>(h.steered),
-        static_cast<unsigned long long>(h.tasks), static_cast<double>(h.busy_ns) / 1e6,
-        static_cast<unsigned long long>(h.preempted));
-  for (const auto& e : s.ecs) {
-    add("EC %u \"%s\": %llu packets, %llu bytes in; messages %llu started, %llu completed, %llu dropped, %llu aborted\n",
-        e.ec_id, e.name.c_str(), static_cast<unsigned long long>(e.packets_in), static_cast<unsigned long long>(e.bytes_in),
-        static_cast<unsigned long long>(e.messages_started), static_cast<unsigned long long>(e.messages_completed),
-        static_cast<unsigned long long>(e.messages_dropped), static_cast<unsigned long long>(e.messages_aborted));
-    for (std::size_t i = 0; i < 3; ++i) {
-      const auto& k = e.kinds[i];
-      if (k.invocations == 0) continue;
-      add("  %-10s %llu calls, %llu bytes, time ns mean %.1f p50 %llu p99 %llu max %llu, over budget %llu, faults %llu\n",
-          kind_name(i), static_cast<unsigned long long>(k.invocations), static_cast<unsigned long long>(k.bytes),
-          k.time.mean_ns, static_cast<unsigned long long>(k.time.p50_ns), static_cast<unsigned long long>(k.time.p99_ns),
-          static_cast<unsigned long long>(k.time.max_ns), static_cast<unsigned long long>(k.over_budget),
-          static_cast<unsigned long long>(k.faults));
-    }
-    if (e.dma_ops != 0)
-      add("  DMA: %llu ops, %llu bytes to host, %llu from host\n", static_cast<unsigned long long>(e.dma_ops),
-          static_cast<unsigned long long>(e.dma_to_host_bytes), static_cast<unsigned long long>(e.dma_from_host_bytes));
-    if (e.deposit_bytes != 0) add("  deposited %llu bytes\n", static_cast<unsigned long long>(e.deposit_bytes));
-    if (e.sends != 0 || e.send_failed != 0)
-      add("  sent %llu packets, %llu bytes, %llu failed\n", static_cast<unsigned long long>(e.sends),
-          static_cast<unsigned long long>(e.send_bytes), static_cast<unsigned long long>(e.send_failed));
-    if (e.events_posted != 0 || e.events_lost != 0)
-      add("  events %llu posted, %llu lost\n", static_cast<unsigned long long>(e.events_posted),
-          static_cast<unsigned long long>(e.events_lost));
-    if (e.api_errors != 0) add("  API errors %llu\n", static_cast<unsigned long long>(e.api_errors));
-    for (std::size_t i = 0; i < drop_reason_count; ++i)
-      if (e.drops[i] != 0)
-        add("  drop %-16s %llu\n", drop_reason_name(static_cast<drop_reason>(i)), static_cast<unsigned long long>(e.drops[i]));
-  }
-  return out;
-}
 
 } // namespace spin::rt

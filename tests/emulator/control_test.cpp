@@ -168,8 +168,12 @@ public:
     return {};
   }
   rt::runtime_stats runtime_stats() const override { return _rt->stats(); }
-  std::string stats_json() const override {
-    return "{\"rank\":" + std::to_string(_rank) + ",\"runtime\":" + rt::to_json(_rt->stats()) + "}";
+  host::nic_stats stats() const override {
+    host::nic_stats s;
+    s.name = _name;
+    s.rank = _rank;
+    s.runtime = _rt->stats();
+    return s;
   }
   emu::group_registry& groups() noexcept override { return _groups; }
 
@@ -292,6 +296,13 @@ host::install_options hostcopy_options(const host::memory& mem, std::uint64_t wi
 
 std::byte pattern(std::size_t i) { return static_cast<std::byte>((i * 13 + (i >> 8)) & 0xff); }
 
+// Every node's statistics as `spinctl stats --json` prints them.
+json stats_of(host::client& c) {
+  auto st = c.stats();
+  REQUIRE_MESSAGE(st.ok(), st.err().message);
+  return json::parse(host::to_json(*st));
+}
+
 const json* find_ec(const json& stats, std::uint32_t node, const std::string& name) {
   for (const auto& n : stats)
     if (n.at("node") == node)
@@ -374,9 +385,7 @@ TEST_CASE("a host sends a message whose handler DMAs it into shared memory and p
   // The statistics say the same (the scheduler retires a message shortly after its event).
   json s;
   for (int i = 0; i < 400; ++i) {
-    auto st = c.stats_json();
-    REQUIRE(st.ok());
-    s = json::parse(*st);
+    s = stats_of(c);
     const json* es = find_ec(s, 0, "hostcopy");
     if (es != nullptr && es->at("messages_completed") == 2) break;
     std::this_thread::sleep_for(5ms);
@@ -412,18 +421,14 @@ TEST_CASE("a standard package (pingpong) installs through the socket and echoes 
   std::uint64_t sends = 0;
   for (int i = 0; i < 400 && sends < 3; ++i) {
     std::this_thread::sleep_for(5ms);
-    auto st = c.stats_json();
-    REQUIRE(st.ok());
-    const json s = json::parse(*st);
+    const json s = stats_of(c);
     const json* e = find_ec(s, 0, "pingpong");
     REQUIRE(e != nullptr);
     sends = e->at("sends").get<std::uint64_t>();
   }
   CHECK(sends == 3);
   // Rank 1 has no EC: the echoes count as unknown_ec there.
-  auto st = c.stats_json();
-  REQUIRE(st.ok());
-  CHECK(json::parse(*st)[1]["stats"]["runtime"]["unknown_ec"] == 3);
+  CHECK(stats_of(c)[1]["stats"]["runtime"]["unknown_ec"] == 3);
 }
 
 TEST_CASE("every malformed request gets an error reply, changes nothing, and the connection stays usable") {
@@ -758,9 +763,7 @@ TEST_CASE("a full event ring counts the events it lost, and the host sees the co
     // Every message deposits at window offset 0: wait until this one completed, so that two
     // handlers never write the same host bytes at once.
     for (int i = 0; i < 400; ++i) {
-      auto st = c.stats_json();
-      REQUIRE(st.ok());
-      const json s = json::parse(*st);
+      const json s = stats_of(c);
       const json* es = find_ec(s, 0, "hostcopy");
       if (es != nullptr && es->at("messages_completed") == id) break;
       std::this_thread::sleep_for(2ms);
@@ -793,10 +796,22 @@ TEST_CASE("spinctl lists nodes, installs, uninstalls, prints statistics and erro
   CHECK(f.nic1.ec_count() == 1);  // persists after spinctl exited
   REQUIRE(f.wait_tracked(0, 1, 0));
 
-  std::tie(rc, out) = spinctl(sock + "stats --pretty");
+  std::tie(rc, out) = spinctl(sock + "stats --json --pretty");
   CHECK(rc == 0);
   json s = json::parse(out);
   CHECK(find_ec(s, 1, "pp") != nullptr);
+  // By default the same counters as the tables spin-emu prints at exit: one block per node, the
+  // EC a row of its table.
+  std::tie(rc, out) = spinctl(sock + "stats");
+  CHECK(rc == 0);
+  INFO(out);
+  CHECK(out.find("nic host0 (rank 0)\n") == 0);
+  const auto host1 = out.find("nic host1 (rank 1)\n");
+  REQUIRE(host1 != std::string::npos);
+  CHECK(out.find("  EC  name", host1) != std::string::npos);
+  CHECK(out.find("\n   " + ec + "  pp ", host1) != std::string::npos);
+  std::tie(rc, out) = spinctl(sock + "stats --pretty");  // --pretty indents JSON only
+  CHECK(rc == 2);
 
   std::tie(rc, out) = spinctl(sock + "uninstall 1 " + ec);
   CHECK_MESSAGE(rc == 0, out);

@@ -47,9 +47,9 @@ std::string local_pkg(const std::string& name) { return std::string(SPIN_TEST_LO
 
 /// The statistics of the (only) NIC behind a client.
 json nic_stats(host::client& c) {
-  auto st = c.stats_json();
+  auto st = c.stats();
   REQUIRE_MESSAGE(st.ok(), st.err().message);
-  json s = json::parse(*st);
+  json s = json::parse(host::to_json(*st));
   REQUIRE(s.is_array());
   REQUIRE(s.size() == 1);
   return s[0].at("stats");

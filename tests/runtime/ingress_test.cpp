@@ -306,8 +306,11 @@ TEST_CASE("statistics print as text and as JSON with every drop reason and handl
   REQUIRE(feed(*f.rt, message_packets(f.pool, 0, 0, 1, 100, 10)));
   const auto s = f.rt->stats();
   const std::string text = rt::to_text(s);
-  CHECK(text.find("EC 1 \"count\": 10 packets") != std::string::npos);
-  CHECK(text.find("payload    10 calls") != std::string::npos);
+  INFO(text);
+  // The EC's row: id 1, name, 10 packets; the payload handler's row: 10 calls.
+  CHECK(text.find("\nEC  name   packets  bytes in") != std::string::npos);
+  CHECK(text.find("\n 1  count       10") != std::string::npos);
+  CHECK(text.find("\n 1  payload     10    100") != std::string::npos);
   const std::string json = rt::to_json(s);
   CHECK(json.find("\"no_message_slot\": 0") != std::string::npos);
   CHECK(json.find("\"p99_ns\"") != std::string::npos);

@@ -103,7 +103,10 @@ struct cluster_stats {
   std::vector<nic_stats> nodes;           ///< hosts, then switches, in topology order
   std::vector<cluster_link_stats> links;  ///< two per topology link: a->b, then b->a
 };
+/// JSON object {"nodes": [<nic>...], "links": [{"from", "to", "stats"}...]} (docs/emulator.md,
+/// "Counters").
 std::string to_json(const cluster_stats& s);
+/// Every node's tables (host::to_text), then one table of the links, a row per direction.
 std::string to_text(const cluster_stats& s);
 
 /// Rank of switch number `i` (0-based among switches) in emulated addresses: 65535 - i; no

@@ -162,8 +162,6 @@ struct link_stats {
 
 /// The snapshot as a JSON object with the field names above.
 std::string to_json(const link_stats& s);
-/// The snapshot as one line of text ("in 10 pkts / 15000 B, delivered ...").
-std::string to_text(const link_stats& s);
 
 /// One link direction of the emulated network: takes mbufs from `in` (the sender port's TX
 /// ring), holds each until the model says it arrives, then puts it on `out` (the receiver

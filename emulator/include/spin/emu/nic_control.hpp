@@ -5,6 +5,7 @@
 
 #include <spin/emu/groups.hpp>
 #include <spin/host/message.hpp>
+#include <spin/host/stats.hpp>
 #include <spin/rt/result.hpp>
 #include <spin/rt/runtime.hpp>
 
@@ -99,8 +100,8 @@ public:
   }
   /// Snapshot of the runtime's counters.
   virtual rt::runtime_stats runtime_stats() const = 0;
-  /// Every counter of the NIC (port, drops by reason, runtime) as one JSON object.
-  virtual std::string stats_json() const = 0;
+  /// Every counter of the NIC: ports, drops by reason, the runtime's.
+  virtual host::nic_stats stats() const = 0;
   /// The NIC's group registry: its pool of aggregator slots when it acts as a switch
   /// (spin/emu/groups.hpp; thread-safe on its own, not serialised with the poll loop).
   virtual group_registry& groups() noexcept = 0;

@@ -2,6 +2,7 @@
 // checks that keep frames intact (scatter for frames larger than an mbuf).
 #pragma once
 
+#include <spin/host/stats.hpp>
 #include <spin/rt/result.hpp>
 
 #include <cstdint>
@@ -30,13 +31,8 @@ struct port_options {
   bool promiscuous = true;
 };
 
-/// Port counters kept by DPDK (rte_eth_stats).
-struct port_hw_stats {
-  std::uint64_t ipackets = 0, ibytes = 0, opackets = 0, obytes = 0;
-  std::uint64_t imissed = 0;    ///< frames the RX queue had no room for (full queue)
-  std::uint64_t rx_nombuf = 0;  ///< RX mbuf allocation failures
-  std::uint64_t ierrors = 0, oerrors = 0;
-};
+/// Port counters kept by DPDK (rte_eth_stats), as the host's statistics carry them.
+using host::port_hw_stats;
 
 /// Looks up a probed DPDK port by device name ("net_ring0", "0000:3b:00.0"). Errors: not_found.
 result<std::uint16_t> find_port(const std::string& device_name);

@@ -11,6 +11,7 @@
 
 #include <spin/host/message.hpp>
 #include <spin/host/protocol.hpp>
+#include <spin/host/stats.hpp>
 #include <spin/host/shm.hpp>
 #include <spin/rt/package.hpp>
 #include <spin/rt/result.hpp>
@@ -183,8 +184,10 @@ public:
   result<void> leave_group(std::uint32_t node, std::uint32_t group, std::uint32_t me,
                            std::uint32_t via = group_join::own_registry);
 
-  /// Every node's statistics: a JSON array of {node, name, rank, stats}.
-  result<std::string> stats_json();
+  /// Every node's statistics (spin/host/stats.hpp), in node order; host::to_json and to_text
+  /// print them. Errors: those of every call, and bad_state when the server's statistics lack
+  /// a counter this client knows (a server of another version; the message names it).
+  result<std::vector<node_stats>> stats();
 
   /// Asks spin-emu to stop (its on_stop runs after the reply).
   result<void> stop_emulator();

@@ -18,6 +18,7 @@
 
 #include <spin/host/groups.hpp>
 #include <spin/host/message.hpp>
+#include <spin/host/stats.hpp>
 #include <spin/rt/package.hpp>
 #include <spin/rt/result.hpp>
 #include <spin/rt/runtime.hpp>
@@ -183,19 +184,11 @@ struct events_reply {
   std::uint32_t capacity = 0;
   std::uint64_t bytes = 0;  ///< size of the ring's memory file
 };
-/// One node's counters in "stats".
-struct node_stats {
-  std::uint32_t node = 0;
-  std::string name;
-  std::uint32_t rank = 0;
-  std::string stats_json;  ///< the NIC's statistics object (nic_control::stats_json)
-};
-/// Reply of "stats".
+/// Reply of "stats": every node's counters, as a JSON array of {node, name, rank, stats}
+/// (host::to_json(const std::vector<node_stats>&)).
 struct stats_reply {
   std::vector<node_stats> nodes;
 };
-/// The stats as one JSON array of {node, name, rank, stats} (what client::stats_json returns).
-std::string stats_array_json(const stats_reply& r);
 /// Reply of an operation that returns nothing but success.
 struct done {};
 /// Reply of "group_pool".
@@ -211,9 +204,8 @@ struct join_reply {
 using reply = std::variant<done, hello_reply, nodes_reply, register_reply, install_reply, events_reply, stats_reply,
                            pool_reply, join_reply>;
 
-/// The success reply line for request id `id`. Errors: bad_state (a node's stats_json is not
-/// JSON).
-result<std::string> encode_reply(std::uint64_t id, const reply& r);
+/// The success reply line for request id `id`.
+std::string encode_reply(std::uint64_t id, const reply& r);
 /// The error reply line; `id` empty when the request had no usable id. `code` is an errc name
 /// or "permission".
 std::string encode_error(std::optional<std::uint64_t> id, std::string_view code, std::string_view message);

@@ -3,12 +3,15 @@
 #pragma once
 
 #include <spin/handler.hpp>
+#include <spin/rt/result.hpp>
 #include <spin/rt/wire.hpp>
 
 #include <array>
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 namespace spin::rt {
@@ -111,12 +114,32 @@ struct runtime_stats {
   std::vector<ec_stats> ecs;
 };
 
-/// Multi-line human-readable text (one block per EC; zero counters omitted).
+/// Human-readable text: a line of totals, then tables of the HPUs, the ECs and their handlers,
+/// then one line per EC for its other non-zero counters (zero counters omitted). What spin-emu
+/// prints at exit and `spinctl stats` prints.
 std::string to_text(const runtime_stats& s);
-/// JSON object with every counter (zeros included), stable key names.
+/// JSON object with every counter (zeros included), stable key names (docs/emulator.md,
+/// "Statistics").
 std::string to_json(const runtime_stats& s);
+/// Reads what to_json wrote. Errors: invalid_argument when `text` is not JSON, or a key is
+/// missing or has the wrong type (the message names the key). Keys it does not know are ignored.
+result<runtime_stats> runtime_stats_from_json(std::string_view text);
 
 namespace detail {
+
+/// Columns of text for the statistics' to_text: a header row, then rows; each column as wide as
+/// its widest cell, text left-aligned and numbers right-aligned.
+class text_table {
+public:
+  explicit text_table(std::vector<std::string> header) : _rows{std::move(header)} {}
+  void row(std::vector<std::string> cells) { _rows.push_back(std::move(cells)); }
+  std::size_t rows() const noexcept { return _rows.size() - 1; }
+  /// Every row on its own line, each line starting with `indent`.
+  std::string str(std::string_view indent) const;
+
+private:
+  std::vector<std::vector<std::string>> _rows;
+};
 
 /// Counter written by one thread, read by any: relaxed load+store, no read-modify-write.
 class counter {

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Checks that a program linked with spin::coll's rank side (spin_coll_rank_dep) links no DPDK,
-Boost, toml++ or libpcap, nor the emulator or the runtime's rte_bpf engine.
+"""Checks that a host program (one linked with the host client, spin_host_dep, or spin::coll's
+rank side, spin_coll_rank_dep) links no DPDK, Boost, toml++ or libpcap, nor the emulator or the
+runtime's rte_bpf engine.
 
-usage: rank_library_check.py BUILD_DIR TARGET_PATH BINARY
+usage: no_dpdk_check.py BUILD_DIR TARGET_PATH BINARY
 
 Two views, because each alone can miss something: the link command ninja runs for the target
 (its inputs and flags, as build.ninja spells them), and the symbols of the linked binary (a
@@ -26,7 +27,7 @@ def link_statement(build_dir, target):
     # "build <target>: cpp_LINKER <inputs> | <implicit deps>" and its indented variables.
     m = re.search(r"^build " + re.escape(target) + r": (\S*LINKER\S*) (.*?)\n((?:[ \t]+.*\n)*)", text, re.M)
     if not m:
-        sys.exit(f"rank_library_check: no link statement for {target} in {build_dir}/build.ninja")
+        sys.exit(f"no_dpdk_check: no link statement for {target} in {build_dir}/build.ninja")
     inputs = m.group(2).split(" | ")[0]
     variables = m.group(3)
     return inputs + "\n" + variables
@@ -51,7 +52,7 @@ def main():
     if problems:
         print("\n".join(problems))
         sys.exit(1)
-    print(f"rank_library_check: {target} links the rank side only (no DPDK, Boost, toml++, libpcap, emulator)")
+    print(f"no_dpdk_check: {target} links no DPDK, Boost, toml++, libpcap or emulator")
 
 
 if __name__ == "__main__":
