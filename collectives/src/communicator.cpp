@@ -11,7 +11,6 @@
 #include "port.hpp"
 #include "repair_timer.hpp"
 
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <bit>
@@ -869,7 +868,7 @@ comm_stats communicator::stats() const {
   return s;
 }
 
-result<std::string> communicator::engine_stats_json() {
+result<proto::engine_counters> communicator::engine_counters() {
   pr::cmd c{};
   c.type = pr::cmd_stats;
   c.desc_off = counters_off;
@@ -881,19 +880,7 @@ result<std::string> communicator::engine_stats_json() {
   if (!ev.ok()) return ev.err();
   pr::engine_counters k;
   std::memcpy(&k, _p->arena + counters_off, sizeof(k));
-  static constexpr const char* drop_names[] = {"stale",       "malformed",  "stranger", "early",
-                                               "duplicate",   "send_failed", "dma_failed", "forged"};
-  static_assert(std::size(drop_names) == pr::dr_count);
-  static constexpr const char* kind_names[] = {"",     "cmd",  "hello", "hello_req", "rs",    "ag",    "nack",
-                                               "done", "done_req", "ack", "up",   "down", "xfer", "mcast",
-                                               "mdown", "up2", "down2", "probe", "probe_ans"};
-  static_assert(std::size(kind_names) == pr::k_probe_ans + 1 && std::size(kind_names) <= pr::kind_count);
-  nlohmann::json j, d, s;
-  for (std::size_t i = 0; i < pr::dr_count; ++i) d[drop_names[i]] = k.drops[i];
-  for (std::size_t i = 1; i < std::size(kind_names); ++i) s[kind_names[i]] = k.sent[i];
-  j["ignored"] = d;
-  j["sent"] = s;
-  return j.dump();
+  return k;
 }
 
 } // namespace spin::coll

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <spin/coll/kernels.hpp>
+#include <spin/coll/protocol.hpp>
 #include <spin/coll/types.hpp>
 #include <spin/rt/package.hpp>
 #include <spin/rt/result.hpp>
@@ -369,9 +370,11 @@ public:
   void free(std::span<std::byte> buffer);
 
   comm_stats stats() const;
-  /// The engine's counters on the NIC (packets it ignored, by reason, and sent, by kind), as
-  /// JSON. Read through the NIC's host interface.
-  result<std::string> engine_stats_json();
+  /// The engine's counters on the NIC of the first engine (packets it ignored, by
+  /// proto::drop_reason, and sent, by proto::kind; proto::drop_name and kind_name name them),
+  /// read through the NIC's host interface. Errors: those of a command to the engine
+  /// (timeout: no answer within options::timeout).
+  result<proto::engine_counters> engine_counters();
 
   struct impl;
 
