@@ -234,15 +234,9 @@ struct communicator::impl {
       return fail(errc::invalid_argument, what + ": the package is not a collective engine of this version (it declares " +
                                               std::to_string(cfg.handler_mem_bytes) + " bytes of handler memory, the engine needs " +
                                               std::to_string(engine_state_bytes) + ")");
-    detail::engine_spec spec;
-    spec.name = cfg.name;
-    spec.match = cfg.match;
-    spec.limits = cfg.limits;
-    spec.scratchpad = cfg.scratchpad;
-    spec.handler_mem_bytes = cfg.handler_mem_bytes;
-    spec.window = rt::host_window{region, 0, arena_bytes};
-    if (o.authenticate_frames) spec.frame_key = detail::group_frame_key(o.job_secret, e.wire_id);
-    auto ec = nic->install(pkg, spec);
+    cfg.window = rt::host_window{region, 0, arena_bytes};
+    if (o.authenticate_frames) cfg.frame_key = detail::group_frame_key(o.job_secret, e.wire_id);
+    auto ec = nic->install(pkg, cfg);
     if (!ec.ok() && ec.err().code == errc::no_memory) {
       std::size_t on_nic = 0;
       {
@@ -251,7 +245,7 @@ struct communicator::impl {
       }
       return fail(errc::no_memory, what + ": NIC " + nic->name() + " has no NIC memory left for another collective engine (" +
                                        std::to_string(on_nic - 1) + " communicators hold engines there already, each " +
-                                       std::to_string((spec.handler_mem_bytes + spec.limits.max_messages * pr::scratch_bytes + 1023) / 1024) +
+                                       std::to_string((cfg.handler_mem_bytes + cfg.limits.max_messages * pr::scratch_bytes + 1023) / 1024) +
                                        " KiB; spin-emu --nic-memory-mib raises the NIC's memory): " + ec.err().message);
     }
     if (!ec.ok()) return fail(ec.err().code, what + ": installing the collective engine: " + ec.err().message);

@@ -84,18 +84,11 @@ public:
     return std::unique_ptr<port_memory>(std::move(m));
   }
 
-  result<rt::ec_id> install(const engine_package& pkg, const engine_spec& s) override {
+  result<rt::ec_id> install(const engine_package& pkg, const rt::ec_config& s) override {
     auto loaded = load_cached(pkg);
     if (!loaded.ok()) return loaded.err();
-    rt::ec_config cfg;
-    cfg.name = s.name;
-    cfg.match = s.match;
-    cfg.limits = s.limits;
-    cfg.handler_mem_bytes = s.handler_mem_bytes;
-    cfg.scratchpad = s.scratchpad;
-    cfg.frame_key = s.frame_key;
+    rt::ec_config cfg = s;
     if (auto r = loaded.value().bind(cfg); !r.ok()) return r.err();
-    cfg.window = s.window;
     return _nic.install(cfg);
   }
   result<void> uninstall(rt::ec_id ec) override { return _nic.uninstall(ec); }

@@ -50,9 +50,9 @@ public:
     return std::unique_ptr<port_memory>(std::make_unique<remote_memory>(_c, std::move(m.value())));
   }
 
-  result<rt::ec_id> install(const engine_package& pkg, const engine_spec& s) override {
+  result<rt::ec_id> install(const engine_package& pkg, const rt::ec_config& s) override {
     // The package's declared memory sizes, as the NIC's bind will see them.
-    std::uint64_t handler_mem = s.handler_mem_bytes, scratchpad = 0;
+    std::uint64_t handler_mem = s.handler_mem_bytes, scratchpad = s.scratchpad_bytes;
     if (auto r = rt::raise_to_declared(pkg.package->manifest, s.name, handler_mem, scratchpad); !r.ok()) return r.err();
     // spin-emu loads packages from files: a private copy of the bytes, removed once installed.
     std::filesystem::path dir;
@@ -78,15 +78,11 @@ public:
     }
     ::close(fd);
     host::install_options io;
+    static_cast<rt::ec_config&>(io) = s;
+    io.handlers = {};  // the package gives them
     io.package = path;
-    io.name = s.name;
-    io.match = s.match;
-    io.window = s.window;
-    io.limits = s.limits;
     io.handler_mem_bytes = handler_mem;
-    io.scratchpad = s.scratchpad;
     io.scratchpad_bytes = scratchpad;
-    io.frame_key = s.frame_key;
     auto ec = _c.install(_node, io);
     ::unlink(path.c_str());
     if (!ec.ok()) return ec.err();
@@ -153,7 +149,7 @@ public:
   std::uint32_t max_payload_bytes() const noexcept override { return _nic->max_payload_bytes(); }
   const std::string& key() const noexcept override { return _key; }
   result<std::unique_ptr<port_memory>> alloc(std::size_t) override { return refuse<std::unique_ptr<port_memory>>(); }
-  result<rt::ec_id> install(const engine_package&, const engine_spec&) override { return refuse<rt::ec_id>(); }
+  result<rt::ec_id> install(const engine_package&, const rt::ec_config&) override { return refuse<rt::ec_id>(); }
   result<void> uninstall(rt::ec_id) override { return refuse<void>(); }
   std::size_t poll_events(rt::ec_id, std::span<rt::host_event>) override { return 0; }
   std::size_t wait_events(rt::ec_id, std::span<rt::host_event>, std::chrono::nanoseconds) override { return 0; }

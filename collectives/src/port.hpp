@@ -30,17 +30,6 @@ public:
   rt::region_id region = 0;
 };
 
-/// What an engine EC is installed with (the handlers come from the package).
-struct engine_spec {
-  std::string name;
-  rt::match_rule match;
-  rt::ec_limits limits;
-  std::uint64_t handler_mem_bytes = 0;  ///< at least what the package declares
-  rt::scratchpad_init scratchpad = rt::scratchpad_init::zeroed;
-  rt::host_window window;
-  std::array<std::uint8_t, 16> frame_key{};  ///< the group's (group_frame_key); all zero: none
-};
-
 /// One NIC (or switch) as the collectives drive it. Not thread-safe: one thread at a time per
 /// port (the communicator's thread, or the fabric under its lock).
 class port {
@@ -56,9 +45,10 @@ public:
   /// `bytes` of zeroed memory registered with the NIC. Errors: no_memory, those of
   /// registering.
   virtual result<std::unique_ptr<port_memory>> alloc(std::size_t bytes) = 0;
-  /// Installs `pkg`'s handlers. Errors: those of binding the package and of the NIC's install
+  /// Installs an EC described by `s` (rt::ec_config; its handlers come from `pkg`, its memory
+  /// sizes are raised to what the package declares). Errors: those of binding the package and of the NIC's install
   /// (exists: another EC matches the same packets).
-  virtual result<rt::ec_id> install(const engine_package& pkg, const engine_spec& s) = 0;
+  virtual result<rt::ec_id> install(const engine_package& pkg, const rt::ec_config& s) = 0;
   virtual result<void> uninstall(rt::ec_id ec) = 0;
   /// Host events of `ec`, without waiting.
   virtual std::size_t poll_events(rt::ec_id ec, std::span<rt::host_event> out) = 0;

@@ -94,15 +94,7 @@ proto::reply control_server_impl::op(const proto::unregister_memory& q, call&) {
 proto::reply control_server_impl::op(const proto::install& q, call& c) {
   nic_control& nic = node_of(q.node);
   if (q.package.front() != '/') throw request_error{errc::invalid_argument, "field 'package' must be an absolute path"};
-  rt::ec_config cfg;
-  cfg.name = q.name;
-  cfg.match = q.match;
-  cfg.window = q.window;
-  cfg.limits = q.limits;
-  cfg.scratchpad = q.scratchpad;
-  cfg.handler_mem_bytes = q.handler_mem_bytes.value_or(0);
-  cfg.scratchpad_bytes = q.scratchpad_bytes.value_or(0);
-  cfg.frame_key = q.frame_key;
+  rt::ec_config cfg = q;  // the EC as the request describes it; bind adds the package's handlers
   rt::load_options lo;
   lo.bpf = q.bpf;
   if (_opts.native == server_options::native_policy::trusted) check_trusted(q.package);

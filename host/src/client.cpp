@@ -233,19 +233,14 @@ result<ec> client::install(std::uint32_t node, const install_options& o) {
   std::error_code fec;
   const std::string path = std::filesystem::absolute(o.package, fec).string();
   if (fec) return fail(errc::invalid_argument, "package path '" + o.package + "': " + fec.message());
+  if (o.handlers.header || o.handlers.payload || o.handlers.completion)
+    return fail(errc::invalid_argument, "install: the package gives the handlers; install_options::handlers must be empty");
   proto::install req;
+  static_cast<rt::ec_config&>(req) = o;
   req.node = node;
   req.package = path;
-  req.name = o.name;
-  req.match = o.match;
-  req.limits = o.limits;
   req.bpf = o.bpf;
   req.persist = o.life == lifetime::persist;
-  if (o.handler_mem_bytes != 0) req.handler_mem_bytes = o.handler_mem_bytes;
-  if (o.scratchpad_bytes != 0) req.scratchpad_bytes = o.scratchpad_bytes;
-  req.scratchpad = o.scratchpad;
-  req.window = o.window;
-  req.frame_key = o.frame_key;
   auto rep = call<proto::install_reply>(std::move(req));
   if (!rep) return rep.err();
   return ec{node, rep->ec};

@@ -199,8 +199,8 @@ void put(json& j, const install& r) {
                  {"read_only_multicast", l.read_only_multicast}};
   j["bpf"] = r.bpf == rt::bpf_exec::jit ? "jit" : "interpreter";
   j["persist"] = r.persist;
-  if (r.handler_mem_bytes) j["handler_mem_bytes"] = *r.handler_mem_bytes;
-  if (r.scratchpad_bytes) j["scratchpad_bytes"] = *r.scratchpad_bytes;
+  if (r.handler_mem_bytes != 0) j["handler_mem_bytes"] = r.handler_mem_bytes;
+  if (r.scratchpad_bytes != 0) j["scratchpad_bytes"] = r.scratchpad_bytes;
   if (r.scratchpad == rt::scratchpad_init::undefined) j["scratchpad"] = "undefined";
   if (r.window)
     j["window"] = {{"region", r.window->region}, {"offset_bytes", r.window->offset_bytes}, {"len_bytes", r.window->len_bytes}};
@@ -318,8 +318,8 @@ void get(fields& f, install& r) {
     r.match.ignore_mask = m.u64("ignore_mask", 0, u64_max);
     m.done();
   }
-  r.handler_mem_bytes = f.opt_u64("handler_mem_bytes", 0, std::uint64_t{1} << 40);
-  r.scratchpad_bytes = f.opt_u64("scratchpad_bytes", 0, std::uint64_t{1} << 40);
+  r.handler_mem_bytes = f.opt_u64("handler_mem_bytes", 0, std::uint64_t{1} << 40).value_or(0);
+  r.scratchpad_bytes = f.opt_u64("scratchpad_bytes", 0, std::uint64_t{1} << 40).value_or(0);
   if (const json* w = f.obj("window", false)) {
     fields wf(*w, "window");
     rt::host_window win;

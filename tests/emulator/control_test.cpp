@@ -400,6 +400,22 @@ TEST_CASE("a host sends a message whose handler DMAs it into shared memory and p
   CHECK(es->at("dma_to_host_bytes") == 5100);
 }
 
+TEST_CASE("an install whose options carry handlers is refused before it reaches spin-emu: the package gives them") {
+  fixture f;
+  auto c = f.connect();
+  host::install_options o;
+  o.package = pkg("pingpong.native");
+  o.name = "pp";
+  o.handlers.payload = +[](spin::ctx*) { return spin::ret::success; };
+  auto ec = c.install(0, o);
+  REQUIRE_FALSE(ec.ok());
+  CHECK(ec.err().code == errc::invalid_argument);
+  CHECK(ec.err().message.find("handlers") != std::string::npos);
+  CHECK(f.nic0.ec_count() == 0);
+  o.handlers = {};
+  CHECK(c.install(0, o).ok());
+}
+
 TEST_CASE("a standard package (pingpong) installs through the socket and echoes what the host sends") {
   fixture f;
   auto c = f.connect();

@@ -62,7 +62,7 @@ TEST_CASE("every request decodes to the value that was encoded") {
   CHECK(out.match.bits == in.match.bits);
   CHECK(out.match.ignore_mask == in.match.ignore_mask);
   CHECK(out.handler_mem_bytes == 4096);
-  CHECK_FALSE(out.scratchpad_bytes.has_value());
+  CHECK(out.scratchpad_bytes == 0);
   REQUIRE(out.window.has_value());
   CHECK(out.window->region == 5);
   CHECK(out.window->offset_bytes == 64);
@@ -169,8 +169,13 @@ TEST_CASE("the group registry's requests and replies survive a round trip") {
 }
 
 TEST_CASE("an install without optional fields decodes to the defaults") {
-  const auto out = std::get<proto::install>(round_trip(proto::install{0, "/p", "n", {}, {}, {}, {}, {}, {}, {}, false}));
-  CHECK_FALSE(out.handler_mem_bytes.has_value());
+  proto::install in;
+  in.package = "/p";
+  in.name = "n";
+  const auto out = std::get<proto::install>(round_trip(in));
+  CHECK(out.handler_mem_bytes == 0);
+  CHECK(out.scratchpad_bytes == 0);
+  CHECK(out.frame_key == std::array<std::uint8_t, 16>{});
   CHECK_FALSE(out.window.has_value());
   CHECK(out.scratchpad == rt::scratchpad_init::zeroed);
   CHECK(out.bpf == rt::bpf_exec::jit);

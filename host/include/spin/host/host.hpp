@@ -64,22 +64,17 @@ enum class lifetime {
 };
 
 /// What client::install needs.
-struct install_options {
-  std::string package;     ///< handler package path; made absolute against this process's cwd
-  std::string name;        ///< EC name for statistics and errors (1..64 bytes, no control characters)
-  rt::match_rule match;    ///< which packets the EC takes
-  /// Host memory the EC may DMA to/from: bytes [offset_bytes, offset_bytes + len_bytes) of a
-  /// registered region. None: the EC has no window.
-  std::optional<rt::host_window> window;
-  rt::ec_limits limits;              ///< every field is sent
-  std::uint64_t handler_mem_bytes = 0;  ///< 0: what the package declares; else at least that
-  std::uint64_t scratchpad_bytes = 0;   ///< 0: what the package declares; else at least that
-  rt::scratchpad_init scratchpad = rt::scratchpad_init::zeroed;  ///< a message's scratchpad when it opens
-  rt::bpf_exec bpf = rt::bpf_exec::jit; ///< for eBPF packages
+///
+/// The EC itself is the runtime's one description of an EC (rt::ec_config): its name (1..64
+/// bytes, no control characters), match rule, memory sizes (0: what the package declares; else
+/// at least that), scratchpad contents, host window (bytes of a region registered here; none: no
+/// window), limits (every field is sent) and frame key (it travels over the control connection,
+/// which only processes of this host can reach). Its `handlers` stay empty: the package gives
+/// them (client::install refuses handlers with invalid_argument).
+struct install_options : rt::ec_config {
+  std::string package;                   ///< handler package path; made absolute against this process's cwd
+  rt::bpf_exec bpf = rt::bpf_exec::jit;  ///< for eBPF packages
   lifetime life = lifetime::session;
-  /// The EC's frame key (rt::ec_config::frame_key; all zero: none). It travels over the control
-  /// connection, which only processes of this host can reach (a Unix socket).
-  std::array<std::uint8_t, 16> frame_key{};
 };
 
 /// An installed EC.

@@ -62,20 +62,15 @@ struct unregister_memory {
   rt::region_id region = 0;
 };
 /// "install": an EC from the package file at `package` (an absolute path).
-struct install {
+/// The EC is an rt::ec_config without handlers (the package gives them): name 1..max_name_bytes
+/// bytes without control characters; handler_mem_bytes and scratchpad_bytes 0 (JSON: absent)
+/// for what the package declares; every limit travels (absent fields decode as the defaults);
+/// frame_key as JSON "frame_key", 32 hexadecimal digits, absent when all zero.
+struct install : rt::ec_config {
   std::uint32_t node = 0;
   std::string package;  ///< 1..max_path_bytes bytes, no control characters
-  std::string name;     ///< 1..max_name_bytes bytes, no control characters
-  rt::match_rule match;
-  std::optional<std::uint64_t> handler_mem_bytes;  ///< absent: what the package declares
-  std::optional<std::uint64_t> scratchpad_bytes;   ///< absent: what the package declares
-  std::optional<rt::host_window> window;
-  rt::ec_limits limits;  ///< every field travels; absent fields decode as the defaults
-  rt::scratchpad_init scratchpad = rt::scratchpad_init::zeroed;
   rt::bpf_exec bpf = rt::bpf_exec::jit;
   bool persist = false;  ///< outlives the connection
-  /// rt::ec_config::frame_key; JSON "frame_key", 32 hexadecimal digits, absent when all zero.
-  std::array<std::uint8_t, 16> frame_key{};
 };
 /// "uninstall".
 struct uninstall {
