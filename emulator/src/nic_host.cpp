@@ -67,7 +67,7 @@ std::uint32_t nic::impl::advance_jobs() noexcept {
 }
 
 result<void> nic::impl::queue_job(const std::shared_ptr<send_job>& job) {
-  const message_send& m = job->m;
+  const host::message& m = job->m;
   std::lock_guard lk(post_mu);
   if (stopped) return fail(errc::bad_state, "send: the NIC was stopped");
   if (job->mgmt) {
@@ -110,14 +110,14 @@ result<void> nic::impl::queue_job(const std::shared_ptr<send_job>& job) {
   return {};
 }
 
-result<void> nic::post(const message_send& m) {
+result<void> nic::post(const host::message& m) {
   auto job = std::make_shared<send_job>();
   job->m = m;
   job->copy_inline = true;
   return _p->queue_job(job);
 }
 
-result<void> nic::send(const message_send& m, std::chrono::milliseconds timeout) {
+result<void> nic::send(const host::message& m, std::chrono::milliseconds timeout) {
   auto job = std::make_shared<send_job>();
   job->m = m;
   auto queued = _p->queue_job(job);

@@ -128,7 +128,7 @@ private:
 
 // One host message in progress (nic_control::send).
 struct send_job {
-  message_send m;
+  host::message m;
   std::span<const std::byte> data;
   // A management datagram (send_mgmt): a `control` packet of bytes the job owns, from no region.
   bool mgmt = false;

@@ -55,7 +55,7 @@ std::vector<std::vector<std::byte>> make_frames(const options& o, const std::vec
       h.seq = k;
       h.offset = std::uint64_t{k} * o.packet_bytes;
       h.message_len = len;
-      h.flags = static_cast<std::uint16_t>((k == 0 ? rt::wire::flag_start : 0) | (k + 1 == count ? rt::wire::flag_end : 0));
+      h.flags = rt::wire::position_flags(k, count);
       const std::size_t n = std::min<std::uint64_t>(o.packet_bytes, len - h.offset);
       const auto* payload = reinterpret_cast<const std::byte*>(data[r].data()) + h.offset;
       std::vector<std::byte> f(rt::wire::encoded_len(h, n));

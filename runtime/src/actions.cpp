@@ -146,10 +146,7 @@ errc send_header(invocation& i, const send_desc* d, wire::header& h, bool data_c
     return errc::invalid_argument;
   h = wire::header{};
   h.type = wire::packet_type::data;
-  h.flags = static_cast<std::uint16_t>(((d->flags & msg_start) ? wire::flag_start : 0) |
-                                       ((d->flags & msg_end) ? wire::flag_end : 0) |
-                                       ((d->flags & msg_retransmit) ? wire::flag_retransmit : 0) |
-                                       (coll ? wire::flag_coll : 0));
+  h.flags = wire::wire_flags_of(d->flags);  // the same bits (wire::flag)
   if (coll)
     h.coll = wire::coll_ext{d->coll.op, d->coll.dtype, d->coll.slot, d->coll.elem_count, d->coll.epoch, d->coll.aux};
   h.source_rank = i.rt->cfg.rank;

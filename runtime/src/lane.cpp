@@ -29,8 +29,7 @@ message_desc desc_of(ec_id id, const wire::header& h, std::uint32_t packet_count
   d.offset_bytes = h.offset;
   d.message_len_bytes = h.message_len;
   d.packet_index = h.seq;
-  d.flags = ((h.flags & wire::flag_start) || h.seq == 0 ? msg_start : 0u) | ((h.flags & wire::flag_end) ? msg_end : 0u) |
-            ((h.flags & wire::flag_retransmit) ? msg_retransmit : 0u) | ((h.flags & wire::flag_coll) ? msg_coll : 0u);
+  d.flags = wire::message_flags_of(h.flags) | (h.seq == 0 ? msg_start : 0u);
   d.packet_count = packet_count;
   return d;
 }

@@ -288,7 +288,7 @@ TEST_CASE("a command without the host's MAC is dropped and counted as forged, al
     c.nonce = 1;
     c.mac = mac;
     std::memcpy(buf.data(), &c, sizeof(c));
-    REQUIRE(nic.send(emu::message_send{nic.rank(), proto::match_bits(1u << 4, proto::k_cmd), 900 + mac % 7, *region, 0, sizeof(c)},
+    REQUIRE(nic.send(host::message{nic.rank(), proto::match_bits(1u << 4, proto::k_cmd), 900 + mac % 7, *region, 0, sizeof(c)},
                      std::chrono::seconds(5))
                 .ok());
   }

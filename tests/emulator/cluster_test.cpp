@@ -77,7 +77,7 @@ struct all_to_all {
     for (std::uint32_t h = 0; h < n; ++h)
       for (std::uint32_t to = 0; to < n; ++to)
         if (to != h) {
-          auto r = c.host(h)->send(emu::message_send{to, 0x1000 + h, 1, src_region[h], to * len, len}, 5000ms);
+          auto r = c.host(h)->send(host::message{to, 0x1000 + h, 1, src_region[h], to * len, len}, 5000ms);
           REQUIRE_MESSAGE(r.ok(), r.err().message);
         }
   }
@@ -309,7 +309,7 @@ b = "sw"
       driver d(cl);
       // Message by message, so that the link's queue never overflows and only the seed decides.
       for (std::uint64_t m = 0; m < 20; ++m) {
-        REQUIRE(cl.host(0)->send(emu::message_send{1, 7, m, *rs, m * 10240, 10240}, 5000ms).ok());
+        REQUIRE(cl.host(0)->send(host::message{1, 7, m, *rs, m * 10240, 10240}, 5000ms).ok());
         std::this_thread::sleep_for(2ms);
       }
     }
@@ -389,7 +389,7 @@ TEST_CASE("an idle cluster on two lcores uses almost no CPU over a second and wa
     // Work wakes the sleeping lcores: the host message lands well within the longest sleep of
     // an idle lcore plus its path through two links and the switch.
     const auto s0 = std::chrono::steady_clock::now();
-    REQUIRE(cl.host(0)->send(emu::message_send{1, 0x77, 1, *rs, 0, src.size()}, 5000ms).ok());
+    REQUIRE(cl.host(0)->send(host::message{1, 0x77, 1, *rs, 0, src.size()}, 5000ms).ok());
     rt::host_event ev[1];
     const std::size_t got = cl.host(1)->wait_events(*e, ev, 5s);  // the NIC wakes this thread
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count();
@@ -466,7 +466,7 @@ static void run_multicast(int mode) {
       install_receivers(cl, dst, rt::handler_set(nullptr, mode == 2 ? scribble_ph : nullptr, done_ch), mode == 1);
   {
     driver d(cl);
-    auto r = cl.host(0)->send(emu::message_send{0, 0x2000, 1, *rs, 0, len}, 5000ms);
+    auto r = cl.host(0)->send(host::message{0, 0x2000, 1, *rs, 0, len}, 5000ms);
     REQUIRE_MESSAGE(r.ok(), r.err().message);
     for (std::uint32_t h = 1; h < 4; ++h)
       CHECK(completion(cl, h, ecs[h]).value == 16 + h - 1);  // message 1 * 16 + its index among the destinations
@@ -507,7 +507,7 @@ TEST_CASE("a multicast shares its copies through the multicast pools, not the po
   std::vector<rte_mbuf*> held = take_mbufs(cl.host(0)->port_pool(0), 24);
   {
     driver d(cl);
-    auto r = cl.host(0)->send(emu::message_send{0, 0x2000, 1, *rs, 0, len}, 5000ms);
+    auto r = cl.host(0)->send(host::message{0, 0x2000, 1, *rs, 0, len}, 5000ms);
     REQUIRE_MESSAGE(r.ok(), r.err().message);
     for (std::uint32_t h = 1; h < 4; ++h) (void)completion(cl, h, ecs[h]);
   }
@@ -551,7 +551,7 @@ TEST_CASE("a multicast that runs out of mbufs counts the copies it could not sen
   std::vector<rte_mbuf*> held = take_mbufs(cl.host(0)->port_pool(0), 0);
   {
     driver d(cl);
-    auto r = cl.host(1)->send(emu::message_send{0, 0x2000, 1, *rs, 0, len}, 5000ms);
+    auto r = cl.host(1)->send(host::message{0, 0x2000, 1, *rs, 0, len}, 5000ms);
     REQUIRE_MESSAGE(r.ok(), r.err().message);
     std::this_thread::sleep_for(200ms);
   }

@@ -144,7 +144,7 @@ public:
   std::size_t wait_events(rt::ec_id ec, std::span<rt::host_event> out, std::chrono::nanoseconds timeout) noexcept override {
     return _rt->wait_events(ec, out, timeout);
   }
-  result<void> send(const emu::message_send& m, std::chrono::milliseconds) override {
+  result<void> send(const host::message& m, std::chrono::milliseconds) override {
     std::lock_guard lk(_rt_mu);
     auto it = _regions.find(m.region);
     if (it == _regions.end()) return fail(errc::not_found, "no region " + std::to_string(m.region));
@@ -160,7 +160,7 @@ public:
       h.seq = static_cast<std::uint32_t>(k);
       h.message_len = m.len_bytes;
       h.offset = k * pkt;
-      h.flags = static_cast<std::uint16_t>((k == 0 ? rt::wire::flag_start : 0) | (k + 1 == count ? rt::wire::flag_end : 0));
+      h.flags = rt::wire::position_flags(k, count);
       const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(pkt, m.len_bytes - h.offset));
       (void)send(0, m.dest_rank, h, it->second.subspan(m.offset_bytes + h.offset, n));
     }

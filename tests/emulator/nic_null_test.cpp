@@ -82,7 +82,7 @@ TEST_CASE("frames from a port that never pauses are all counted, and every mbuf 
   REQUIRE(r.ok());
   std::atomic<bool> stop{false};
   std::thread t([&] { nic.run(stop); });
-  REQUIRE(nic.send(emu::message_send{0, 1, 1, *r, 0, msg.size()}, 2000ms).ok());
+  REQUIRE(nic.send(host::message{0, 1, 1, *r, 0, msg.size()}, 2000ms).ok());
   stop = true;
   t.join();
   REQUIRE(nic.quiesce(2000ms));

@@ -39,7 +39,7 @@ TEST_CASE("net_pcap: a capture file is received as a message into host memory, a
       h.seq = s;
       h.message_len = data.size();
       h.offset = std::uint64_t{s} * per;
-      h.flags = static_cast<std::uint16_t>((s == 0 ? rt::wire::flag_start : 0) | (s == pkts - 1 ? rt::wire::flag_end : 0));
+      h.flags = rt::wire::position_flags(s, pkts);
       std::vector<std::byte> f(2048);
       const std::size_t n = rt::wire::encode(rt::wire::rank_endpoint(3), rt::wire::rank_endpoint(1), h,
                                              std::span<const std::byte>(data).subspan(s * per, per), f);
@@ -77,7 +77,7 @@ TEST_CASE("net_pcap: a capture file is received as a message into host memory, a
     REQUIRE(nic.install(ec).ok());
     std::atomic<bool> stop{false};
     std::thread t([&] { nic.run(stop); });
-    REQUIRE(nic.send(emu::message_send{3, 0xcd, 5, *ro, 0, out.size()}, 2000ms).ok());
+    REQUIRE(nic.send(host::message{3, 0xcd, 5, *ro, 0, out.size()}, 2000ms).ok());
     std::this_thread::sleep_for(50ms);
     stop = true;
     t.join();

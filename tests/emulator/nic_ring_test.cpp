@@ -197,7 +197,7 @@ test_message make_message(rte_mempool* pool, std::uint64_t bits, std::uint64_t i
     h.seq = k;
     h.message_len = std::uint64_t{packets} * payload;
     h.offset = std::uint64_t{k} * payload;
-    h.flags = static_cast<std::uint16_t>((k == 0 ? rt::wire::flag_start : 0) | (k + 1 == packets ? rt::wire::flag_end : 0));
+    h.flags = rt::wire::position_flags(k, packets);
     if (coll) {
       h.flags |= rt::wire::flag_coll;
       h.coll = rt::wire::coll_ext{3, 2, 7, payload / 4, 11, k};
@@ -318,7 +318,7 @@ TEST_CASE("a host message crosses a net_ring cable and lands in the receiver's h
   REQUIRE(e.ok());
   {
     poller p(na, nb);
-    auto s = na.send(emu::message_send{1, 0x77, 42, *ra, 0, len}, 5000ms);
+    auto s = na.send(host::message{1, 0x77, 42, *ra, 0, len}, 5000ms);
     REQUIRE_MESSAGE(s.ok(), s.err().message);
     auto ev = wait_events(nb, *e, 1);
     REQUIRE(ev.size() == 1);
@@ -371,7 +371,7 @@ TEST_CASE("payload handlers' sends leave through the port: ping-pong between two
     poller p(na, nb);
     for (std::uint64_t m = 1; m <= 3; ++m) {
       std::fill(back.begin(), back.end(), std::byte{0});
-      REQUIRE(na.send(emu::message_send{1, 0x10, m, *ra, 0, len}, 5000ms).ok());
+      REQUIRE(na.send(host::message{1, 0x10, m, *ra, 0, len}, 5000ms).ok());
       auto ev = wait_events(na, *e, 1);
       REQUIRE(ev.size() == 1);
       CHECK(ev[0].message_id == m + 1000);
@@ -542,7 +542,7 @@ TEST_CASE("when the peer stops receiving, packets wait or are dropped with a cou
   {
     std::atomic<bool> stop{false};
     std::thread t([&] { na.run(stop); });
-    auto s = na.send(emu::message_send{1, 0x21, 7, *ra, 0, len}, 300ms);
+    auto s = na.send(host::message{1, 0x21, 7, *ra, 0, len}, 300ms);
     stop = true;
     t.join();
     REQUIRE_FALSE(s.ok());
@@ -565,7 +565,7 @@ TEST_CASE("when the peer stops receiving, packets wait or are dropped with a cou
   {
     std::atomic<bool> stop{false};
     std::thread t([&] { nb.run(stop); });
-    for (std::uint64_t m = 0; m < 6; ++m) REQUIRE(nb.send(emu::message_send{0, 0x20, 100 + m, *rsmall, 0, small.size()}, 5000ms).ok());
+    for (std::uint64_t m = 0; m < 6; ++m) REQUIRE(nb.send(host::message{0, 0x20, 100 + m, *rsmall, 0, small.size()}, 5000ms).ok());
     stop = true;
     t.join();
   }
@@ -605,7 +605,7 @@ TEST_CASE("cancel_sends ends a host message waiting for a stopped poll loop at o
   std::atomic<bool> returned{false};
   result<void> out = fail(errc::ok, "");
   std::thread t([&] {
-    out = (*a)->send(emu::message_send{1, 0x1, 1, *r, 0, src.size()}, 10000ms);
+    out = (*a)->send(host::message{1, 0x1, 1, *r, 0, src.size()}, 10000ms);
     returned = true;
   });
   std::this_thread::sleep_for(50ms);
@@ -643,12 +643,12 @@ TEST_CASE("control calls from other threads run between bursts while a thread po
   }
   CHECK((*b)->unregister_host_memory(*r).ok());
   CHECK((*b)->unregister_host_memory(*r).err().code == errc::not_found);
-  auto bad = (*a)->send(emu::message_send{1, 0, 1, 99, 0, 1}, 100ms);
+  auto bad = (*a)->send(host::message{1, 0, 1, 99, 0, 1}, 100ms);
   CHECK(bad.err().code == errc::not_found);
   std::vector<std::byte> src(10);
   auto ra = (*a)->register_host_memory(src);
   REQUIRE(ra.ok());
-  CHECK((*a)->send(emu::message_send{1, 0, 1, *ra, 5, 6}, 100ms).err().code == errc::out_of_bounds);
+  CHECK((*a)->send(host::message{1, 0, 1, *ra, 5, 6}, 100ms).err().code == errc::out_of_bounds);
 }
 
 TEST_CASE("messages and handler sends to the NIC's own rank loop back to its runtime without touching the wire") {
@@ -686,12 +686,12 @@ TEST_CASE("messages and handler sends to the NIC's own rank loop back to its run
   REQUIRE(d.ok());
   {
     poller p(na, **b);
-    REQUIRE(na.send(emu::message_send{0, 0x42, 9, *rs, 0, len}, 5000ms).ok());
+    REQUIRE(na.send(host::message{0, 0x42, 9, *rs, 0, len}, 5000ms).ok());
     auto ev = wait_events(na, *d, 1);
     REQUIRE(ev.size() == 1);
     CHECK(ev[0].message_id == 9);
     CHECK(ev[0].source_rank == 0);
-    REQUIRE(na.send(emu::message_send{0, 0x40, 20, *rs, 0, len}, 5000ms).ok());
+    REQUIRE(na.send(host::message{0, 0x40, 20, *rs, 0, len}, 5000ms).ok());
     ev = wait_events(na, *e, 1);
     REQUIRE(ev.size() == 1);
     CHECK(ev[0].message_id == 1020);
@@ -726,7 +726,7 @@ TEST_CASE("a NIC captures what it sends and receives, and replaying the capture 
     REQUIRE(ra.ok());
     {
       poller p(**a, **b);
-      REQUIRE((*a)->send(emu::message_send{1, 0x33, 5, *ra, 0, len}, 5000ms).ok());
+      REQUIRE((*a)->send(host::message{1, 0x33, 5, *ra, 0, len}, 5000ms).ok());
       std::this_thread::sleep_for(20ms);
     }
     REQUIRE((*b)->quiesce(2000ms));

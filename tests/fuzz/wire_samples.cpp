@@ -40,7 +40,7 @@ wire::header packet_of(std::uint32_t source, std::uint64_t msg, std::uint32_t se
   h.seq = seq;
   h.message_len = std::uint64_t{count} * pkt;
   h.offset = std::uint64_t{seq} * pkt;
-  h.flags = static_cast<std::uint16_t>((seq == 0 ? wire::flag_start : 0) | (seq + 1 == count ? wire::flag_end : 0));
+  h.flags = wire::position_flags(seq, count);
   return h;
 }
 

@@ -56,7 +56,7 @@ rt::wire::header data_header(std::uint64_t match_bits, std::uint32_t source, std
   h.seq = seq;
   h.message_len = len;
   h.offset = std::uint64_t{seq} * pkt_bytes;
-  h.flags = static_cast<std::uint16_t>((seq == 0 ? rt::wire::flag_start : 0) | (seq + 1 == count ? rt::wire::flag_end : 0));
+  h.flags = rt::wire::position_flags(seq, count);
   return h;
 }
 

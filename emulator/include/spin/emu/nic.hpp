@@ -136,8 +136,8 @@ public:
   result<void> uninstall(rt::ec_id ec) override;
   std::size_t poll_events(rt::ec_id ec, std::span<rt::host_event> out) noexcept override;
   std::size_t wait_events(rt::ec_id ec, std::span<rt::host_event> out, std::chrono::nanoseconds timeout) noexcept override;
-  result<void> send(const message_send& m, std::chrono::milliseconds timeout) override;
-  result<void> post(const message_send& m) override;
+  result<void> send(const host::message& m, std::chrono::milliseconds timeout) override;
+  result<void> post(const host::message& m) override;
   /// Messages up to this size post() copies when it queues them (nic_control::post).
   static constexpr std::size_t inline_bytes = host::post_inline_bytes;
   /// Management datagrams the NIC holds for its agent; more are dropped (nic_drop::mgmt_queue_full).

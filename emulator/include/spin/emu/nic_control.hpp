@@ -26,8 +26,6 @@ struct mgmt_datagram {
   std::vector<std::byte> bytes;   ///< the payload
 };
 
-/// A message the host asks its NIC to send (spin/host/message.hpp).
-using message_send = host::message;
 
 /// One NIC's control operations. Every member is thread-safe: the implementation runs the
 /// operation on the calling thread, serialised with the NIC's poll loop between two rounds
@@ -66,7 +64,7 @@ public:
   /// cancelled its sends meanwhile), invalid_argument (a packet could not be encoded as a
   /// frame), timeout (the transmit queue stayed full for `timeout`; packets already queued are
   /// sent, the rest are not).
-  virtual result<void> send(const message_send& m, std::chrono::milliseconds timeout) = 0;
+  virtual result<void> send(const host::message& m, std::chrono::milliseconds timeout) = 0;
   /// Queues a message for sending and returns at once, without waiting for its packets (a
   /// real NIC's doorbell: the descriptor is posted, the NIC reads the host buffer later). A
   /// message of at most host::post_inline_bytes (256) bytes is copied when posted (an RDMA NIC's inline send), so its
@@ -79,7 +77,7 @@ public:
   /// (length above 2^32 packets, frames that do not fit the port), bad_state (the NIC was
   /// stopped). The default sends and waits (`send` with a one-second timeout, whose errors it
   /// returns).
-  virtual result<void> post(const message_send& m) { return send(m, std::chrono::milliseconds(1000)); }
+  virtual result<void> post(const host::message& m) { return send(m, std::chrono::milliseconds(1000)); }
   /// Queues `bytes` as one management datagram to rank `dest` and returns (it leaves with the
   /// host messages, in order). Errors: invalid_argument (empty, above max_payload_bytes(),
   /// `dest` is this NIC, a frame that does not fit the port), not_found (no route),

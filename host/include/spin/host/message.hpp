@@ -1,5 +1,5 @@
 // A message the host asks a NIC to send: the one description of a host send, used by the host
-// client, the control protocol and the emulator's nic_control (emu::message_send names it).
+// client, the control protocol and the emulator's nic_control.
 #pragma once
 
 #include <spin/rt/runtime.hpp>

@@ -31,15 +31,29 @@ static_assert(min_overhead % 8 == 0 && spin_coll_len % 8 == 0 && spin_auth_len %
 /// Packet types (byte 1 of the spin header).
 enum class packet_type : std::uint8_t { data = 1, ack = 2, nack = 3, result = 4, control = 5 };
 
-/// Flags (bytes 2-3 of the spin header).
+/// Flags (bytes 2-3 of the spin header). The first four are the handler API's message flags
+/// (spin::message_flags, what `message_desc::flags` and `send_desc::flags` carry), bit for bit:
+/// the runtime passes them between wire and handlers by masking (message_flags_of, wire_flags_of).
 enum flag : std::uint16_t {
-  flag_start = 1u << 0,      ///< first packet of the message (seq 0)
-  flag_end = 1u << 1,        ///< last packet of the message
-  flag_retransmit = 1u << 2, ///< retransmission of an earlier packet
-  flag_coll = 1u << 3,       ///< the 16-byte collective extension follows the base header
-  flag_auth = 1u << 4,       ///< the 8-byte authentication tag follows the header and its extension
+  flag_start = msg_start,            ///< first packet of the message (seq 0)
+  flag_end = msg_end,                ///< last packet of the message
+  flag_retransmit = msg_retransmit,  ///< retransmission of an earlier packet
+  flag_coll = msg_coll,              ///< the 16-byte collective extension follows the base header
+  flag_auth = 1u << 4,               ///< the 8-byte authentication tag follows the header and its extension
 };
 inline constexpr std::uint16_t known_flags = flag_start | flag_end | flag_retransmit | flag_coll | flag_auth;
+/// The position flags of packet `seq` of a message of `count` packets: flag_start on the first,
+/// flag_end on the last (both on a one-packet message).
+constexpr std::uint16_t position_flags(std::uint64_t seq, std::uint64_t count) {
+  return static_cast<std::uint16_t>((seq == 0 ? flag_start : 0) | (seq + 1 == count ? flag_end : 0));
+}
+/// The wire flags that are message flags of the handler API.
+inline constexpr std::uint16_t message_flag_mask = flag_start | flag_end | flag_retransmit | flag_coll;
+/// A header's flags as a handler sees them (message_desc::flags).
+constexpr std::uint32_t message_flags_of(std::uint16_t wire_flags) { return wire_flags & message_flag_mask; }
+/// A handler's message flags (send_desc::flags) as wire flags; bits that are not message flags
+/// are dropped.
+constexpr std::uint16_t wire_flags_of(std::uint32_t msg_flags) { return static_cast<std::uint16_t>(msg_flags & message_flag_mask); }
 
 /// Collective extension (present when `flag_coll` is set).
 struct coll_ext {
