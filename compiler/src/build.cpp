@@ -1,5 +1,6 @@
 // spinc builder: checker -> clang-16 -> object verification -> stack sizes -> package.
 #include <spin/cc/build.hpp>
+#include <spin/cc/check.hpp>
 #include <spin/cc/object.hpp>
 
 #include <llvm/ADT/StringExtras.h>
@@ -43,9 +44,6 @@
 #endif
 #ifndef SPINC_VERSION
 #error "SPINC_VERSION (the project version) must be defined by the build"
-#endif
-#ifndef SPINC_HANDLERS_INCLUDE_DIR
-#error "SPINC_HANDLERS_INCLUDE_DIR (the handler API's include directory) must be defined by the build"
 #endif
 
 namespace spin::cc {
@@ -271,8 +269,8 @@ std::vector<std::string> common_flags(const std::string& source_dir, const temp_
       // Nothing of the build's directories may reach the object: the same source gives the same
       // bytes wherever it is built.
       "-ffile-prefix-map=" + source_dir + "=.", "-ffile-prefix-map=" + tmp.path() + "=.",
-      "-ffile-prefix-map=" + std::string(SPINC_HANDLERS_INCLUDE_DIR) + "=spin-include", "-fdebug-compilation-dir=.",
-      "-I" + std::string(SPINC_HANDLERS_INCLUDE_DIR)};
+      "-ffile-prefix-map=" + handler_include_dir() + "=spin-include", "-fdebug-compilation-dir=.",
+      "-I" + handler_include_dir()};
   for (const std::string& d : opts.include_dirs) {
     llvm::SmallString<256> abs(d);
     llvm::sys::fs::make_absolute(abs);

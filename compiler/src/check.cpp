@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <utility>
@@ -26,6 +27,20 @@
 #endif
 
 namespace spin::cc {
+
+const std::string& handler_include_dir() {
+  static const std::string dir = [] {
+    std::error_code ec;
+    const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+    if (!ec) {
+      const std::filesystem::path installed = exe.parent_path().parent_path() / "include";
+      if (std::filesystem::exists(installed / "spin" / "handler.hpp", ec)) return installed.string();
+    }
+    return std::string(SPINC_HANDLERS_INCLUDE_DIR);
+  }();
+  return dir;
+}
+
 namespace {
 
 // Handlers have no <typeinfo> (-nostdinc++); without a std::type_info clang rejects `typeid`
@@ -76,7 +91,7 @@ std::vector<std::string> command_line(const std::string& path, const check_optio
       // Parsed with exceptions and RTTI so that throw/try/typeid/dynamic_cast reach the rules
       // and get one diagnostic each, with a hint, instead of clang's "... disabled" errors.
       "-fexceptions", "-fcxx-exceptions", "-frtti",
-      "-resource-dir", SPINC_CLANG_RESOURCE_DIR, "-I", SPINC_HANDLERS_INCLUDE_DIR,
+      "-resource-dir", SPINC_CLANG_RESOURCE_DIR, "-I", handler_include_dir(),
       "-include", detail::prelude_path, "-ferror-limit=0",
       isatty(STDERR_FILENO) != 0 ? "-fcolor-diagnostics" : "-fno-color-diagnostics"};
   if (opts.tgt == target::ebpf) args.emplace_back("--target=bpf");

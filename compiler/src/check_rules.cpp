@@ -751,7 +751,7 @@ private:
     loc = _sm.getExpansionLoc(loc);
     const FileID file = _sm.getFileID(loc);
     if (auto it = _origins.find(file); it != _origins.end()) return it->second;
-    static const std::string api_path = real(std::string(SPINC_HANDLERS_INCLUDE_DIR) + "/spin/handler.hpp");
+    static const std::string api_path = real(handler_include_dir() + "/spin/handler.hpp");
     static const std::string resource_dir = real(SPINC_CLANG_RESOURCE_DIR) + "/";
     origin o = origin::builtin;  // no file: the command line, a built-in buffer
     if (const OptionalFileEntryRef entry = _sm.getFileEntryRefForID(file)) {

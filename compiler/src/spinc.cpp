@@ -116,7 +116,8 @@ int inspect(const std::string& path) {
 int run(int argc, char** argv) {
   CLI::App app{description, "spinc"};
   app.footer(footer);
-  app.set_version_flag("--version", spin::cc::compiler_version(), "print the version (spinc and clang) and exit");
+  app.set_version_flag("--version", spin::cc::compiler_version() + "\nhandler headers: " + spin::cc::handler_include_dir(),
+                       "print the version (spinc and clang) and the handler headers it compiles with, and exit");
   app.get_formatter()->column_width(30);
 
   std::string source, output, target_name = "native", march, inspect_path, object_path;

@@ -76,4 +76,10 @@ struct check_report {
 /// calls; concurrent calls from several threads are not tested.
 check_report check_file(const std::string& path, const check_options& opts);
 
+/// The directory spinc puts first on every handler's include path (it holds spin/handler.hpp):
+/// for an installed spinc, `<prefix>/include` beside its `<prefix>/bin` (found through
+/// /proc/self/exe); else the source tree's handler headers this spinc was built with. Any
+/// thread; computed once.
+const std::string& handler_include_dir();
+
 } // namespace spin::cc
