@@ -8,7 +8,7 @@
 #include "cmd_key.hpp"
 #include "engine_ec.hpp"
 #include "job_secret.hpp"
-#include "port.hpp"
+#include "nic_handle.hpp"
 #include "repair_timer.hpp"
 
 
@@ -66,7 +66,7 @@ static_assert(desc_off + 2 * sizeof(pr::start_desc) <= counters_off);
 static_assert(counters_off + sizeof(pr::engine_counters) <= cmd_off);
 static_assert(cmd_off + cmd_slots * 64 <= ctl_bytes && sizeof(pr::cmd) <= 64);
 
-// Groups in use per NIC in this process (by port key): two communicators of one group id on
+// Groups in use per NIC in this process (by NIC key): two communicators of one group id on
 // one NIC would share match bits, and the first installed EC would take the other's packets.
 std::mutex groups_mutex;
 std::set<std::pair<std::string, std::uint32_t>> groups_in_use;
@@ -125,11 +125,11 @@ struct communicator::impl {
     fabric::lease lease;  // switch slots of this engine's group (none: lease.reason says why)
   };
 
-  std::unique_ptr<detail::port> nic;
+  std::unique_ptr<detail::nic_handle> nic;
   group g;
   options o;
   std::uint32_t base_id = 0;  // group id << 4
-  std::unique_ptr<detail::port_memory> arena_mem;  // registered with the NIC
+  std::unique_ptr<detail::nic_memory> arena_mem;  // registered with the NIC
   std::byte* arena = nullptr;
   detail::cmd_key key;  // signs every command (protocol.hpp, cmd_key_off); in the arena at 0
   std::size_t arena_bytes = 0;
@@ -145,7 +145,7 @@ struct communicator::impl {
   std::map<std::size_t, std::size_t> used;
   bool group_claimed = false;
 
-  explicit impl(std::unique_ptr<detail::port> n) : nic(std::move(n)) {}
+  explicit impl(std::unique_ptr<detail::nic_handle> n) : nic(std::move(n)) {}
   ~impl() {
     for (auto& e : engines) {
       if (e.installed) (void)nic->uninstall(e.ec);
@@ -155,7 +155,7 @@ struct communicator::impl {
       std::lock_guard<std::mutex> l(groups_mutex);
       groups_in_use.erase({nic->key(), base_id});
     }
-    arena_mem.reset();  // before the port: unregisters through it
+    arena_mem.reset();  // before the NIC handle: unregisters through it
   }
 
   std::uint32_t n() const { return static_cast<std::uint32_t>(g.members.size()); }
@@ -175,7 +175,7 @@ struct communicator::impl {
     m.offset_bytes = off;
     m.len_bytes = sizeof(c);
     // Posted, not waited for (the NIC copies the 64-byte command when it queues it): a call
-    // waits once, for the engine's answer, not also for the command's frame. A port that sends
+    // waits once, for the engine's answer, not also for the command's frame. A NIC handle that sends
     // and waits instead (a NIC in another process) may find its transmit queue full for a while
     // on a loaded machine: try again until the collective's own timeout.
     static_assert(sizeof(c) <= host::post_inline_bytes);
@@ -715,7 +715,7 @@ error check_group(const group& g, const options& o) {
 }
 } // namespace
 
-result<std::unique_ptr<communicator>> communicator::create_on(std::unique_ptr<detail::port> nic, const group& g,
+result<std::unique_ptr<communicator>> communicator::create_on(std::unique_ptr<detail::nic_handle> nic, const group& g,
                                                                const options& o) {
   if (auto e = check_group(g, o); e.code != errc::ok) return e;
   if (g.members[g.me] != nic->rank())
@@ -771,9 +771,9 @@ result<std::unique_ptr<communicator>> communicator::create_on(std::unique_ptr<de
 result<std::unique_ptr<communicator>> communicator::connect(const std::string& socket, std::uint32_t node, const group& g,
                                                             const options& o) {
   if (auto e = check_group(g, o); e.code != errc::ok) return e;
-  auto port = detail::remote_port(socket, node);
-  if (!port.ok()) return fail(port.err().code, "communicator: " + port.err().message);
-  return create_on(std::move(port.value()), g, o);
+  auto nic = detail::remote_nic(socket, node);
+  if (!nic.ok()) return fail(nic.err().code, "communicator: " + nic.err().message);
+  return create_on(std::move(nic.value()), g, o);
 }
 
 std::uint32_t communicator::rank() const noexcept { return _p->g.me; }

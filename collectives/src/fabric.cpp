@@ -5,7 +5,7 @@
 #include <spin/coll/protocol.hpp>
 
 #include "job_secret.hpp"
-#include "port.hpp"
+#include "nic_handle.hpp"
 #include "switch_engine.hpp"
 
 #include <algorithm>
@@ -24,7 +24,7 @@ using clock = std::chrono::steady_clock;
 
 struct fabric::impl {
   struct sw {
-    std::unique_ptr<detail::port> port;
+    std::unique_ptr<detail::nic_handle> nic;
     std::uint32_t vertex = 0;  // in g
     std::uint32_t rank = 0;
     std::string name;
@@ -142,17 +142,17 @@ struct fabric::impl {
   result<void> install(placement& pl, std::uint32_t wire_id, std::uint32_t slots, const pr::switch_setup& setup,
                        const std::vector<std::uint32_t>& members, const std::vector<std::uint32_t>& leaves,
                        const engine_package& pkg, const detail::job_key& frame_key) {
-    return detail::install_switch_engine(*switches[pl.sw].port, pl.eng, wire_id, slots, o.slot_bytes, setup, members, leaves, pkg,
+    return detail::install_switch_engine(*switches[pl.sw].nic, pl.eng, wire_id, slots, o.slot_bytes, setup, members, leaves, pkg,
                                          frame_key);
   }
 
-  void undo(placement& pl) { detail::remove_switch_engine(*switches[pl.sw].port, pl.eng); }
+  void undo(placement& pl) { detail::remove_switch_engine(*switches[pl.sw].nic, pl.eng); }
   // Undoes what this fabric set up for group `wire_id` as its installer: the engine ECs, and
   // its joins on the leaves.
   void undo_setup(std::uint32_t wire_id, job& j) {
     for (auto& pl : j.placed) undo(pl);
     j.placed.clear();
-    for (std::uint32_t lf : j.leaf_sw) (void)switches[lf].port->leave_group(wire_id, j.installer_me);
+    for (std::uint32_t lf : j.leaf_sw) (void)switches[lf].nic->leave_group(wire_id, j.installer_me);
     j.leaf_sw.clear();
   }
 
@@ -169,7 +169,7 @@ struct fabric::impl {
       if (std::find(used.begin(), used.end(), static_cast<std::uint32_t>(lf)) == used.end()) used.push_back(static_cast<std::uint32_t>(lf));
     for (std::size_t k = 1; k < used.size(); ++k) {
       sw& leaf = switches[used[k]];
-      auto a = leaf.port->join_group(host::group_join{wire_id, members, slots}, j.installer_me);
+      auto a = leaf.nic->join_group(host::group_join{wire_id, members, slots}, j.installer_me);
       if (!a.ok()) return fail(a.err().code, "joining the leaf " + leaf.name + ": " + a.err().message);
       j.leaf_sw.push_back(used[k]);
       if (a.value().state != host::join_state::install)
@@ -224,18 +224,18 @@ error check_options(const fabric_options& o) {
 }
 } // namespace
 
-result<std::unique_ptr<fabric>> fabric::over(std::vector<std::unique_ptr<detail::port>> switches,
+result<std::unique_ptr<fabric>> fabric::over(std::vector<std::unique_ptr<detail::nic_handle>> switches,
                                              const std::vector<std::pair<std::uint32_t, std::uint32_t>>& links,
                                              const fabric_options& o) {
   if (auto e = check_options(o); e.code != errc::ok) return e;
   if (switches.empty()) return fail(errc::not_found, "fabric: no switch");
   auto p = std::make_unique<impl>(o);
   std::map<std::uint32_t, std::uint32_t> switch_vertex;  // rank -> vertex
-  for (auto& port : switches) {
+  for (auto& nic : switches) {
     impl::sw s;
-    s.rank = port->rank();
-    s.name = port->name();
-    s.port = std::move(port);
+    s.rank = nic->rank();
+    s.name = nic->name();
+    s.nic = std::move(nic);
     s.vertex = static_cast<std::uint32_t>(p->g.size());
     if (!switch_vertex.emplace(s.rank, s.vertex).second)
       return fail(errc::invalid_argument, "fabric: two switches have rank " + std::to_string(s.rank) + " (" + s.name + ")");
@@ -264,7 +264,7 @@ result<std::unique_ptr<fabric>> fabric::over(std::vector<std::unique_ptr<detail:
   // Each switch's pool takes the fabric's size, unless groups use it already with another size
   // (the registry refuses then: the pool belongs to the switch, not to one fabric).
   for (auto& s : p->switches)
-    if (auto u = s.port->group_pool(host::slot_pool{o.slots_per_switch, o.slot_bytes}); !u.ok())
+    if (auto u = s.nic->group_pool(host::slot_pool{o.slots_per_switch, o.slot_bytes}); !u.ok())
       return fail(u.err().code, "fabric: " + u.err().message);
   return std::unique_ptr<fabric>(new fabric(std::move(p)));
 }
@@ -272,14 +272,14 @@ result<std::unique_ptr<fabric>> fabric::over(std::vector<std::unique_ptr<detail:
 result<std::unique_ptr<fabric>> fabric::connect(const std::vector<remote_switch>& list, const fabric_options& o) {
   if (auto e = check_options(o); e.code != errc::ok) return e;
   if (list.empty()) return fail(errc::invalid_argument, "fabric: no switch");
-  std::vector<std::unique_ptr<detail::port>> switches;
+  std::vector<std::unique_ptr<detail::nic_handle>> switches;
   std::vector<std::pair<std::uint32_t, std::uint32_t>> links;
   for (const auto& r : list) {
     if (r.links.empty()) return fail(errc::invalid_argument, "fabric: the switch at " + r.socket + " has no links");
-    auto port = detail::remote_port(r.socket, r.node);
-    if (!port.ok()) return fail(port.err().code, "fabric: " + port.err().message);
-    for (std::uint32_t to : r.links) links.emplace_back(port.value()->rank(), to);
-    switches.push_back(std::move(port.value()));
+    auto nic = detail::remote_nic(r.socket, r.node);
+    if (!nic.ok()) return fail(nic.err().code, "fabric: " + nic.err().message);
+    for (std::uint32_t to : r.links) links.emplace_back(nic.value()->rank(), to);
+    switches.push_back(std::move(nic.value()));
   }
   auto f = over(std::move(switches), links, o);
   if (!f.ok() && f.err().code == errc::not_found) return fail(errc::invalid_argument, f.err().message);
@@ -288,7 +288,7 @@ result<std::unique_ptr<fabric>> fabric::connect(const std::vector<remote_switch>
 
 result<std::unique_ptr<fabric>> fabric::in_band(const inband_switch& s, const fabric_options& o) {
   if (auto e = check_options(o); e.code != errc::ok) return e;
-  auto nic = detail::remote_port(s.nic_socket, s.nic_node);
+  auto nic = detail::remote_nic(s.nic_socket, s.nic_node);
   if (!nic.ok()) return fail(nic.err().code, "fabric: " + nic.err().message);
   if (nic.value()->rank() == s.switch_rank)
     return fail(errc::invalid_argument, "fabric: " + nic.value()->name() + " is rank " + std::to_string(s.switch_rank) +
@@ -297,8 +297,8 @@ result<std::unique_ptr<fabric>> fabric::in_band(const inband_switch& s, const fa
   p->in_band = true;
   impl::sw sw;
   sw.rank = s.switch_rank;
-  sw.port = detail::via_port(std::move(nic.value()), s.switch_rank);
-  sw.name = sw.port->name();
+  sw.nic = detail::via_nic(std::move(nic.value()), s.switch_rank);
+  sw.name = sw.nic->name();
   impl::vertex v;
   v.rank = s.switch_rank;
   v.sw = 0;
@@ -312,7 +312,7 @@ std::vector<fabric::switch_usage> fabric::usage() const {
   std::vector<switch_usage> out;
   for (const auto& s : _p->switches) {
     switch_usage u{s.name, s.rank, 0, 0, 0, 0};
-    if (auto p = s.port->group_pool(std::nullopt); p.ok()) {
+    if (auto p = s.nic->group_pool(std::nullopt); p.ok()) {
       u.slots = p.value().pool.slots;
       u.free = p.value().free;
       u.groups = p.value().groups;
@@ -360,14 +360,14 @@ result<fabric::lease> fabric::join(std::uint32_t wire_id, const std::vector<std:
   const auto others_deadline = give_up + std::chrono::seconds(60);
   auto nap = std::chrono::microseconds(200);
   for (;;) {
-    auto a = rs.port->join_group(req, me);
+    auto a = rs.nic->join_group(req, me);
     if (!a.ok()) return fail(a.err().code, "joining group " + std::to_string(wire_id >> 4) + " on " + rs.name + ": " + a.err().message);
     impl::job& j = _p->jobs[wire_id];
     j.root = static_cast<std::uint32_t>(root);
     j.mine.insert(me);
     // On an error after the join the caller has no communicator that would leave: leave here.
     auto abandon = [&](error e) {
-      (void)rs.port->leave_group(wire_id, me);
+      (void)rs.nic->leave_group(wire_id, me);
       j.mine.erase(me);
       if (j.mine.empty()) {
         _p->undo_setup(wire_id, j);
@@ -401,7 +401,7 @@ result<fabric::lease> fabric::join(std::uint32_t wire_id, const std::vector<std:
         _p->undo_setup(wire_id, j);
         d.reason = r.err().message;
       }
-      if (auto dr = rs.port->decide_group(d); !dr.ok())
+      if (auto dr = rs.nic->decide_group(d); !dr.ok())
         return abandon(fail(dr.err().code, "group " + std::to_string(wire_id >> 4) + " on " + rs.name + ": " + dr.err().message));
       if (r.ok()) return r.value();
       out.reason = d.reason;
@@ -413,7 +413,7 @@ result<fabric::lease> fabric::join(std::uint32_t wire_id, const std::vector<std:
       host::group_decision d;
       d.group = wire_id;
       d.reason = ans.reason;
-      if (auto dr = rs.port->decide_group(d); !dr.ok())
+      if (auto dr = rs.nic->decide_group(d); !dr.ok())
         return abandon(fail(dr.err().code, "group " + std::to_string(wire_id >> 4) + " on " + rs.name + ": " + dr.err().message));
       out.reason = ans.reason;
       return out;
@@ -435,12 +435,12 @@ void fabric::leave(std::uint32_t wire_id, std::uint32_t me) {
   impl::job& j = it->second;
   j.mine.erase(me);
   if (!j.mine.empty()) {
-    (void)_p->switches[j.root].port->leave_group(wire_id, me);
+    (void)_p->switches[j.root].nic->leave_group(wire_id, me);
     return;
   }
   // The last member here: the ECs this fabric installed go first, then the joins.
   _p->undo_setup(wire_id, j);
-  (void)_p->switches[j.root].port->leave_group(wire_id, me);
+  (void)_p->switches[j.root].nic->leave_group(wire_id, me);
   _p->jobs.erase(it);
 }
 

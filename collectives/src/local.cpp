@@ -1,7 +1,7 @@
 // spin_coll_local: what spin::coll needs to drive NICs of this process (cluster mode): the
-// local port, communicator::create and fabric::create. The one part of spin::coll that links
+// local NIC handle, communicator::create and fabric::create. The one part of spin::coll that links
 // the emulator (and so DPDK); the rank side (spin_coll_rank) does not.
-#include "port.hpp"
+#include "nic_handle.hpp"
 #include "switch_engine.hpp"
 
 #include <spin/coll/coll.hpp>
@@ -46,7 +46,7 @@ result<rt::loaded_package> load_cached(const engine_package& pkg) {
 
 // ---- in this process ------------------------------------------------------------------------
 
-class local_memory final : public port_memory {
+class local_memory final : public nic_memory {
 public:
   local_memory(emu::nic_control& nic, std::byte* p, std::size_t n) : _nic(nic) { bytes = {p, n}; }
   ~local_memory() override {
@@ -59,7 +59,7 @@ private:
   emu::nic_control& _nic;
 };
 
-class local final : public port {
+class local final : public nic_handle {
 public:
   explicit local(emu::nic_control& nic) : _nic(nic), _owner(emu::group_registry::local_owner()) {
     char buf[32];
@@ -72,7 +72,7 @@ public:
   std::uint32_t max_payload_bytes() const noexcept override { return _nic.max_payload_bytes(); }
   const std::string& key() const noexcept override { return _key; }
 
-  result<std::unique_ptr<port_memory>> alloc(std::size_t bytes) override {
+  result<std::unique_ptr<nic_memory>> alloc(std::size_t bytes) override {
     // Reserved, not touched: the pages appear when the NIC or the host first writes them.
     void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) return fail(errc::no_memory, "cannot map " + std::to_string(bytes) + " bytes of host memory");
@@ -81,7 +81,7 @@ public:
     if (!reg.ok()) return reg.err();
     m->region = reg.value();
     m->_registered = true;
-    return std::unique_ptr<port_memory>(std::move(m));
+    return std::unique_ptr<nic_memory>(std::move(m));
   }
 
   result<rt::ec_id> install(const engine_package& pkg, const rt::ec_config& s) override {
@@ -125,20 +125,20 @@ private:
 
 } // namespace
 
-std::unique_ptr<port> local_port(emu::nic_control& nic) { return std::make_unique<local>(nic); }
+std::unique_ptr<nic_handle> local_nic(emu::nic_control& nic) { return std::make_unique<local>(nic); }
 
 } // namespace detail
 
 result<std::unique_ptr<communicator>> communicator::create(emu::nic_control& nic, const group& g, const options& o) {
-  return create_on(detail::local_port(nic), g, o);
+  return create_on(detail::local_nic(nic), g, o);
 }
 
 result<std::unique_ptr<fabric>> fabric::create(emu::cluster& c, const fabric_options& o) {
   const emu::topology& t = c.topo();
-  std::vector<std::unique_ptr<detail::port>> switches;
+  std::vector<std::unique_ptr<detail::nic_handle>> switches;
   std::vector<std::pair<std::uint32_t, std::uint32_t>> links;
   for (std::uint32_t i = 0; i < t.nodes.size(); ++i)
-    if (t.nodes[i].kind == emu::node_kind::switch_) switches.push_back(detail::local_port(c.node(i)));
+    if (t.nodes[i].kind == emu::node_kind::switch_) switches.push_back(detail::local_nic(c.node(i)));
   for (const auto& l : t.links) links.emplace_back(c.node(l.a).rank(), c.node(l.b).rank());
   auto f = over(std::move(switches), links, o);
   if (!f.ok() && f.err().code == errc::not_found) return fail(errc::not_found, "fabric: the cluster has no switch");
@@ -148,7 +148,7 @@ result<std::unique_ptr<fabric>> fabric::create(emu::cluster& c, const fabric_opt
 namespace {
 class installer final : public emu::group_installer {
 public:
-  explicit installer(emu::nic_control& nic) : _port(detail::local_port(nic)) {}
+  explicit installer(emu::nic_control& nic) : _port(detail::local_nic(nic)) {}
   ~installer() override {
     for (auto& [g, e] : _engines) detail::remove_switch_engine(*_port, e);
   }
@@ -177,7 +177,7 @@ public:
   }
 
 private:
-  std::unique_ptr<detail::port> _port;
+  std::unique_ptr<detail::nic_handle> _port;
   std::map<std::uint32_t, detail::switch_engine> _engines;
 };
 } // namespace

@@ -16,7 +16,7 @@ namespace spin::coll::detail {
 namespace pr = proto;
 using clock = std::chrono::steady_clock;
 
-result<void> install_switch_engine(port& nic, switch_engine& pl, std::uint32_t wire_id, std::uint32_t slots,
+result<void> install_switch_engine(nic_handle& nic, switch_engine& pl, std::uint32_t wire_id, std::uint32_t slots,
                                    std::uint32_t slot_bytes, const pr::switch_setup& setup, const std::vector<std::uint32_t>& members,
                                    const std::vector<std::uint32_t>& leaves, const engine_package& pkg,
                                    const std::array<std::uint8_t, 16>& frame_key) {
@@ -79,7 +79,7 @@ result<void> install_switch_engine(port& nic, switch_engine& pl, std::uint32_t w
   return fail(errc::timeout, "the aggregation engine on " + sname + " did not confirm its set-up");
 }
 
-void remove_switch_engine(port& nic, switch_engine& e) {
+void remove_switch_engine(nic_handle& nic, switch_engine& e) {
   if (e.ec_ok) (void)nic.uninstall(e.ec);
   e.ec_ok = false;
   e.mem.reset();

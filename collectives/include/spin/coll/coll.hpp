@@ -56,7 +56,7 @@ const char* name(algorithm a);
 
 class fabric;
 namespace detail {
-class port;
+class nic_handle;
 }
 
 /// A collective engine package in the two forms NICs take it (communicator internals): its
@@ -233,7 +233,7 @@ private:
   /// A fabric over `switches`, linked as `links` says (pairs of ranks; every linked rank that
   /// is not one of the switches is a host). Errors: those of the options, not_found (no
   /// switch), invalid_argument (two switches with one rank, a link from a rank to itself).
-  static result<std::unique_ptr<fabric>> over(std::vector<std::unique_ptr<detail::port>> switches,
+  static result<std::unique_ptr<fabric>> over(std::vector<std::unique_ptr<detail::nic_handle>> switches,
                                               const std::vector<std::pair<std::uint32_t, std::uint32_t>>& links,
                                               const fabric_options& o);
   explicit fabric(std::unique_ptr<impl> p);
@@ -379,7 +379,7 @@ public:
   struct impl;
 
 private:
-  static result<std::unique_ptr<communicator>> create_on(std::unique_ptr<detail::port> nic, const group& g, const options& o);
+  static result<std::unique_ptr<communicator>> create_on(std::unique_ptr<detail::nic_handle> nic, const group& g, const options& o);
   explicit communicator(std::unique_ptr<impl> p);
   std::unique_ptr<impl> _p;
 };

@@ -1,5 +1,5 @@
 // How spin::coll reaches a NIC of another spin-emu process: through its control socket.
-#include "port.hpp"
+#include "nic_handle.hpp"
 
 #include <spin/host/host.hpp>
 
@@ -18,7 +18,7 @@ namespace {
 
 // ---- in a spin-emu process --------------------------------------------------------------------
 
-class remote_memory final : public port_memory {
+class remote_memory final : public nic_memory {
 public:
   remote_memory(host::client& c, host::memory m) : _c(c), _m(std::move(m)) {
     bytes = _m.bytes();
@@ -31,7 +31,7 @@ private:
   host::memory _m;
 };
 
-class remote final : public port {
+class remote final : public nic_handle {
 public:
   remote(host::client c, std::uint32_t node, std::uint32_t rank, std::uint32_t max_payload, std::string name, std::string key)
       : _c(std::move(c)), _node(node), _rank(rank), _max_payload(max_payload), _name(std::move(name)), _key(std::move(key)) {}
@@ -44,10 +44,10 @@ public:
   std::uint32_t max_payload_bytes() const noexcept override { return _max_payload; }
   const std::string& key() const noexcept override { return _key; }
 
-  result<std::unique_ptr<port_memory>> alloc(std::size_t bytes) override {
+  result<std::unique_ptr<nic_memory>> alloc(std::size_t bytes) override {
     auto m = _c.alloc_memory(_node, bytes);
     if (!m.ok()) return m.err();
-    return std::unique_ptr<port_memory>(std::make_unique<remote_memory>(_c, std::move(m.value())));
+    return std::unique_ptr<nic_memory>(std::make_unique<remote_memory>(_c, std::move(m.value())));
   }
 
   result<rt::ec_id> install(const engine_package& pkg, const rt::ec_config& s) override {
@@ -139,16 +139,16 @@ private:
 };
 
 // A switch reached in-band through a member's own NIC.
-class via final : public port {
+class via final : public nic_handle {
 public:
-  via(std::unique_ptr<port> nic, std::uint32_t sw)
+  via(std::unique_ptr<nic_handle> nic, std::uint32_t sw)
       : _nic(std::move(nic)), _sw(sw), _name("switch rank " + std::to_string(sw) + " (in-band through " + _nic->name() + ")"),
         _key("via:" + _nic->key() + "#" + std::to_string(sw)) {}
   std::uint32_t rank() const noexcept override { return _sw; }
   const std::string& name() const noexcept override { return _name; }
   std::uint32_t max_payload_bytes() const noexcept override { return _nic->max_payload_bytes(); }
   const std::string& key() const noexcept override { return _key; }
-  result<std::unique_ptr<port_memory>> alloc(std::size_t) override { return refuse<std::unique_ptr<port_memory>>(); }
+  result<std::unique_ptr<nic_memory>> alloc(std::size_t) override { return refuse<std::unique_ptr<nic_memory>>(); }
   result<rt::ec_id> install(const engine_package&, const rt::ec_config&) override { return refuse<rt::ec_id>(); }
   result<void> uninstall(rt::ec_id) override { return refuse<void>(); }
   std::size_t poll_events(rt::ec_id, std::span<rt::host_event>) override { return 0; }
@@ -171,18 +171,18 @@ private:
   template <class T> result<T> refuse() const {
     return fail(errc::not_supported, _name + ": a switch reached in-band takes group operations only");
   }
-  std::unique_ptr<port> _nic;
+  std::unique_ptr<nic_handle> _nic;
   std::uint32_t _sw;
   std::string _name, _key;
 };
 
 } // namespace
 
-std::unique_ptr<port> via_port(std::unique_ptr<port> nic, std::uint32_t switch_rank) {
+std::unique_ptr<nic_handle> via_nic(std::unique_ptr<nic_handle> nic, std::uint32_t switch_rank) {
   return std::make_unique<via>(std::move(nic), switch_rank);
 }
 
-result<std::unique_ptr<port>> remote_port(const std::string& socket, std::uint32_t node) {
+result<std::unique_ptr<nic_handle>> remote_nic(const std::string& socket, std::uint32_t node) {
   auto c = host::client::connect(socket);
   if (!c.ok()) return fail(c.err().code, "spin-emu at " + socket + ": " + c.err().message);
   auto nodes = c.value().nodes();
@@ -192,7 +192,7 @@ result<std::unique_ptr<port>> remote_port(const std::string& socket, std::uint32
     std::error_code ec;
     const auto canon = std::filesystem::weakly_canonical(socket, ec);
     std::string key = "remote:" + (ec ? socket : canon.string()) + "#" + std::to_string(node);
-    return std::unique_ptr<port>(std::make_unique<remote>(std::move(c.value()), node, n.rank, n.max_payload_bytes, n.name, std::move(key)));
+    return std::unique_ptr<nic_handle>(std::make_unique<remote>(std::move(c.value()), node, n.rank, n.max_payload_bytes, n.name, std::move(key)));
   }
   return fail(errc::not_found, "spin-emu at " + socket + " has no node " + std::to_string(node) + " (it has " +
                                    std::to_string(nodes.value().size()) + ")");

@@ -1,6 +1,6 @@
 // How spin::coll reaches one NIC or switch: in this process (emu::nic_control, cluster mode;
 // local.cpp, in spin_coll_local) or in another spin-emu process (spin::host::client over its
-// control socket; port.cpp, in spin_coll_rank). The communicator and the fabric see only this
+// control socket; nic_handle.cpp, in spin_coll_rank). The communicator and the fabric see only this
 // interface.
 #pragma once
 
@@ -21,20 +21,20 @@
 namespace spin::coll::detail {
 
 /// Host memory the NIC can DMA to and from: mapped here, registered with the NIC as `region`.
-/// Unregistered and unmapped when destroyed; destroy it before its port, and after every EC
+/// Unregistered and unmapped when destroyed; destroy it before its NIC handle, and after every EC
 /// whose window lies in it was uninstalled.
-class port_memory {
+class nic_memory {
 public:
-  virtual ~port_memory() = default;
+  virtual ~nic_memory() = default;
   std::span<std::byte> bytes;
   rt::region_id region = 0;
 };
 
 /// One NIC (or switch) as the collectives drive it. Not thread-safe: one thread at a time per
-/// port (the communicator's thread, or the fabric under its lock).
-class port {
+/// NIC handle (the communicator's thread, or the fabric under its lock).
+class nic_handle {
 public:
-  virtual ~port() = default;
+  virtual ~nic_handle() = default;
   virtual std::uint32_t rank() const noexcept = 0;
   virtual const std::string& name() const noexcept = 0;
   /// Largest payload of one packet the NIC's handlers can send (bytes).
@@ -44,7 +44,7 @@ public:
   virtual const std::string& key() const noexcept = 0;
   /// `bytes` of zeroed memory registered with the NIC. Errors: no_memory, those of
   /// registering.
-  virtual result<std::unique_ptr<port_memory>> alloc(std::size_t bytes) = 0;
+  virtual result<std::unique_ptr<nic_memory>> alloc(std::size_t bytes) = 0;
   /// Installs an EC described by `s` (rt::ec_config; its handlers come from `pkg`, its memory
   /// sizes are raised to what the package declares). Errors: those of binding the package and of the NIC's install
   /// (exists: another EC matches the same packets).
@@ -53,7 +53,7 @@ public:
   /// Host events of `ec`, without waiting.
   virtual std::size_t poll_events(rt::ec_id ec, std::span<rt::host_event> out) = 0;
   /// Host events of `ec`, sleeping up to `timeout` for the first (woken by the NIC, not by
-  /// polling, where the port allows it).
+  /// polling, where the NIC handle allows it).
   virtual std::size_t wait_events(rt::ec_id ec, std::span<rt::host_event> out, std::chrono::nanoseconds timeout) = 0;
   /// Sends a message from the NIC (waits up to 1 s for room in its transmit queue).
   virtual result<void> send(const host::message& m) = 0;
@@ -61,8 +61,8 @@ public:
   /// (emu::nic_control::post: copied when queued). The default sends it.
   virtual result<void> post(const host::message& m) { return send(m); }
 
-  // The NIC's group registry (spin/emu/groups.hpp), with this port as the owner of its joins:
-  // destroying the port (or closing its connection) leaves them. With j.via / d.via / `via`,
+  // The NIC's group registry (spin/emu/groups.hpp), with this NIC handle as the owner of its joins:
+  // destroying the NIC handle (or closing its connection) leaves them. With j.via / d.via / `via`,
   // the NIC's group agent asks that switch in-band (spin/emu/group_agent.hpp).
   virtual result<host::pool_usage> group_pool(const std::optional<host::slot_pool>& set) = 0;
   virtual result<host::group_answer> join_group(const host::group_join& j, std::uint32_t me) = 0;
@@ -74,16 +74,16 @@ public:
 /// A switch reached in-band through `nic`, a member's own NIC (its group agent sends the group
 /// operations on to `switch_rank`). Only group operations: a switch sets its in-band groups up
 /// itself, so everything else fails with not_supported.
-std::unique_ptr<port> via_port(std::unique_ptr<port> nic, std::uint32_t switch_rank);
+std::unique_ptr<nic_handle> via_nic(std::unique_ptr<nic_handle> nic, std::uint32_t switch_rank);
 
-/// A NIC of this process. `nic` must outlive the port. (spin_coll_local: local.cpp)
-std::unique_ptr<port> local_port(emu::nic_control& nic);
+/// A NIC of this process. `nic` must outlive the handle. (spin_coll_local: local.cpp)
+std::unique_ptr<nic_handle> local_nic(emu::nic_control& nic);
 
 /// spin::coll's standard engine package (the bytes spin-emu trusts), decoded once per process.
 /// Errors: those of decoding it.
 result<engine_package> standard_package();
 /// Node `node` of the spin-emu process whose control socket is `socket`. Errors: those of
 /// host::client::connect and nodes(), not_found (no such node).
-result<std::unique_ptr<port>> remote_port(const std::string& socket, std::uint32_t node);
+result<std::unique_ptr<nic_handle>> remote_nic(const std::string& socket, std::uint32_t node);
 
 } // namespace spin::coll::detail
