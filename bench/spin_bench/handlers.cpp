@@ -46,9 +46,12 @@
 #include <spin/rt/package.hpp>
 #include <spin/rt/runtime.hpp>
 #include <spin/rt/wire.hpp>
-
-#include "../../handlers/std/isum_layout.hpp"
-#include "../../handlers/std/std_layouts.hpp"
+#include <spin/std/bcast_forward.hpp>
+#include <spin/std/filter.hpp>
+#include <spin/std/fsum.hpp>
+#include <spin/std/histogram.hpp>
+#include <spin/std/isum.hpp>
+#include <spin/std/strided_unpack.hpp>
 
 #include <rte_dev.h>
 #include <rte_errno.h>
@@ -467,7 +470,7 @@ std::vector<handler_spec> all_handlers() {
     h.what = "streaming int32 sum into int64 accumulators, a lock per 256 elements (handlers/std/isum.cpp)";
     h.refuses = [](std::uint32_t p) -> std::string {
       if (p == 0 || p % 4 != 0) return "payload is not a non-empty multiple of 4 bytes";
-      if (p > spin::max_packet_elements * 4) return "isum takes at most 4096 payload bytes per packet";
+      if (p > isum_max_packet_elements * 4) return "isum takes at most 4096 payload bytes per packet";
       return "";
     };
     h.fill = [](std::span<std::byte> p) {
@@ -477,11 +480,11 @@ std::vector<handler_spec> all_handlers() {
       }
     };
     h.setup = [](std::span<std::byte> mem, std::uint32_t payload) {
-      write_mem<std::uint64_t>(mem, payload / 4, offsetof(spin::isum_state, elements));
-      write_mem<std::uint64_t>(mem, ~0ull, offsetof(spin::isum_state, expected_messages));  // never DMA
+      write_mem<std::uint64_t>(mem, payload / 4, offsetof(isum_state, elements));
+      write_mem<std::uint64_t>(mem, ~0ull, offsetof(isum_state, expected_messages));  // never DMA
     };
     h.check = [](const check_input& in, const bad_fn& bad) {
-      check_stream_sum<std::int64_t, std::int32_t, spin::isum_state>(in, bad, "isum");
+      check_stream_sum<std::int64_t, std::int32_t, isum_state>(in, bad, "isum");
     };
     v.push_back(h);
   }

@@ -6,7 +6,7 @@
 // the same pipeline (docs/collectives.md).
 #include <spin/handler.hpp>
 
-#include "std_layouts.hpp"
+#include <spin/std/bcast_forward.hpp>
 
 using namespace spin;
 using spin::stdh::bcast_state;

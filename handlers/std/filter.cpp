@@ -3,7 +3,7 @@
 // hands out host slots atomically, so packets of every message filter at once.
 #include <spin/handler.hpp>
 
-#include "std_layouts.hpp"
+#include <spin/std/filter.hpp>
 
 using namespace spin;
 using spin::stdh::filter_record;

@@ -2,14 +2,14 @@
 // the accumulator in handler memory, at the element index its message offset gives; the
 // completion handler counts messages and, when `expected_messages` have completed, DMAs the sum
 // to the host and posts an event. The in-NIC reduction of SwitchML (NSDI 2021) and SHARP, at the
-// edge (Edge-INC). Layout and rules: stdh::fsum_state (std_layouts.hpp).
+// edge (Edge-INC). Layout and rules: stdh::fsum_state (<spin/std/fsum.hpp>).
 //
 // Native target only (eBPF has no floating point). A lock per block of elements keeps payload
 // handlers of other messages that add into the same block from losing updates; the add loop is
 // a plain loop over the block, which clang vectorises.
 #include <spin/handler.hpp>
 
-#include "std_layouts.hpp"
+#include <spin/std/fsum.hpp>
 
 using namespace spin;
 using spin::stdh::fsum_state;

@@ -3,7 +3,7 @@
 // number of messages the bins go to the host in one DMA.
 #include <spin/handler.hpp>
 
-#include "std_layouts.hpp"
+#include <spin/std/histogram.hpp>
 
 using namespace spin;
 using spin::stdh::histogram_result;

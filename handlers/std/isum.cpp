@@ -8,15 +8,16 @@
 // block of at most 16 elements is one window (ctx->payload / ctx->mem).
 #include <spin/handler.hpp>
 
-#include "isum_layout.hpp"
+#include <spin/std/isum.hpp>
 
 using namespace spin;
+using namespace spin::stdh;
 
 SPIN_MEMORY(sizeof(isum_state), 0);
 
 namespace {
 constexpr u32 chunk = 16;
-constexpr u32 max_chunks = max_packet_elements / chunk;
+constexpr u32 max_chunks = isum_max_packet_elements / chunk;
 
 // Adds N consecutive elements (one window each side). The lock of the elements' block keeps
 // concurrent payload handlers of other messages from losing updates.
@@ -24,7 +25,7 @@ template <u32 N> ret add_block(spin::ctx* ctx, u64 elem, u64 byte_off) {
   const i32* v = ctx->payload<i32>(byte_off, N);
   i64* acc = ctx->mem<i64>(offsetof(isum_state, acc) + elem * sizeof(i64), N);
   if (v == nullptr || acc == nullptr) return ret::drop;
-  const u64 lock_off = offsetof(isum_state, locks) + (elem / elements_per_lock % isum_locks) * sizeof(u64);
+  const u64 lock_off = offsetof(isum_state, locks) + (elem / isum_elements_per_lock % isum_locks) * sizeof(u64);
   if (ctx->lock(lock_off) != errc::ok) return ret::drop;
   for (u32 i = 0; i < N; ++i) acc[i] += v[i];
   ctx->unlock(lock_off);
@@ -58,7 +59,7 @@ ret add_tail(spin::ctx* ctx, u64 elem, u64 byte_off, u64 cnt) {
 SPIN_HEADER_HANDLER(isum_header) {
   u64 elements = 0;
   ctx->load<u64>(offsetof(isum_state, elements), &elements);
-  if (ctx->msg.message_len_bytes != elements * sizeof(i32) || elements > max_elements) {
+  if (ctx->msg.message_len_bytes != elements * sizeof(i32) || elements > isum_max_elements) {
     ctx->fetch_add<u64>(offsetof(isum_state, rejected), 1);
     return ret::drop;
   }
@@ -68,7 +69,7 @@ SPIN_HEADER_HANDLER(isum_header) {
 SPIN_PAYLOAD_HANDLER(isum_payload) {
   const u64 n = ctx->packet.size() / sizeof(i32);
   const u64 first = ctx->msg.offset_bytes / sizeof(i32);
-  if (n > max_packet_elements || ctx->packet.size() % sizeof(i32) != 0) return ret::drop;
+  if (n > isum_max_packet_elements || ctx->packet.size() % sizeof(i32) != 0) return ret::drop;
   for (u32 c = 0; c < max_chunks; ++c) {
     const u64 base = u64{c} * chunk;
     if (base >= n) break;
@@ -89,7 +90,7 @@ SPIN_COMPLETION_HANDLER(isum_completion) {
   ctx->load<u64>(offsetof(isum_state, elements), &elements);
   if (before + 1 != expected) return ret::success;
   // The result goes out one window at a time.
-  for (u32 w = 0; w < max_elements * sizeof(i64) / bpf_window_bytes; ++w) {
+  for (u32 w = 0; w < isum_max_elements * sizeof(i64) / bpf_window_bytes; ++w) {
     const u64 off = u64{w} * bpf_window_bytes;
     if (off >= elements * sizeof(i64)) break;
     const u64 rest = elements * sizeof(i64) - off;

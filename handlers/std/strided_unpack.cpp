@@ -4,7 +4,7 @@
 // its message offset alone.
 #include <spin/handler.hpp>
 
-#include "std_layouts.hpp"
+#include <spin/std/strided_unpack.hpp>
 
 using namespace spin;
 using spin::stdh::strided_state;

@@ -7,8 +7,8 @@
 #include <spin/rt/package.hpp>
 #include <spin/rt/runtime.hpp>
 #include <spin/rt/tx.hpp>
+#include <spin/std/isum.hpp>
 
-#include "../../handlers/std/isum_layout.hpp"
 #include "handlers/corner_layout.hpp"
 
 #include <doctest/doctest.h>
@@ -103,7 +103,7 @@ TEST_CASE("a package decodes to what was encoded, and encoding is deterministic"
   CHECK(back->object == p.object);
   CHECK(rt::encode_package(*back) == bytes);
   CHECK(p.manifest.abi_version == spin::abi_version);
-  CHECK(p.manifest.handler_mem_bytes == sizeof(isum_state));
+  CHECK(p.manifest.handler_mem_bytes == sizeof(stdh::isum_state));
   REQUIRE(p.manifest.handlers.size() == 3);
   CHECK(p.manifest.handlers[0].name == "isum_header");
   CHECK(p.manifest.handlers[1].kind == handler_kind::payload);
@@ -302,7 +302,7 @@ TEST_CASE("bind gives an EC at least the memory the package declares") {
   rt::ec_config c;
   c.name = "isum";
   REQUIRE(lp.bind(c).ok());
-  CHECK(c.handler_mem_bytes == sizeof(isum_state));
+  CHECK(c.handler_mem_bytes == sizeof(stdh::isum_state));
   CHECK(c.handlers.payload != nullptr);
   rt::ec_config small;
   small.handler_mem_bytes = 64;
@@ -331,10 +331,10 @@ TEST_CASE("native, eBPF-JIT and eBPF-interpreter builds of isum give identical r
     REQUIRE(lp.bind(c).ok());
     const rt::ec_id ec = f.install(c);
     auto mem = f.rt->handler_memory(ec);
-    isum_state init{};
+    stdh::isum_state init{};
     init.elements = elements;
     init.expected_messages = ranks;
-    std::memcpy(mem.data(), &init, offsetof(isum_state, messages));
+    std::memcpy(mem.data(), &init, offsetof(stdh::isum_state, messages));
     std::vector<rt::packet> pkts;
     for (std::uint32_t r = 0; r < ranks; ++r)
       for (auto& p : message_packets(f.pool, 0, r, 7, elements * 4, pkt_bytes)) pkts.push_back(p);
@@ -347,7 +347,7 @@ TEST_CASE("native, eBPF-JIT and eBPF-interpreter builds of isum give identical r
     rt::host_event ev[4];
     REQUIRE(f.rt->poll_events(ec, ev) == 1);
     CHECK(ev[0].value == ranks);
-    isum_state out;
+    stdh::isum_state out;
     std::memcpy(&out, mem.data(), sizeof out);
     CHECK(out.messages == ranks);
     CHECK(out.rejected == 1);

@@ -3,7 +3,11 @@
 // order and malformed input.
 #include "test_util.hpp"
 
-#include "../../handlers/std/std_layouts.hpp"
+#include <spin/std/bcast_forward.hpp>
+#include <spin/std/filter.hpp>
+#include <spin/std/fsum.hpp>
+#include <spin/std/histogram.hpp>
+#include <spin/std/strided_unpack.hpp>
 
 #include <spin/rt/loader.hpp>
 #include <spin/rt/runtime.hpp>
