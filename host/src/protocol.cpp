@@ -4,6 +4,8 @@
 
 #include <spin/host/shm.hpp>
 
+#include "stats_json.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <limits>
@@ -423,7 +425,7 @@ void put(json& j, const events_reply& r) {
   j["capacity"] = r.capacity;
   j["bytes"] = r.bytes;
 }
-void put(json& j, const stats_reply& r) { j["stats"] = json::parse(to_json(r.nodes)); }
+void put(json& j, const stats_reply& r) { j["stats"] = json(host::detail::nodes_json(r.nodes)); }
 
 void put(json& j, const pool_reply& r) {
   j["slots"] = r.usage.pool.slots;
@@ -480,7 +482,7 @@ void get(const json& j, join_reply& r) {
 }
 void get(const json& j, stats_reply& r) {
   for (const auto& n : j.at("stats")) {
-    auto s = nic_stats_from_json(dump(n.at("stats")));
+    auto s = host::detail::nic_from(n.at("stats"));
     if (!s) reject("node " + dump(n.at("node")) + ": " + s.err().message);
     r.nodes.push_back(node_stats{n.at("node").get<std::uint32_t>(), std::move(s.value())});
   }

@@ -1,8 +1,6 @@
 // A NIC's statistics as text and JSON. Each struct's keys are listed once (the *_fields
 // functions) and read by the writer and the reader alike.
-#include <spin/host/stats.hpp>
-
-#include <nlohmann/json.hpp>
+#include "stats_json.hpp"
 
 namespace spin::host {
 
@@ -70,9 +68,15 @@ template <class S, class F> void nic_fields(S& s, F&& f) {
 auto writer(json& j) {
   return [&j](const char* key, const auto& v) { j[key] = v; };
 }
-auto reader(const json& j) {
+auto reader(const nlohmann::json& j) {
   return [&j](const char* key, auto& v) { j.at(key).get_to(v); };
 }
+
+std::string num(std::uint64_t v) { return std::to_string(v); }
+
+} // namespace
+
+namespace detail {
 
 json nic_json(const nic_stats& s) {
   json j;
@@ -92,7 +96,14 @@ json nic_json(const nic_stats& s) {
   return j;
 }
 
-result<nic_stats> nic_from(const json& j) {
+json nodes_json(const std::vector<node_stats>& nodes) {
+  json list = json::array();
+  for (const auto& n : nodes)
+    list.push_back({{"node", n.node}, {"name", n.stats.name}, {"rank", n.stats.rank}, {"stats", nic_json(n.stats)}});
+  return list;
+}
+
+result<nic_stats> nic_from(const nlohmann::json& j) {
   try {
     nic_stats s;
     j.at("name").get_to(s.name);
@@ -103,7 +114,7 @@ result<nic_stats> nic_from(const json& j) {
       hw_fields(p.hw, reader(jp.at("hw")));
       s.ports.push_back(std::move(p));
     }
-    const json& d = j.at("drops");
+    const nlohmann::json& d = j.at("drops");
     for (std::size_t i = 0; i < nic_drop_count; ++i) d.at(nic_drop_name(static_cast<nic_drop>(i))).get_to(s.drops[i]);
     nic_fields(s, reader(j));
     auto rt = rt::runtime_stats_from_json(j.at("runtime").dump());
@@ -115,23 +126,16 @@ result<nic_stats> nic_from(const json& j) {
   }
 }
 
-std::string num(std::uint64_t v) { return std::to_string(v); }
+} // namespace detail
 
-} // namespace
+std::string to_json(const nic_stats& s) { return detail::nic_json(s).dump(); }
 
-std::string to_json(const nic_stats& s) { return nic_json(s).dump(); }
-
-std::string to_json(const std::vector<node_stats>& nodes) {
-  json list = json::array();
-  for (const auto& n : nodes)
-    list.push_back({{"node", n.node}, {"name", n.stats.name}, {"rank", n.stats.rank}, {"stats", nic_json(n.stats)}});
-  return list.dump();
-}
+std::string to_json(const std::vector<node_stats>& nodes) { return detail::nodes_json(nodes).dump(); }
 
 result<nic_stats> nic_stats_from_json(std::string_view text) {
-  const json j = json::parse(text, nullptr, false);
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
   if (j.is_discarded()) return fail(errc::invalid_argument, "NIC statistics: not JSON");
-  return nic_from(j);
+  return detail::nic_from(j);
 }
 
 std::string to_text(const nic_stats& s) {

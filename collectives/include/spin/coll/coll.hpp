@@ -371,7 +371,7 @@ public:
 
   comm_stats stats() const;
   /// The engine's counters on the NIC of the first engine (packets it ignored, by
-  /// proto::drop_reason, and sent, by proto::kind; proto::drop_name and kind_name name them),
+  /// proto::drop_reason, and sent, by proto::kind),
   /// read through the NIC's host interface. Errors: those of a command to the engine
   /// (timeout: no answer within options::timeout).
   result<proto::engine_counters> engine_counters();

@@ -294,46 +294,6 @@ struct engine_counters {
   u64 sent[kind_count];  ///< packets sent, by kind
 };
 
-/// Name of a packet kind ("up", "probe_ans"); "" for a value that names none.
-constexpr const char* kind_name(u32 k) {
-  switch (k) {
-    case k_cmd: return "cmd";
-    case k_hello: return "hello";
-    case k_hello_req: return "hello_req";
-    case k_rs: return "rs";
-    case k_ag: return "ag";
-    case k_nack: return "nack";
-    case k_done: return "done";
-    case k_done_req: return "done_req";
-    case k_ack: return "ack";
-    case k_up: return "up";
-    case k_down: return "down";
-    case k_xfer: return "xfer";
-    case k_mcast: return "mcast";
-    case k_mdown: return "mdown";
-    case k_up2: return "up2";
-    case k_down2: return "down2";
-    case k_probe: return "probe";
-    case k_probe_ans: return "probe_ans";
-    default: return "";
-  }
-}
-
-/// Name of a drop_reason ("stale", "forged"); "" for a value that names none.
-constexpr const char* drop_name(u32 d) {
-  switch (d) {
-    case dr_stale: return "stale";
-    case dr_malformed: return "malformed";
-    case dr_stranger: return "stranger";
-    case dr_early: return "early";
-    case dr_duplicate: return "duplicate";
-    case dr_send: return "send_failed";
-    case dr_dma: return "dma_failed";
-    case dr_forged: return "forged";
-    default: return "";
-  }
-}
-
 // ---- the ring (docs/collectives.md, "Edge ring") ------------------------------------------------
 // The count is cut into chunks, chunk c holding elements [lo(c), lo(c+1)); the first
 // count % chunks chunks have one element more. Allreduce and reduce-scatter have one chunk per
