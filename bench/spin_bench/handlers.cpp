@@ -145,9 +145,11 @@ emu::port_options port_opts(std::uint32_t frame_bytes, const handlers_options& o
   p.pool_mbufs = o.pool_mbufs;
   p.pool_cache = 0;  // FIFO mbuf order: see the top of the file
   // net_null cannot scatter: a frame must fit one mbuf.
-  // The NIC's own sends reserve room for the collective extension: the largest frame must
-  // exceed the received ones by that much, or a handler could not send a received payload on.
-  p.mbuf_data_bytes = static_cast<std::uint16_t>(std::max<std::uint32_t>(2048, frame_bytes + rt::wire::spin_coll_len));
+  // The NIC's own sends reserve room for the largest spin header (rt::wire::max_overhead: the
+  // collective extension and the authentication tag): the largest frame must exceed the received
+  // ones by that much, or a handler could not send a received payload on.
+  p.mbuf_data_bytes = static_cast<std::uint16_t>(
+      std::max<std::uint32_t>(2048, frame_bytes - rt::wire::min_overhead + rt::wire::max_overhead));
   p.max_frame_bytes = p.mbuf_data_bytes;
   return p;
 }

@@ -31,7 +31,7 @@ result<void> nic::impl::init() {
     if (r >= static_cast<std::int32_t>(nports))
       return fail(errc::invalid_argument, "nic " + cfg.name + ": a route names port " + std::to_string(r) + " of " + std::to_string(nports));
   // Room for the largest spin header: its collective extension and its authentication tag.
-  const std::uint32_t overhead = rt::wire::min_overhead + rt::wire::spin_coll_len + rt::wire::spin_auth_len;
+  const std::uint32_t overhead = rt::wire::max_overhead;
   if (cfg.port.max_frame_bytes <= overhead)
     return fail(errc::invalid_argument, "nic " + cfg.name + ": maximum frame of " + std::to_string(cfg.port.max_frame_bytes) +
                                             " bytes leaves no room for payload");

@@ -204,7 +204,7 @@ bool nic::impl::to_packet(lane_state& l, rte_mbuf*& m, rt::packet& out) noexcept
     return true;
   }
   rte_mbuf* tail = m->next;
-  if (m->nb_segs == 2 && RTE_MBUF_CLONED(tail) && m->data_len <= rt::wire::min_overhead + rt::wire::spin_coll_len + rt::wire::spin_auth_len) {
+  if (m->nb_segs == 2 && RTE_MBUF_CLONED(tail) && m->data_len <= rt::wire::max_overhead) {
     out = rt::packet{rte_pktmbuf_mtod(m, std::byte*), m->data_len, reinterpret_cast<std::uint64_t>(m)};
     out.tail = rte_pktmbuf_mtod(tail, std::byte*);
     out.tail_len = tail->data_len;

@@ -27,6 +27,9 @@ inline constexpr std::size_t spin_auth_len = 8;   ///< authentication tag (bytes
 /// Bytes before the payload of a data packet without IP options or extension: 88.
 inline constexpr std::size_t min_overhead = eth_len + ipv4_min_len + udp_len + spin_base_len;
 static_assert(min_overhead % 8 == 0 && spin_coll_len % 8 == 0 && spin_auth_len % 8 == 0);
+/// Bytes before the payload of the largest spin header this runtime sends (collective extension
+/// and authentication tag): a port's frames must hold this much more than the payload.
+inline constexpr std::size_t max_overhead = min_overhead + spin_coll_len + spin_auth_len;
 
 /// Packet types (byte 1 of the spin header).
 enum class packet_type : std::uint8_t { data = 1, ack = 2, nack = 3, result = 4, control = 5 };
