@@ -630,7 +630,7 @@ std::vector<handler_spec> all_handlers() {
     handler_spec h;
     h.name = "bcast_forward";
     h.package = "bcast_forward";
-    h.targets = {"native"};
+    h.targets = {"native", "ebpf"};
     h.what = "every packet DMAed to host memory and sent on to the next rank (handlers/std/bcast_forward.cpp; SC24, section 3)";
     h.sends = true;
     h.refuses = [](std::uint32_t p) -> std::string { return p == 0 ? no_payload_handler : p > host_window_bytes ? "payload exceeds the host window" : ""; };

@@ -42,14 +42,15 @@ def main():
         # fresh clone's CI under address sanitizer and a load of 10 once saw none in 0.05 s).
         rc, out, err = run([exe, "handlers", "--sizes", "344", "--hpus", "1", "--seconds", "0.05", "--repeats", "1",
                             "--warmup", "0.01", "--min-packets", "2000", "--no-plot", "--out", hd,
-                            "--handler", "empty", "noop", "isum", "fsum", "pingpong", "histogram"], 600)
+                            "--handler", "empty", "noop", "isum", "fsum", "pingpong", "histogram", "bcast_forward"], 600)
         print(out[-3000:])
         check(rc == 0, "spin-bench handlers exit status %d (stderr: %s)" % (rc, err[-2000:]))
         doc = json.load(open(os.path.join(hd, "handlers.json")))
         check(doc["checks_passed"] is True, "handlers.json: checks_passed")
         got = sorted((r["handler"], r["target"]) for r in doc["results"])
         want = sorted([("empty", "none"), ("noop", "native"), ("noop", "ebpf"), ("isum", "native"), ("isum", "ebpf"),
-                       ("fsum", "native"), ("pingpong", "native"), ("pingpong", "ebpf"), ("histogram", "native")])
+                       ("fsum", "native"), ("pingpong", "native"), ("pingpong", "ebpf"), ("histogram", "native"),
+                       ("bcast_forward", "native"), ("bcast_forward", "ebpf")])
         check(got == want, "handler rows %s, expected %s" % (got, want))
         for r in doc["results"]:
             check(r["frame_bytes"] == 344 and r["payload_bytes"] == 256, "row %s/%s sizes" % (r["handler"], r["target"]))

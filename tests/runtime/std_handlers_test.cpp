@@ -26,20 +26,22 @@ using namespace spin::test;
 
 namespace {
 
-rt::loaded_package load(const std::string& name) {
-  auto lp = rt::load_package_file(std::string(SPIN_TEST_PKG_DIR) + "/" + name + ".native.spkg");
+// `target`: "native" or "ebpf" (run by rte_bpf's JIT).
+rt::loaded_package load(const std::string& name, const std::string& target) {
+  auto lp = rt::load_package_file(std::string(SPIN_TEST_PKG_DIR) + "/" + name + "." + target + ".spkg");
   REQUIRE_MESSAGE(lp.ok(), lp.err().message);
   return std::move(lp.value());
 }
 
 // Installs package `name` with a host window over `host`, sets its handler memory to `state`.
 template <class State>
-rt::ec_id install(fixture& f, const std::string& name, std::vector<std::byte>& host, const State& state) {
+rt::ec_id install(fixture& f, const std::string& name, std::vector<std::byte>& host, const State& state,
+                  const std::string& target = "native") {
   auto region = f.rt->register_host_memory(host);
   REQUIRE(region.ok());
   rt::ec_config c;
   c.name = name;
-  REQUIRE(load(name).bind(c).ok());
+  REQUIRE(load(name, target).bind(c).ok());
   c.window = rt::host_window{region.value(), 0, host.size()};
   const rt::ec_id ec = f.install(c);
   auto mem = f.rt->handler_memory(ec);
@@ -173,32 +175,41 @@ TEST_CASE("filter appends exactly the records in the key range to host memory, a
   CHECK(std::adjacent_find(seen.begin(), seen.end()) == seen.end());
 }
 
-TEST_CASE("bcast_forward lands every packet in host memory and passes it on to the next rank as it arrives") {
-  rt::memory_tx_port tx(2, 1 << 22, 5);
-  fixture f(2, &tx);
-  std::vector<std::byte> host(20000);
-  const rt::ec_id ec = install(f, "bcast_forward", host, stdh::bcast_state{6, 1, 0, 0, 0, 0});
-  std::vector<std::byte> msg(host.size());
-  for (std::size_t i = 0; i < msg.size(); ++i) msg[i] = pattern(4, 77, i);
-  REQUIRE(feed(*f.rt, shuffled(f.pool, 4, 77, msg, 1024, 2)));
-  CHECK(host == msg);
-  const auto s = state_of<stdh::bcast_state>(f, ec);
-  CHECK(s.packets == 20);
-  CHECK(s.messages == 1);
-  CHECK(s.forward_failed == 0);
-  // Every packet went on to rank 6 unchanged: same message, offset and payload.
-  auto frames = tx.take_frames();
-  REQUIRE(frames.size() == 20);
-  std::vector<std::byte> rebuilt(msg.size());
-  for (auto& fr : frames) {
-    CHECK(fr.dest_rank == 6);
-    rt::wire::parsed p;
-    rt::wire::reject why;
-    REQUIRE(rt::wire::parse(std::span<const std::byte>(fr.bytes), rt::wire::default_udp_port, p, why));
-    CHECK(p.hdr.message_id == 77);
-    std::memcpy(rebuilt.data() + p.hdr.offset, fr.bytes.data() + p.payload_offset, p.hdr.payload_len);
+TEST_CASE("bcast_forward lands every packet in host memory and passes it on to the next rank as it arrives, on both targets") {
+  std::string target = "native";
+  SUBCASE("native") {}
+  SUBCASE("ebpf") { target = "ebpf"; }
+  CAPTURE(target);
+  // Packets of 8 KiB are more than one eBPF window.
+  for (const std::uint32_t pkt : {1024u, 8192u}) {
+    CAPTURE(pkt);
+    rt::memory_tx_port tx(2, 1 << 22, 5, 9000);
+    fixture f(2, &tx);
+    std::vector<std::byte> host(20000);
+    const std::uint32_t packets = static_cast<std::uint32_t>((host.size() + pkt - 1) / pkt);
+    const rt::ec_id ec = install(f, "bcast_forward", host, stdh::bcast_state{6, 1, 0, 0, 0, 0}, target);
+    std::vector<std::byte> msg(host.size());
+    for (std::size_t i = 0; i < msg.size(); ++i) msg[i] = pattern(4, 77, i);
+    REQUIRE(feed(*f.rt, shuffled(f.pool, 4, 77, msg, pkt, 2)));
+    CHECK(host == msg);
+    const auto s = state_of<stdh::bcast_state>(f, ec);
+    CHECK(s.packets == packets);
+    CHECK(s.messages == 1);
+    CHECK(s.forward_failed == 0);
+    // Every packet went on to rank 6 unchanged: same message, offset and payload.
+    auto frames = tx.take_frames();
+    REQUIRE(frames.size() == packets);
+    std::vector<std::byte> rebuilt(msg.size());
+    for (auto& fr : frames) {
+      CHECK(fr.dest_rank == 6);
+      rt::wire::parsed p;
+      rt::wire::reject why;
+      REQUIRE(rt::wire::parse(std::span<const std::byte>(fr.bytes), rt::wire::default_udp_port, p, why));
+      CHECK(p.hdr.message_id == 77);
+      std::memcpy(rebuilt.data() + p.hdr.offset, fr.bytes.data() + p.payload_offset, p.hdr.payload_len);
+    }
+    CHECK(rebuilt == msg);
   }
-  CHECK(rebuilt == msg);
 }
 
 TEST_CASE("fsum adds every float32 element of every message, across lock blocks and in any packet order, and DMAs the sum once") {
