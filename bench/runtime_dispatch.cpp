@@ -99,7 +99,7 @@ public:
   }
 
 private:
-  struct alignas(rt::detail::cache_line) slot {
+  struct alignas(rt::cache_line) slot {
     std::atomic<std::uint64_t> n{0}, sum{0};
   };
 
@@ -114,7 +114,7 @@ private:
       _shared.sum.fetch_add(cookie, std::memory_order_relaxed);
       return;
     }
-    // Single writer per slot: load + store, no read-modify-write (as rt::detail::counter).
+    // Single writer per slot: load + store, no read-modify-write (as rt::counter).
     mine->n.store(mine->n.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     mine->sum.store(mine->sum.load(std::memory_order_relaxed) + cookie, std::memory_order_relaxed);
   }
@@ -131,7 +131,7 @@ private:
 class frame_pool {
 public:
   frame_pool(std::uint64_t packets, std::uint32_t packets_per_message)
-      : _per_msg(packets_per_message), _bytes(new (std::align_val_t{rt::detail::cache_line}) std::byte[packets * frame_stride]), _pkts(packets) {
+      : _per_msg(packets_per_message), _bytes(new (std::align_val_t{rt::cache_line}) std::byte[packets * frame_stride]), _pkts(packets) {
     for (std::uint64_t k = 0; k < packets; ++k) _pkts[k] = rt::packet{_bytes.get() + k * frame_stride, 0, k};
     for (std::uint32_t i = 0; i < payload_bytes; ++i) _payload[i] = static_cast<std::byte>(i * 7 + 1);
   }
@@ -167,7 +167,7 @@ public:
 
 private:
   struct aligned_delete {
-    void operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t{rt::detail::cache_line}); }
+    void operator()(std::byte* p) const { ::operator delete[](p, std::align_val_t{rt::cache_line}); }
   };
   std::uint32_t _per_msg;
   std::unique_ptr<std::byte[], aligned_delete> _bytes;
@@ -366,8 +366,8 @@ runtime_result run_runtime(const variant& v, std::uint32_t hpus, frame_pool& poo
 ring_result run_ring(std::uint32_t consumers, const frame_pool& pool, const options& o, release_counter& rc) {
   ring_result res;
   res.consumers = consumers;
-  std::vector<std::unique_ptr<rt::detail::spsc_ring<rt::packet>>> rings;
-  for (std::uint32_t c = 0; c < consumers; ++c) rings.push_back(std::make_unique<rt::detail::spsc_ring<rt::packet>>(queue_depth));
+  std::vector<std::unique_ptr<rt::spsc_ring<rt::packet>>> rings;
+  for (std::uint32_t c = 0; c < consumers; ++c) rings.push_back(std::make_unique<rt::spsc_ring<rt::packet>>(queue_depth));
   std::atomic<bool> stop{false};
   std::vector<std::thread> threads;
   for (std::uint32_t c = 0; c < consumers; ++c) {
@@ -544,7 +544,7 @@ int main(int argc, char** argv) {
   std::printf("\nvariants: ");
   for (const auto& v : variants)
     if (o.only == "all" || o.only == v.name) std::printf("%s = %s; ", v.name, v.what);
-  std::printf("\nring: the same packet descriptors pushed through detail::spsc_ring (depth %u) to 1 or 2 consumer threads "
+  std::printf("\nring: the same packet descriptors pushed through rt::spsc_ring (depth %u) to 1 or 2 consumer threads "
               "(round-robin) that call the same release callback\n",
               queue_depth);
   for (const auto& r : rings)

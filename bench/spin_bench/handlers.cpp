@@ -961,7 +961,7 @@ int run_handlers(const handlers_options& o) {
       const std::string path = package_path(o, h.package, t);
       auto p = rt::read_package_file(path);
       if (!p) {
-        std::fprintf(stderr, "spin-bench handlers: %s\n(--packages names the directory of the handler packages; ninja builds them in build/bench)\n",
+        std::fprintf(stderr, "spin-bench handlers: %s\n(--packages names the directory of the handler packages; ninja builds them in build/packages)\n",
                      p.err().message.c_str());
         return 2;
       }

@@ -236,7 +236,7 @@ void cluster::lcore_loop(std::uint32_t lcore, const std::atomic<bool>& stop) noe
     for (std::uint32_t k = 0; k < _lcores.size(); ++k)
       if (k != lcore) _lcores[k].bell->ring();
   };
-  rt::detail::counter* ctr = w.ctr.get();  // busy, helped, empty, sleeps, busy_ns, unrung
+  rt::counter* ctr = w.ctr.get();  // busy, helped, empty, sleeps, busy_ns, unrung
   bool slept_unrung = false;  // the last sleep ran its full length, neither rung nor due to a link
   while (!stop.load(std::memory_order_relaxed)) {
     const std::uint64_t t0 = link::now_ns();
@@ -398,7 +398,7 @@ std::string to_text(const cluster_stats& s) {
   for (const auto& n : s.nodes) out += to_text(n);
   if (s.links.empty()) return out;
   auto num = [](std::uint64_t v) { return std::to_string(v); };
-  rt::detail::text_table t({"link", "in packets", "in bytes", "delivered", "delivered bytes", "lost", "queue full",
+  rt::text_table t({"link", "in packets", "in bytes", "delivered", "delivered bytes", "lost", "queue full",
                             "duplicated", "dup no mbuf", "reordered", "output stalls", "held"});
   for (const auto& l : s.links) {
     const auto& k = l.stats;

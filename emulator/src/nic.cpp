@@ -88,14 +88,14 @@ result<void> nic::impl::init() {
     l.buf.resize(cfg.port.max_frame_bytes);
     l.rx_buf.resize(4 * cfg.burst);
     if (h > 0)
-      for (std::uint32_t p = 0; p < nports; ++p) l.to_port.push_back(std::make_unique<rt::detail::spsc_ring<rte_mbuf*>>(cfg.tx_ring_packets));
+      for (std::uint32_t p = 0; p < nports; ++p) l.to_port.push_back(std::make_unique<rt::spsc_ring<rte_mbuf*>>(cfg.tx_ring_packets));
   }
   mbuf_buf.resize(cfg.burst);
   host_frame.resize(cfg.port.max_frame_bytes);
 
   rt::runtime_config rc = cfg.runtime;
   rc.rank = cfg.rank;
-  rc.tx = &tx_port;
+  rc.tx = &transmitter;
   rc.release = release_mbuf;
   rc.unshare = unshare_mbuf;
   rc.release_user = this;

@@ -32,7 +32,7 @@
 
 namespace spin::emu {
 
-using rt::detail::counter;
+using rt::counter;
 
 using detail::mbuf_alloc;
 using detail::mbuf_free;
@@ -109,7 +109,7 @@ public:
   rte_mbuf* operator[](std::uint32_t i) const noexcept { return _a[i]; }
   void push_back(rte_mbuf* m) noexcept { _a[_n++] = m; }
   // Appends up to min(max, room()) frames from HPU ring `r` (this thread is its consumer).
-  std::uint32_t dequeue_from(rt::detail::spsc_ring<rte_mbuf*>& r, std::uint32_t max) noexcept {
+  std::uint32_t dequeue_from(rt::spsc_ring<rte_mbuf*>& r, std::uint32_t max) noexcept {
     const auto got = static_cast<std::uint32_t>(r.try_pop_burst(_a.get() + _n, std::min(max, room())));
     _n += got;
     return got;
@@ -153,7 +153,7 @@ struct nic::impl {
     counter rx_packets, rx_bytes, tx_packets, tx_bytes, forwarded;
   };
 
-  class tx final : public rt::tx_port {
+  class tx final : public rt::transmitter {
   public:
     explicit tx(impl& n) : _n(n) {}
     errc send(std::uint32_t hpu, std::uint32_t dest_rank, const rt::wire::header& h,
@@ -184,7 +184,7 @@ struct nic::impl {
     mbuf_stage loop;                   // frames to this NIC's own rank, waiting for this lane's runtime HPU
     // [port]: frames this lane's handlers send (lanes other than 0). Our SPSC ring (C++ atomics)
     // rather than rte_ring, whose generic x86 build ThreadSanitizer cannot follow.
-    std::vector<std::unique_ptr<rt::detail::spsc_ring<rte_mbuf*>>> to_port;
+    std::vector<std::unique_ptr<rt::spsc_ring<rte_mbuf*>>> to_port;
     std::vector<std::byte> buf;        // encode buffer for frames that do not fit one mbuf
     std::vector<rt::packet> rx_buf;
     counter tx_full, no_mbuf, unroutable, loopback, shared_sends, forward_in_place, forward_chained;
@@ -213,7 +213,7 @@ struct nic::impl {
   // clone cost about as much as copying 256 bytes.
   static constexpr std::size_t share_min_bytes = 256;
   static constexpr std::uint16_t mc_header_room = 128;  // Ethernet, IPv4, UDP, spin and collective headers: 104 bytes
-  tx tx_port{*this};
+  tx transmitter{*this};
   std::unique_ptr<rt::runtime> rt;
   std::vector<rte_mbuf*> mbuf_buf;
   std::vector<std::byte> host_frame;  // encode buffer for host messages (lane 0)

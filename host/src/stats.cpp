@@ -141,7 +141,7 @@ result<nic_stats> nic_stats_from_json(std::string_view text) {
 std::string to_text(const nic_stats& s) {
   std::string out = "nic " + s.name + " (rank " + num(s.rank) + ")\n";
   if (!s.ports.empty()) {
-    rt::detail::text_table t({"port", "rx packets", "rx bytes", "tx packets", "tx bytes", "forwarded", "imissed", "rx_nombuf",
+    rt::text_table t({"port", "rx packets", "rx bytes", "tx packets", "tx bytes", "forwarded", "imissed", "rx_nombuf",
                               "ierrors", "oerrors"});
     for (const auto& p : s.ports)
       t.row({p.name, num(p.rx_packets), num(p.rx_bytes), num(p.tx_packets), num(p.tx_bytes), num(p.forwarded),

@@ -170,7 +170,7 @@ std::int32_t api_send(spin::ctx* c, const send_desc* d) {
   api_guard g(i);
   wire::header h;
   if (const errc e = send_header(i, d, h); e != errc::ok) return err(i, e);
-  tx_port* tx = i.rt->cfg.tx;
+  transmitter* tx = i.rt->cfg.tx;
   if (tx == nullptr) {
     i.t->send_failed.add(1);
     return err(i, errc::not_supported);
@@ -194,7 +194,7 @@ std::int32_t api_multicast(spin::ctx* c, const send_desc* d, const std::uint32_t
   if (!local_ok(i, dests, std::uint64_t{count} * sizeof(std::uint32_t))) return err(i, errc::out_of_bounds);
   wire::header h;
   if (const errc e = send_header(i, d, h); e != errc::ok) return err(i, e);
-  tx_port* tx = i.rt->cfg.tx;
+  transmitter* tx = i.rt->cfg.tx;
   if (tx == nullptr) {
     i.t->send_failed.add(count);
     return err(i, errc::not_supported);
@@ -209,8 +209,8 @@ std::int32_t api_multicast(spin::ctx* c, const send_desc* d, const std::uint32_t
   return static_cast<std::int32_t>(sent);
 }
 
-// The received packet, unchanged, to `dest_rank`: its own buffer where the TX port can send
-// it (tx_port::forward), its payload as the frame holds it (on eBPF the bridge has written the
+// The received packet, unchanged, to `dest_rank`: its own buffer where the transmitter can send
+// it (transmitter::forward), its payload as the frame holds it (on eBPF the bridge has written the
 // program's changes back first).
 std::int32_t api_forward(spin::ctx* c, std::uint32_t dest_rank) {
   invocation& i = inv_of(c);
@@ -220,7 +220,7 @@ std::int32_t api_forward(spin::ctx* c, std::uint32_t dest_rank) {
   d.len_bytes = i.payload_len;
   wire::header h;
   if (const errc e = send_header(i, &d, h, true); e != errc::ok) return err(i, e);
-  tx_port* tx = i.rt->cfg.tx;
+  transmitter* tx = i.rt->cfg.tx;
   if (tx == nullptr) {
     i.t->send_failed.add(1);
     return err(i, errc::not_supported);

@@ -38,8 +38,6 @@ std::uint64_t ec_stats::total_drops() const {
   return n;
 }
 
-namespace detail {
-
 std::string text_table::str(std::string_view indent) const {
   std::size_t cols = 0;
   for (const auto& r : _rows) cols = std::max(cols, r.size());
@@ -62,8 +60,6 @@ std::string text_table::str(std::string_view indent) const {
   }
   return out;
 }
-
-} // namespace detail
 
 namespace {
 
@@ -230,15 +226,15 @@ std::string to_text(const runtime_stats& s) {
                   num(s.frames_rejected[i]);
   if (!rejected.empty()) out += "frames rejected: " + rejected + "\n";
   if (!s.hpus.empty()) {
-    detail::text_table t({"HPU", "frames", "steered", "tasks", "busy ms", "preempted"});
+    rt::text_table t({"HPU", "frames", "steered", "tasks", "busy ms", "preempted"});
     for (const auto& h : s.hpus)
       t.row({num(h.hpu), num(h.frames), num(h.steered), num(h.tasks), fixed(static_cast<double>(h.busy_ns) / 1e6, 3),
              num(h.preempted)});
     out += t.str("");
   }
   if (s.ecs.empty()) return out;
-  detail::text_table ecs({"EC", "name", "packets", "bytes in", "started", "completed", "dropped", "aborted", "drops"});
-  detail::text_table handlers({"EC", "handler", "calls", "bytes", "mean ns", "p50 ns", "p99 ns", "max ns", "over budget", "faults"});
+  rt::text_table ecs({"EC", "name", "packets", "bytes in", "started", "completed", "dropped", "aborted", "drops"});
+  rt::text_table handlers({"EC", "handler", "calls", "bytes", "mean ns", "p50 ns", "p99 ns", "max ns", "over budget", "faults"});
   std::string details;
   for (const auto& e : s.ecs) {
     ecs.row({num(e.ec_id), e.name, num(e.packets_in), num(e.bytes_in), num(e.messages_started), num(e.messages_completed),

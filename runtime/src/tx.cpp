@@ -5,13 +5,13 @@
 namespace spin::rt {
 
 // Each record in a queue: [u32 frame_len][u32 dest_rank][frame bytes].
-memory_tx_port::memory_tx_port(std::uint32_t hpus, std::size_t capacity_bytes, std::uint32_t source_rank,
+memory_transmitter::memory_transmitter(std::uint32_t hpus, std::size_t capacity_bytes, std::uint32_t source_rank,
                                std::uint32_t mtu_payload_bytes)
     : _q(hpus), _source_rank(source_rank), _mtu_payload(mtu_payload_bytes) {
   for (auto& q : _q) q.buf.resize(capacity_bytes);
 }
 
-errc memory_tx_port::send(std::uint32_t hpu, std::uint32_t dest_rank, const wire::header& h,
+errc memory_transmitter::send(std::uint32_t hpu, std::uint32_t dest_rank, const wire::header& h,
                           std::span<const std::byte> payload) noexcept {
   if (hpu >= _q.size()) return errc::invalid_argument;
   queue& q = _q[hpu];
@@ -26,7 +26,7 @@ errc memory_tx_port::send(std::uint32_t hpu, std::uint32_t dest_rank, const wire
   return errc::ok;
 }
 
-std::vector<memory_tx_port::frame> memory_tx_port::take_frames() {
+std::vector<memory_transmitter::frame> memory_transmitter::take_frames() {
   std::vector<frame> out;
   for (std::uint32_t h = 0; h < _q.size(); ++h) {
     queue& q = _q[h];

@@ -38,7 +38,6 @@ using namespace std::chrono_literals;
 namespace {
 
 std::string pkg(const std::string& name) { return std::string(SPIN_TEST_PKG_DIR) + "/" + name + ".spkg"; }
-std::string local_pkg(const std::string& name) { return std::string(SPIN_TEST_LOCAL_PKG_DIR) + "/" + name + ".spkg"; }
 
 class test_nic;
 
@@ -58,9 +57,9 @@ private:
 
 /// nic_control over an rt::runtime. One scheduler thread moves received frames into the
 /// runtime and polls it; control calls take the same mutex, so runtime control calls never
-/// overlap (the runtime's threading rule). Also the runtime's TX port: handler sends are
+/// overlap (the runtime's threading rule). Also the runtime's transmitter: handler sends are
 /// encoded and delivered through the fabric. Counts the control calls that change state.
-class test_nic final : public emu::nic_control, public rt::tx_port {
+class test_nic final : public emu::nic_control, public rt::transmitter {
 public:
   test_nic(fabric& f, std::uint32_t rank, std::string name) : _fabric(f), _rank(rank), _name(std::move(name)) {
     rt::runtime_config cfg;
@@ -83,7 +82,7 @@ public:
     for (auto* f : _inbox) delete f;
   }
 
-  // tx_port: called from HPU threads. (A test double: it allocates, which a real port must not.)
+  // transmitter: called from HPU threads. (A test double: it allocates, which a real port must not.)
   errc send(std::uint32_t, std::uint32_t dest_rank, const rt::wire::header& h, std::span<const std::byte> payload) noexcept override {
     std::vector<std::byte> frame(rt::wire::encoded_len(h, payload.size()));
     frame.resize(rt::wire::encode(rt::wire::rank_endpoint(_rank), rt::wire::rank_endpoint(dest_rank), h, payload, frame));
@@ -287,7 +286,7 @@ std::size_t open_fds() {
 
 host::install_options hostcopy_options(const host::memory& mem, std::uint64_t win_off, std::uint64_t win_len) {
   host::install_options o;
-  o.package = local_pkg("hostcopy.native");
+  o.package = pkg("hostcopy.native");
   o.name = "hostcopy";
   o.match.bits = 0x42;
   o.window = rt::host_window{mem.region(), win_off, win_len};
@@ -459,7 +458,7 @@ TEST_CASE("every malformed request gets an error reply, changes nothing, and the
   const std::size_t ecs0 = f.nic0.ec_count();
   const std::string r = std::to_string(mem->region());
   const std::string good_install =
-      R"("op":"install","node":0,"package":")" + local_pkg("hostcopy.native") + R"(","name":"x","match":{"bits":1,"ignore_mask":0})";
+      R"("op":"install","node":0,"package":")" + pkg("hostcopy.native") + R"(","name":"x","match":{"bits":1,"ignore_mask":0})";
 
   struct bad {
     std::string line;

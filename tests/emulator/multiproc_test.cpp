@@ -43,7 +43,6 @@ namespace {
 using steady = std::chrono::steady_clock;
 
 std::string pkg(const std::string& name) { return std::string(SPIN_TEST_PKG_DIR) + "/" + name + ".spkg"; }
-std::string local_pkg(const std::string& name) { return std::string(SPIN_TEST_LOCAL_PKG_DIR) + "/" + name + ".spkg"; }
 
 /// The statistics of the (only) NIC behind a client.
 json nic_stats(host::client& c) {
@@ -124,7 +123,7 @@ void ping_pong(host_node& ping, host_node& pong, expected_traffic& ping_t, expec
 
     const std::uint64_t land_off = (64 << 10) * (v + 1);
     host::install_options lo;
-    lo.package = local_pkg("landing.native");
+    lo.package = pkg("landing.native");
     lo.name = "land" + std::to_string(v);
     lo.match.bits = variants[v].bits;
     lo.window = rt::host_window{ping.mem->region(), land_off, max_len};
@@ -196,7 +195,7 @@ void transfer(host_node& src, host_node& dst, std::uint64_t len, expected_traffi
   REQUIRE(src.mem->bytes().size() >= len);
   REQUIRE(dst.mem->bytes().size() >= len + 2 * guard);
   host::install_options lo;
-  lo.package = local_pkg("landing.native");
+  lo.package = pkg("landing.native");
   lo.name = "bulk";
   lo.match.bits = bits;
   lo.window = rt::host_window{dst.mem->region(), guard, len};

@@ -101,7 +101,7 @@ SPIN_PAYLOAD_HANDLER(lock_misuse_ph) {
 }
 
 // A runtime of `hpus` HPUs at rank 5 whose handlers send into `tx`.
-rt::runtime_config sending_config(rt::memory_tx_port& tx, std::uint32_t hpus) {
+rt::runtime_config sending_config(rt::memory_transmitter& tx, std::uint32_t hpus) {
   rt::runtime_config cfg;
   cfg.hpus = hpus;
   cfg.tx = &tx;
@@ -352,8 +352,8 @@ TEST_CASE("unlocking a lock not held, locking one twice and returning with a loc
   CHECK(load_at<std::int32_t>(m, 4) == 0);
 }
 
-TEST_CASE("packets a handler sends leave through the TX port as valid frames that the runtime accepts again") {
-  rt::memory_tx_port tx(2, 1 << 20, /*source_rank=*/5);
+TEST_CASE("packets a handler sends leave through the transmitter as valid frames that the runtime accepts again") {
+  rt::memory_transmitter tx(2, 1 << 20, /*source_rank=*/5);
   fixture f(sending_config(tx, 2));
   rt::ec_config c;
   c.handlers.payload = echo_ph;
@@ -382,7 +382,7 @@ TEST_CASE("packets a handler sends leave through the TX port as valid frames tha
 }
 
 TEST_CASE("an EC with a frame key runs only link frames whose tag verifies, counts the others as unauthenticated, and tags what it sends") {
-  rt::memory_tx_port tx(1, 1 << 20, 5);
+  rt::memory_transmitter tx(1, 1 << 20, 5);
   fixture f(sending_config(tx, 1));
   rt::ec_config c;
   c.handlers.payload = echo_ph;
@@ -446,7 +446,7 @@ TEST_CASE("an EC with a frame key runs only link frames whose tag verifies, coun
 }
 
 TEST_CASE("handlers read a packet's collective fields and send their own; a handler built before them still sends") {
-  rt::memory_tx_port tx(1, 1 << 20, 5);
+  rt::memory_transmitter tx(1, 1 << 20, 5);
   fixture f(sending_config(tx, 1));
   rt::ec_config c;
   c.handlers.payload = coll_echo_ph;
@@ -506,7 +506,7 @@ std::uint64_t pattern_sum(std::uint32_t n) {
 }
 
 TEST_CASE("a multicast sends one frame per destination with consecutive message ids, and refuses bad destination lists") {
-  rt::memory_tx_port tx(1, 1 << 20, 5);
+  rt::memory_transmitter tx(1, 1 << 20, 5);
   fixture f(sending_config(tx, 1));
   const std::uint32_t dests[2] = {3, 9};
   const rt::ec_id ec = install_mcast(f, dests);
@@ -534,7 +534,7 @@ TEST_CASE("a multicast sends one frame per destination with consecutive message 
 }
 
 TEST_CASE("a multicast whose TX queue fills part-way returns the copies sent and counts the others as failed sends") {
-  rt::memory_tx_port tx(1, 900, 5);  // room for two frames of 300 bytes of payload (396 bytes each)
+  rt::memory_transmitter tx(1, 900, 5);  // room for two frames of 300 bytes of payload (396 bytes each)
   rt::runtime_config cfg;
   cfg.hpus = 1;
   cfg.tx = &tx;
@@ -646,8 +646,8 @@ TEST_CASE("a two-buffer frame whose payload does not start the second buffer is 
   }
 }
 
-TEST_CASE("a send with no TX port or a full TX queue fails with an error code and is counted") {
-  rt::memory_tx_port tx(1, 1500, 0);  // room for one frame
+TEST_CASE("a send with no transmitter or a full TX queue fails with an error code and is counted") {
+  rt::memory_transmitter tx(1, 1500, 0);  // room for one frame
   rt::runtime_config cfg;
   cfg.hpus = 1;
   cfg.tx = &tx;

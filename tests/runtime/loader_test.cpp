@@ -378,7 +378,7 @@ TEST_CASE("native and eBPF builds of pingpong send back the same packets") {
   for (const variant& v : variants) {
     CAPTURE(std::string(v.name));
     rt::loaded_package lp = load(std::string("pingpong.") + v.package, v.exec);
-    rt::memory_tx_port tx(1, 1 << 20, 0);
+    rt::memory_transmitter tx(1, 1 << 20, 0);
     fixture f(1, &tx);
     rt::ec_config c;
     c.name = "pingpong";
@@ -411,7 +411,7 @@ TEST_CASE("an eBPF handler's changes to a packet it has forwarded stay in its ow
       CAPTURE(std::string(v.name));
       CAPTURE(mode);
       rt::loaded_package lp = load(std::string("reforward.") + v.package, v.exec);
-      rt::memory_tx_port tx(1, 1 << 20, 0);
+      rt::memory_transmitter tx(1, 1 << 20, 0);
       rt::runtime_config cfg;
       cfg.hpus = 1;
       cfg.tx = &tx;
@@ -453,7 +453,7 @@ TEST_CASE("packet changes an eBPF handler makes in place are sent and reach the 
   for (const variant& v : variants) {
     CAPTURE(std::string(v.name));
     rt::loaded_package lp = load(std::string("rewrite.") + v.package, v.exec);
-    rt::memory_tx_port tx(1, 1 << 20, 0);
+    rt::memory_transmitter tx(1, 1 << 20, 0);
     rt::runtime_config cfg;
     cfg.hpus = 1;
     cfg.tx = &tx;
@@ -499,11 +499,11 @@ TEST_CASE("packet changes an eBPF handler makes in place are sent and reach the 
 }
 
 TEST_CASE("a handler's multicast sends the same frames natively, JIT-compiled and interpreted") {
-  std::vector<std::vector<rt::memory_tx_port::frame>> sent;
+  std::vector<std::vector<rt::memory_transmitter::frame>> sent;
   for (const variant& v : variants) {
     CAPTURE(std::string(v.name));
     rt::loaded_package lp = load(std::string("mcast.") + v.package, v.exec);
-    rt::memory_tx_port tx(1, 1 << 20, 0);
+    rt::memory_transmitter tx(1, 1 << 20, 0);
     rt::runtime_config cfg;
     cfg.hpus = 1;
     cfg.tx = &tx;
@@ -539,7 +539,7 @@ TEST_CASE("runtime calls from JIT-compiled handlers do not fault, whatever the h
     if (std::string(v.package) != "ebpf") continue;
     CAPTURE(std::string(v.name));
     rt::loaded_package lp = load("sendalign.ebpf", v.exec);
-    rt::memory_tx_port tx(1, 1 << 20, 0);
+    rt::memory_transmitter tx(1, 1 << 20, 0);
     fixture f(1, &tx);
     rt::ec_config c;
     c.name = "sendalign";
@@ -615,6 +615,8 @@ TEST_CASE("integer corner cases agree on native, eBPF-JIT and eBPF-interpreter, 
     const std::int64_t m = b == 0 ? sa : (sa == INT64_MIN && sb == -1) ? 0 : sa % sb;
     CHECK(row[4] == static_cast<std::uint64_t>(q));
     CHECK(row[5] == static_cast<std::uint64_t>(m));
+    CHECK(row[20] == (a < b ? 1u : 0u));
+    CHECK(row[21] == (sa < sb ? 1u : 0u));
   }
 }
 

@@ -183,7 +183,7 @@ TEST_CASE("bcast_forward lands every packet in host memory and passes it on to t
   // Packets of 8 KiB are more than one eBPF window.
   for (const std::uint32_t pkt : {1024u, 8192u}) {
     CAPTURE(pkt);
-    rt::memory_tx_port tx(2, 1 << 22, 5, 9000);
+    rt::memory_transmitter tx(2, 1 << 22, 5, 9000);
     fixture f(2, &tx);
     std::vector<std::byte> host(20000);
     const std::uint32_t packets = static_cast<std::uint32_t>((host.size() + pkt - 1) / pkt);

@@ -122,7 +122,7 @@ void raise_flag(rt::runtime& r, rt::ec_id ec, std::uint64_t off) {
   std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(m.data() + off)).store(1, std::memory_order_release);
 }
 
-fixture::fixture(std::uint32_t hpus, rt::tx_port* tx) {
+fixture::fixture(std::uint32_t hpus, rt::transmitter* tx) {
   rt::runtime_config cfg;
   cfg.hpus = hpus;
   cfg.tx = tx;

@@ -72,7 +72,7 @@ void raise_flag(rt::runtime& r, rt::ec_id ec, std::uint64_t off);
 struct fixture {
   packet_pool pool;
   std::unique_ptr<rt::runtime> rt;
-  explicit fixture(std::uint32_t hpus = 2, rt::tx_port* tx = nullptr);
+  explicit fixture(std::uint32_t hpus = 2, rt::transmitter* tx = nullptr);
   explicit fixture(rt::runtime_config cfg);
   ~fixture();
   /// Installs `c`; fails the test when install fails.

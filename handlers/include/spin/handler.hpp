@@ -342,6 +342,14 @@ constexpr u32 shr(u32 a, u64 s) { return a >> (s & 31); }
 /// Arithmetic (sign-propagating) right shift by s mod the width.
 constexpr i64 sar(i64 a, u64 s) { return a >> (s & 63); }
 constexpr i32 sar(i32 a, u64 s) { return a >> (s & 31); }
+/// 1 when a < b, else 0, without a branch (Hacker's Delight, 2nd ed., section 2-12): an `if` on a
+/// comparison is a BPF branch, and a loop over a packet's values with one per value multiplies
+/// the paths DPDK's validator walks; `x += lt(a, b)` or a mask `0 - lt(a, b)` keeps one path.
+constexpr u64 lt(u64 a, u64 b) { return detail::opaque((~a & b) | ((~a | b) & (a - b))) >> 63; }
+constexpr u64 lt(i64 a, i64 b) {
+  const u64 x = static_cast<u64>(a), y = static_cast<u64>(b), d = x - y;
+  return detail::opaque(d ^ ((x ^ y) & (d ^ x))) >> 63;
+}
 
 namespace detail {
 template <class T> struct is_atomic_int { static constexpr bool value = false; };
@@ -492,7 +500,7 @@ struct ctx {
   /// no route or no buffer, is skipped and counted as a failed send), or a negative errc for
   /// the call as a whole: invalid_argument (count 0 or above `max_multicast`, a malformed `d`),
   /// out_of_bounds (data or dests outside local memory, a payload above the MTU),
-  /// not_supported (the NIC has no TX port).
+  /// not_supported (the NIC has no transmitter).
   i32 multicast(const send_desc& d, const u32* dests, u32 count) {
 #if SPIN_BPF
     return static_cast<i32>(spin_bpf_multicast(this, &d, dests, count));

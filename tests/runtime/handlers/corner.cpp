@@ -42,6 +42,8 @@ SPIN_PAYLOAD_HANDLER(corner_payload) {
     row[17] = static_cast<u64>(static_cast<i64>(sa32));  // sign extension
     row[18] = a * b;
     row[19] = a - b;
+    row[20] = spin::lt(a, b);
+    row[21] = spin::lt(sa, sb);
   }
   return ret::success;
 }

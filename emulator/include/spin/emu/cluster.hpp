@@ -171,7 +171,7 @@ private:
     std::vector<std::uint32_t> dirs;
     std::unique_ptr<doorbell> bell;
     // Written by the lcore's thread only.
-    std::unique_ptr<rt::detail::counter[]> ctr = std::make_unique<rt::detail::counter[]>(6);
+    std::unique_ptr<rt::counter[]> ctr = std::make_unique<rt::counter[]>(6);
   };
   std::uint32_t round(std::uint32_t lcore) noexcept;
   std::uint32_t help(std::uint32_t lcore) noexcept;

@@ -40,7 +40,7 @@ public:
   virtual std::uint32_t rank() const noexcept = 0;
   /// Name from the topology or command line ("host0", ...).
   virtual const std::string& name() const noexcept = 0;
-  /// Largest payload (bytes) of one packet a handler on this NIC can send (rt::tx_port).
+  /// Largest payload (bytes) of one packet a handler on this NIC can send (rt::transmitter).
   virtual std::uint32_t max_payload_bytes() const noexcept = 0;
 
   /// runtime::register_host_memory. The memory stays mapped by the caller until

@@ -1,5 +1,5 @@
 // Lock-free rings used between HPUs, lcores and the host (DPDK rte_ring semantics:
-// `try_*` never blocks).
+// `try_*` never blocks). The runtime's inboxes use them, and so do the emulator's lanes.
 #pragma once
 
 #include <algorithm>
@@ -11,7 +11,7 @@
 #include <new>
 #include <type_traits>
 
-namespace spin::rt::detail {
+namespace spin::rt {
 
 inline constexpr std::size_t cache_line = 64;
 
@@ -162,4 +162,4 @@ private:
   alignas(cache_line) std::atomic<std::size_t> _deq{0};
 };
 
-} // namespace spin::rt::detail
+} // namespace spin::rt

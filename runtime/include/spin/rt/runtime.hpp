@@ -19,7 +19,7 @@
 // must not overlap any rx_burst or poll (as with DPDK's ethdev configuration). The budget's
 // watchdog is one thread for every runtime of the process (the first runtime created starts it,
 // the last destroyed stops it). stats() and poll_events() may be called from any thread.
-// The TX port and the release callback are called from the thread driving the HPU.
+// The transmitter and the release callback are called from the thread driving the HPU.
 #pragma once
 
 #include <spin/handler.hpp>
@@ -225,7 +225,7 @@ struct runtime_config {
   std::uint16_t udp_port = wire::default_udp_port;
   std::uint32_t max_dma_in_flight = 64;     ///< non-blocking DMAs per invocation
   dma_model dma;
-  tx_port* tx = nullptr;                    ///< where handler sends go; null: sends fail (not_supported)
+  transmitter* tx = nullptr;                    ///< where handler sends go; null: sends fail (not_supported)
   release_fn release = nullptr;             ///< null: packets are not returned to anyone
   /// Makes a packet with a tail contiguous and private (see `packet`). Null: such packets are
   /// dropped as no_private_copy where they would need it.

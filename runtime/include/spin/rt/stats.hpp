@@ -125,8 +125,6 @@ std::string to_json(const runtime_stats& s);
 /// missing or has the wrong type (the message names the key). Keys it does not know are ignored.
 result<runtime_stats> runtime_stats_from_json(std::string_view text);
 
-namespace detail {
-
 /// Columns of text for the statistics' to_text: a header row, then rows; each column as wide as
 /// its widest cell, text left-aligned and numbers right-aligned.
 class text_table {
@@ -151,6 +149,8 @@ public:
 private:
   std::atomic<std::uint64_t> _v{0};
 };
+
+namespace detail {
 
 /// Log-linear histogram of ns values: 64 powers of two x 8 sub-buckets. Single writer.
 class latency_histogram {

@@ -1,5 +1,5 @@
-// The TX queue abstraction: where packets produced by handlers go. The emulator plugs DPDK in
-// behind it; tests use `memory_tx_port`.
+// The transmitter: where packets produced by handlers go. The emulator plugs DPDK in
+// behind it; tests use `memory_transmitter`.
 #pragma once
 
 #include <spin/rt/wire.hpp>
@@ -14,9 +14,9 @@ namespace spin::rt {
 
 /// A NIC's transmit side. The runtime calls `send` from HPU threads: HPU h only ever calls it
 /// with `hpu == h`, so an implementation can keep one queue per HPU and needs no lock.
-class tx_port {
+class transmitter {
 public:
-  virtual ~tx_port() = default;
+  virtual ~transmitter() = default;
   /// Transmits one packet with spin header `h` (h.payload_len == payload.size()) to rank
   /// `h`'s destination `dest_rank`. Must copy what it keeps; must not block or allocate.
   /// Returns ok, or no_space when the queue is full (the runtime counts a failed send and
@@ -56,14 +56,14 @@ public:
   }
 };
 
-/// In-memory TX port: each HPU appends encoded frames (wire format v1, addresses from
+/// In-memory transmitter: each HPU appends encoded frames (wire format v1, addresses from
 /// `wire::rank_endpoint`) to its own preallocated buffer; `take_frames` hands them to the test
 /// after the runtime is quiescent. Capacity is fixed at construction; a full buffer gives
 /// no_space.
-class memory_tx_port final : public tx_port {
+class memory_transmitter final : public transmitter {
 public:
   /// `hpus` queues of `capacity_bytes` each; frames carry `source_rank` as sender address.
-  memory_tx_port(std::uint32_t hpus, std::size_t capacity_bytes, std::uint32_t source_rank,
+  memory_transmitter(std::uint32_t hpus, std::size_t capacity_bytes, std::uint32_t source_rank,
                  std::uint32_t mtu_payload_bytes = 4096);
   errc send(std::uint32_t hpu, std::uint32_t dest_rank, const wire::header& h,
             std::span<const std::byte> payload) noexcept override;
