@@ -910,48 +910,59 @@ struct model_row {
   double gbps = 0;             // predicted, frame bytes
 };
 
-} // namespace
+// ---- the steps of run_handlers ---------------------------------------------------------------
 
-int run_handlers(const handlers_options& o) {
-  // Which handlers and packages.
-  std::vector<handler_spec> specs = all_handlers();
+// What the options ask for, checked: the handlers, the HPU counts and the frame sizes.
+struct plan {
+  std::vector<handler_spec> specs;
+  std::vector<std::uint32_t> hpu_counts;
+  std::vector<std::uint32_t> sizes;  // one per frame size: 64 and 88 both run as an 88-byte frame
+};
+
+// The plan, or nullopt after printing why the options are refused.
+std::optional<plan> make_plan(const handlers_options& o) {
+  plan p;
+  p.specs = all_handlers();
   if (!o.handlers.empty()) {
     for (const auto& n : o.handlers)
-      if (std::none_of(specs.begin(), specs.end(), [&](const handler_spec& h) { return h.name == n; })) {
+      if (std::none_of(p.specs.begin(), p.specs.end(), [&](const handler_spec& h) { return h.name == n; })) {
         std::string names;
-        for (const auto& h : specs) names += (names.empty() ? "" : ", ") + h.name;
+        for (const auto& h : p.specs) names += (names.empty() ? "" : ", ") + h.name;
         std::fprintf(stderr, "spin-bench handlers: unknown handler '%s' (known: %s)\n", n.c_str(), names.c_str());
-        return 2;
+        return std::nullopt;
       }
-    std::erase_if(specs, [&](const handler_spec& h) { return std::find(o.handlers.begin(), o.handlers.end(), h.name) == o.handlers.end(); });
+    std::erase_if(p.specs, [&](const handler_spec& h) { return std::find(o.handlers.begin(), o.handlers.end(), h.name) == o.handlers.end(); });
   }
   for (const auto& t : o.targets)
     if (t != "native" && t != "ebpf") {
       std::fprintf(stderr, "spin-bench handlers: unknown target '%s' (native or ebpf)\n", t.c_str());
-      return 2;
+      return std::nullopt;
     }
   const unsigned ncpu = std::max(1u, std::thread::hardware_concurrency());
-  std::vector<std::uint32_t> hpu_counts = o.hpus;
-  if (hpu_counts.empty())
-    for (std::uint32_t h = 1; h <= ncpu; ++h) hpu_counts.push_back(h);
-  std::sort(hpu_counts.begin(), hpu_counts.end());
-  hpu_counts.erase(std::unique(hpu_counts.begin(), hpu_counts.end()), hpu_counts.end());
-  if (hpu_counts.front() < 1 || hpu_counts.back() > ncpu) {
+  p.hpu_counts = o.hpus;
+  if (p.hpu_counts.empty())
+    for (std::uint32_t h = 1; h <= ncpu; ++h) p.hpu_counts.push_back(h);
+  std::sort(p.hpu_counts.begin(), p.hpu_counts.end());
+  p.hpu_counts.erase(std::unique(p.hpu_counts.begin(), p.hpu_counts.end()), p.hpu_counts.end());
+  if (p.hpu_counts.front() < 1 || p.hpu_counts.back() > ncpu) {
     // More HPU threads than CPUs starve each other inside the cacheless mempool's ring.
     std::fprintf(stderr, "spin-bench handlers: HPU counts must lie in 1 .. %u (the hardware threads)\n", ncpu);
-    return 2;
+    return std::nullopt;
   }
-  // One row set per frame size: 64 and 88 both run as an 88-byte frame.
-  std::vector<std::uint32_t> sizes;
   for (std::uint32_t size : o.sizes)
-    if (std::none_of(sizes.begin(), sizes.end(), [&](std::uint32_t x) { return std::max(x, header_bytes) == std::max(size, header_bytes); }))
-      sizes.push_back(size);
+    if (std::none_of(p.sizes.begin(), p.sizes.end(), [&](std::uint32_t x) { return std::max(x, header_bytes) == std::max(size, header_bytes); }))
+      p.sizes.push_back(size);
   if (o.poll_cpu < 0 || static_cast<unsigned>(o.poll_cpu) >= ncpu) {
     std::fprintf(stderr, "spin-bench handlers: --poll-cpu %d is not one of the %u CPUs\n", o.poll_cpu, ncpu);
-    return 2;
+    return std::nullopt;
   }
-  std::map<std::string, loaded> packages;  // "name.target"
-  for (const auto& h : specs) {
+  return p;
+}
+
+// Loads the package of every (handler, target) the plan runs into `out` ("name.target"); false
+// after printing why one could not be read or loaded.
+bool load_packages(const handlers_options& o, const plan& p, std::map<std::string, loaded>& out) {
+  for (const auto& h : p.specs) {
     if (h.package.empty()) continue;
     for (const auto& t : h.targets) {
       if (std::find(o.targets.begin(), o.targets.end(), t) == o.targets.end()) continue;
@@ -959,143 +970,145 @@ int run_handlers(const handlers_options& o) {
       rt::load_options lo;
       lo.bpf = rt::bpf_exec::jit;
       const std::string path = package_path(o, h.package, t);
-      auto p = rt::read_package_file(path);
-      if (!p) {
+      auto pk = rt::read_package_file(path);
+      if (!pk) {
         std::fprintf(stderr, "spin-bench handlers: %s\n(--packages names the directory of the handler packages; ninja builds them in build/packages)\n",
-                     p.err().message.c_str());
-        return 2;
+                     pk.err().message.c_str());
+        return false;
       }
       if (t == "ebpf") {
-        auto facts = cc::inspect_bpf_object(p->object);
+        auto facts = cc::inspect_bpf_object(pk->object);
         if (facts)
           for (const auto& prog : facts->programs)
             if (prog.section.find(".spin.payload.") == 0) l.bpf_insns = prog.insn_count;
       }
-      auto lp = rt::load_package(*p, lo);
+      auto lp = rt::load_package(*pk, lo);
       if (!lp) {
         std::fprintf(stderr, "spin-bench handlers: %s: %s\n", path.c_str(), lp.err().message.c_str());
-        return 2;
+        return false;
       }
       l.pkg = std::move(lp.value());
-      packages[h.name + "." + t] = std::move(l);
+      out[h.name + "." + t] = std::move(l);
     }
   }
-  std::error_code ec;
-  std::filesystem::create_directories(o.out_dir, ec);
-  if (ec) {
-    std::fprintf(stderr, "spin-bench handlers: cannot create %s: %s\n", o.out_dir.c_str(), ec.message().c_str());
-    return 2;
-  }
+  return true;
+}
 
-  std::vector<std::string> eal = emu::default_eal_args("spin_bench_" + std::to_string(::getpid()));
-  eal.push_back("-l");
-  eal.push_back(std::to_string(o.poll_cpu));
-  if (auto e = emu::eal_init(eal); !e) {
-    std::fprintf(stderr, "spin-bench handlers: %s\n", e.err().message.c_str());
-    return 2;
-  }
-  run_conditions cond = measure_conditions();
-  cond.print("spin-bench handlers");
-  std::printf("%s; net_null ports, burst %u, pools of %u mbufs without cache; %.2f s per measurement, %u repeats (median), "
-              "%.2f s warm-up\n",
-              rte_version(), burst, o.pool_mbufs, o.seconds, o.repeats, o.warmup_seconds);
-  std::fflush(stdout);
-
-  std::vector<baseline> bases;
+// Everything measured, in the order it ran.
+struct results {
+  std::vector<baseline> bases;  // one per frame size
   std::vector<row> rows;
   std::vector<std::pair<std::string, std::string>> skipped;  // what, why
   bool all_ok = true;
-  for (std::uint32_t size : sizes) {
+};
+
+// The baselines at one frame size (none measured with --no-baselines); nullopt after a set-up
+// error. A fwd+copy run that did not leave the payload in its sink clears `all_ok`.
+std::optional<baseline> measure_baselines(const handlers_options& o, std::uint32_t size, bool& all_ok) {
+  const std::uint32_t frame = std::max(size, header_bytes), payload = frame - header_bytes;
+  baseline b;
+  b.size = size;
+  b.frame = frame;
+  b.payload = payload;
+  auto fa = null_vdev::create(frame), fb = null_vdev::create(frame);
+  if (!fa || !fb) return std::nullopt;
+  const emu::port_options popts = port_opts(frame, o);
+  auto pa = emu::port::open(fa->port(), popts, "fwd.a"), pb = emu::port::open(fb->port(), popts, "fwd.b");
+  if (!pa || !pb) {
+    std::fprintf(stderr, "port::open: %s\n", (!pa ? pa.err() : pb.err()).message.c_str());
+    return std::nullopt;
+  }
+  std::vector<const std::byte*> payloads;
+  if (!prefill_pool((*pa)->pool(), frame, default_fill, &payloads)) return std::nullopt;
+  std::vector<std::byte> sink(std::max<std::uint32_t>(payload, 64)), pattern(payload);
+  default_fill(pattern);
+  if (o.baselines) (void)forward_loop((*pa)->id(), (*pb)->id(), o.warmup_seconds, fwd_mode::io, 0, nullptr);
+  for (std::uint32_t k = 0; k < (o.baselines ? o.repeats : 0); ++k) {
+    const loop_result f = forward_loop((*pa)->id(), (*pb)->id(), o.seconds, fwd_mode::io, 0, nullptr);
+    b.fwd_mpps.push_back(static_cast<double>(f.packets) / f.seconds / 1e6);
+    const loop_result s = forward_loop((*pa)->id(), (*pb)->id(), o.seconds, fwd_mode::macswap, 0, nullptr);
+    b.macswap_mpps.push_back(static_cast<double>(s.packets) / s.seconds / 1e6);
+    if (payload > 0) {
+      std::fill(sink.begin(), sink.end(), std::byte{0});
+      const loop_result c = forward_loop((*pa)->id(), (*pb)->id(), o.seconds, fwd_mode::copy, payload, sink.data());
+      if (c.packets == 0 || std::memcmp(sink.data(), pattern.data(), payload) != 0) {
+        std::printf("FAIL: the fwd+copy baseline at frame %u did not leave the payload in its sink\n", frame);
+        all_ok = false;
+      }
+      b.copy_mpps.push_back(static_cast<double>(c.packets) / c.seconds / 1e6);
+      const loop_result m = memcpy_loop(payloads, payload, o.seconds);
+      b.memcpy_gbs.push_back(static_cast<double>(m.packets) * payload / m.seconds / 1e9);
+      const loop_result a = fadd_loop(payloads, payload / 4 * 4, o.seconds);
+      b.fadd_gbs.push_back(static_cast<double>(a.packets) * (payload / 4 * 4) / a.seconds / 1e9);
+    }
+  }
+  pa.value().reset();
+  pb.value().reset();
+  return b;
+}
+
+// A measured row's ratios against its frame size's baselines, and the aim it is judged by.
+void judge(const handlers_options& o, const handler_spec& h, const baseline& b, row& r) {
+  const double fwd = median(b.fwd_mpps), swp = median(b.macswap_mpps), cpy = median(b.copy_mpps), mcp = median(b.memcpy_gbs),
+               fad = median(b.fadd_gbs);
+  const double m = median(r.mpps);
+  r.ratio_fwd = fwd > 0 ? m / fwd : 0;
+  r.ratio_macswap = swp > 0 ? m / swp : 0;
+  r.ratio_copy = cpy > 0 ? m / cpy : 0;
+  const double hns = median(r.hpu_ns);
+  r.hpu_gbs = hns > 0 ? r.payload / hns : 0;
+  r.ratio_memcpy = mcp > 0 ? r.hpu_gbs / mcp : 0;
+  r.ratio_fadd = fad > 0 ? r.hpu_gbs / fad : 0;
+  r.e2e_gbs_per_hpu = m * 1e6 * r.payload / r.hpus / 1e9;
+  r.e2e_ratio_memcpy = mcp > 0 ? r.e2e_gbs_per_hpu / mcp : 0;
+  if (o.baselines && h.name == "empty" && r.hpus == 1) {
+    r.aim = "Mpps >= " + fmt("%.1f", aim_empty_vs_fwd) + " x io-fwd and >= " + fmt("%.1f", aim_empty_vs_macswap) + " x macswap";
+    r.aim_met = r.ratio_fwd >= aim_empty_vs_fwd && r.ratio_macswap >= aim_empty_vs_macswap;
+  }
+  if (o.baselines && h.name == "fsum" && r.payload == aim_fsum_payload) {
+    r.aim = "one HPU's payload GB/s >= " + fmt("%.1f", aim_fsum_vs_memcpy) + " x memcpy";
+    r.aim_met = r.ratio_memcpy >= aim_fsum_vs_memcpy;
+  }
+}
+
+// Every frame size: its baselines, then each (handler, target, HPU count) row; false after a
+// set-up error (the status is then 2).
+bool measure_all(const handlers_options& o, const plan& p, const std::map<std::string, loaded>& packages, results& res) {
+  for (std::uint32_t size : p.sizes) {
     const std::uint32_t frame = std::max(size, header_bytes), payload = frame - header_bytes;
     std::fprintf(stderr, "size %u: frame %u bytes, payload %u bytes\n", size, frame, payload);
-    // Baselines.
-    baseline b;
-    b.size = size;
-    b.frame = frame;
-    b.payload = payload;
-    {
-      auto fa = null_vdev::create(frame), fb = null_vdev::create(frame);
-      if (!fa || !fb) return 2;
-      const emu::port_options popts = port_opts(frame, o);
-      auto pa = emu::port::open(fa->port(), popts, "fwd.a"), pb = emu::port::open(fb->port(), popts, "fwd.b");
-      if (!pa || !pb) {
-        std::fprintf(stderr, "port::open: %s\n", (!pa ? pa.err() : pb.err()).message.c_str());
-        return 2;
-      }
-      std::vector<const std::byte*> payloads;
-      if (!prefill_pool((*pa)->pool(), frame, default_fill, &payloads)) return 2;
-      std::vector<std::byte> sink(std::max<std::uint32_t>(payload, 64)), pattern(payload);
-      default_fill(pattern);
-      if (o.baselines) (void)forward_loop((*pa)->id(), (*pb)->id(), o.warmup_seconds, fwd_mode::io, 0, nullptr);
-      for (std::uint32_t k = 0; k < (o.baselines ? o.repeats : 0); ++k) {
-        const loop_result f = forward_loop((*pa)->id(), (*pb)->id(), o.seconds, fwd_mode::io, 0, nullptr);
-        b.fwd_mpps.push_back(static_cast<double>(f.packets) / f.seconds / 1e6);
-        const loop_result s = forward_loop((*pa)->id(), (*pb)->id(), o.seconds, fwd_mode::macswap, 0, nullptr);
-        b.macswap_mpps.push_back(static_cast<double>(s.packets) / s.seconds / 1e6);
-        if (payload > 0) {
-          std::fill(sink.begin(), sink.end(), std::byte{0});
-          const loop_result c = forward_loop((*pa)->id(), (*pb)->id(), o.seconds, fwd_mode::copy, payload, sink.data());
-          if (c.packets == 0 || std::memcmp(sink.data(), pattern.data(), payload) != 0) {
-            std::printf("FAIL: the fwd+copy baseline at frame %u did not leave the payload in its sink\n", frame);
-            all_ok = false;
-          }
-          b.copy_mpps.push_back(static_cast<double>(c.packets) / c.seconds / 1e6);
-          const loop_result m = memcpy_loop(payloads, payload, o.seconds);
-          b.memcpy_gbs.push_back(static_cast<double>(m.packets) * payload / m.seconds / 1e9);
-          const loop_result a = fadd_loop(payloads, payload / 4 * 4, o.seconds);
-          b.fadd_gbs.push_back(static_cast<double>(a.packets) * (payload / 4 * 4) / a.seconds / 1e9);
-        }
-      }
-      pa.value().reset();
-      pb.value().reset();
-    }
-    bases.push_back(b);
-    const double fwd = median(b.fwd_mpps), swp = median(b.macswap_mpps), cpy = median(b.copy_mpps), mcp = median(b.memcpy_gbs), fad = median(b.fadd_gbs);
-
-    for (const auto& h : specs)
+    auto b = measure_baselines(o, size, res.all_ok);
+    if (!b) return false;
+    res.bases.push_back(*b);
+    for (const auto& h : p.specs)
       for (const auto& t : h.targets) {
         if (t != "none" && std::find(o.targets.begin(), o.targets.end(), t) == o.targets.end()) continue;
         const std::string label = h.name + (t == "none" ? "" : "/" + t);
         if (std::string why = h.refuses(payload); !why.empty()) {
-          skipped.emplace_back(label + " at frame " + std::to_string(frame), why);
+          res.skipped.emplace_back(label + " at frame " + std::to_string(frame), why);
           continue;
         }
         const loaded none;
         const loaded& lp = t == "none" ? none : packages.at(h.name + "." + t);
-        for (std::uint32_t hp : hpu_counts) {
+        for (std::uint32_t hp : p.hpu_counts) {
           std::fprintf(stderr, "  %s, %u HPU%s\n", label.c_str(), hp, hp > 1 ? "s" : "");
           row r;
-          if (!run_row(o, h, t, lp, size, hp, r)) return 2;
-          const double m = median(r.mpps);
-          r.ratio_fwd = fwd > 0 ? m / fwd : 0;
-          r.ratio_macswap = swp > 0 ? m / swp : 0;
-          r.ratio_copy = cpy > 0 ? m / cpy : 0;
-          const double hns = median(r.hpu_ns);
-          r.hpu_gbs = hns > 0 ? payload / hns : 0;
-          r.ratio_memcpy = mcp > 0 ? r.hpu_gbs / mcp : 0;
-          r.ratio_fadd = fad > 0 ? r.hpu_gbs / fad : 0;
-          r.e2e_gbs_per_hpu = m * 1e6 * payload / hp / 1e9;
-          r.e2e_ratio_memcpy = mcp > 0 ? r.e2e_gbs_per_hpu / mcp : 0;
-          if (o.baselines && h.name == "empty" && hp == 1) {
-            r.aim = "Mpps >= " + fmt("%.1f", aim_empty_vs_fwd) + " x io-fwd and >= " + fmt("%.1f", aim_empty_vs_macswap) + " x macswap";
-            r.aim_met = r.ratio_fwd >= aim_empty_vs_fwd && r.ratio_macswap >= aim_empty_vs_macswap;
-          }
-          if (o.baselines && h.name == "fsum" && payload == aim_fsum_payload) {
-            r.aim = "one HPU's payload GB/s >= " + fmt("%.1f", aim_fsum_vs_memcpy) + " x memcpy";
-            r.aim_met = r.ratio_memcpy >= aim_fsum_vs_memcpy;
-          }
-          all_ok &= r.ok;
-          rows.push_back(std::move(r));
+          if (!run_row(o, h, t, lp, size, hp, r)) return false;
+          judge(o, h, *b, r);
+          res.all_ok &= r.ok;
+          res.rows.push_back(std::move(r));
         }
       }
   }
-  cond.load_after = load_average();
+  return true;
+}
 
-  // ---- print ----
+// The baselines' and the handlers' tables, what was not run and why.
+void print_tables(const handlers_options& o, const plan& p, const results& res, const run_conditions& cond) {
   std::printf("\nbaselines (one lcore on CPU %d)\n", o.poll_cpu);
   std::printf("%5s %5s %7s  %8s %8s %9s %9s %9s\n", "frame", "size", "payload", "io-fwd", "macswap", "fwd+copy", "memcpy", "fadd");
   std::printf("%5s %5s %7s  %8s %8s %9s %9s %9s\n", "B", "B", "B", "Mpps", "Mpps", "Mpps", "GB/s", "GB/s");
-  for (const auto& b : bases)
+  for (const auto& b : res.bases)
     std::printf("%5u %5u %7u  %8.2f %8.2f %9s %9s %9s\n", b.frame, b.size, b.payload, median(b.fwd_mpps), median(b.macswap_mpps),
                 b.copy_mpps.empty() ? "-" : fmt("%.2f", median(b.copy_mpps)).c_str(),
                 b.memcpy_gbs.empty() ? "-" : fmt("%.2f", median(b.memcpy_gbs)).c_str(),
@@ -1104,7 +1117,7 @@ int run_handlers(const handlers_options& o) {
   std::printf("\nhandlers (spin-emu NIC on net_null; every packet a one-packet message)\n");
   std::printf("%-15s %-6s %5s %7s %4s %7s %7s %8s %8s %8s %7s %8s %7s %7s  %s\n", "handler", "target", "frame", "payload", "hpus", "Mpps",
               "Gbit/s", "ns/pkt", "hpu ns", "hpu cyc", "busy", "x io-fwd", "hpuGB/s", "x mcpy", "check");
-  for (const auto& r : rows) {
+  for (const auto& r : res.rows) {
     const double m = median(r.mpps);
     std::string check = r.ok ? "ok" : "FAILED";
     if (!r.aim.empty()) check += r.aim_met ? ", aim met" : ", aim MISSED";
@@ -1117,14 +1130,14 @@ int run_handlers(const handlers_options& o) {
       std::printf("    %u of its measurements ended at their deadline before --min-packets %llu packets arrived\n",
                   r.ended_at_deadline, static_cast<unsigned long long>(o.min_packets));
   }
-  if (!skipped.empty()) {
+  if (!res.skipped.empty()) {
     std::printf("\nnot run (the handler cannot take the payload):\n");
-    for (const auto& [what, why] : skipped) std::printf("  %s: %s\n", what.c_str(), why.c_str());
+    for (const auto& [what, why] : res.skipped) std::printf("  %s: %s\n", what.c_str(), why.c_str());
   }
   for (const auto& t : o.targets)
     if (t == "ebpf") {
       std::string native_only;
-      for (const auto& h : specs)
+      for (const auto& h : p.specs)
         if (!h.package.empty() && std::find(h.targets.begin(), h.targets.end(), "ebpf") == h.targets.end())
           native_only += (native_only.empty() ? "" : ", ") + h.name;
       if (!native_only.empty())
@@ -1132,15 +1145,12 @@ int run_handlers(const handlers_options& o) {
                     "cannot run): %s\n",
                     native_only.c_str());
     }
+}
 
-  if (rows.empty()) {
-    std::fprintf(stderr, "spin-bench handlers: no row ran: the handler, target and size combinations asked for were all skipped\n");
-    return 2;
-  }
-
-  // ---- aims ----
+// Each row with an aim: met or missed, and the ratios it is judged by.
+void print_aims(const handlers_options& o, const results& res) {
   std::printf("\naims:%s\n", o.baselines ? "" : " not judged (--no-baselines)");
-  for (const auto& r : rows) {
+  for (const auto& r : res.rows) {
     if (r.aim.empty()) continue;
     std::printf("  %-6s %s frame %u, %u HPU%s: %s: %s (%.3f)", r.handler.c_str(), r.target.c_str(), r.frame, r.hpus, r.hpus > 1 ? "s" : "",
                 r.aim.c_str(), r.aim_met ? "met" : "MISSED", r.handler == "empty" ? r.ratio_fwd : r.ratio_memcpy);
@@ -1153,17 +1163,19 @@ int run_handlers(const handlers_options& o) {
                   r.hpus > 1 ? "s" : "", 100 * busy_share(r));
     std::printf("\n");
   }
+}
 
-  // ---- NIC model ----
+// The NIC model's prediction for every 1-HPU row, printed and returned.
+std::vector<model_row> nic_model(const handlers_options& o, const results& res, double tsc_ghz) {
   std::vector<model_row> model;
-  for (const auto& r : rows) {
+  for (const auto& r : res.rows) {
     if (r.hpus != 1 || median(r.hpu_ns) <= 0) continue;
     model_row m;
     m.handler = r.handler;
     m.target = r.target;
     m.frame = r.frame;
     m.payload = r.payload;
-    m.cycles = median(r.hpu_ns) * cond.tsc_ghz;
+    m.cycles = median(r.hpu_ns) * tsc_ghz;
     m.hpu_mpps = o.model_hpus * o.model_ghz * 1e3 / m.cycles;
     // On the wire a frame also takes 24 bytes: preamble and start delimiter (8), FCS (4), gap (12).
     m.line_mpps = o.model_line_gbps * 1e3 / (8.0 * (r.frame + 24));
@@ -1179,51 +1191,64 @@ int run_handlers(const handlers_options& o) {
   for (const auto& m : model)
     std::printf("%-15s %-6s %5u %7u %9.0f %10.2f %10.2f %6s %9.1f\n", m.handler.c_str(), m.target.c_str(), m.frame, m.payload, m.cycles,
                 m.hpu_mpps, m.line_mpps, m.bound.c_str(), m.gbps);
+  return model;
+}
 
-  // Ping-pong beside PsPIN (ISCA 2021: 29 instructions, ~38 ns per packet, 443 Gbit/s with 32 HPUs, 1 KiB packets).
-  nlohmann::json pingpong_vs = nlohmann::json::array();
-  {
-    std::printf("\nping-pong beside PsPIN (ISCA 2021: handler of 29 instructions, ~38 ns per 1 KiB packet on a 1 GHz HPU,\n"
-                "443 Gbit/s with 32 HPUs):\n");
-    bool any = false;
-    for (const auto& r : rows) {
-      if (r.handler != "pingpong" || r.hpus != 1 || r.payload != 1024) continue;
-      any = true;
-      const double ns = median(r.hpu_ns), cyc = ns * cond.tsc_ghz;
-      const double pred = 32 * 1.0 * 1e3 / cyc;  // Mpps at PsPIN's 32 HPUs of 1 GHz, whatever --model-* say
-      const std::uint32_t insns = r.target == "ebpf" && packages.count("pingpong.ebpf") ? packages.at("pingpong.ebpf").bpf_insns : 0;
-      std::printf("  %-6s: %.1f ns = %.0f cycles per packet on one HPU%s; 32 HPUs at 1 GHz with these cycles: %.1f Gbit/s of 1 KiB "
-                  "payload\n",
-                  r.target.c_str(), ns, cyc, insns ? (", handler " + std::to_string(insns) + " eBPF instructions").c_str() : "",
-                  pred * 1024 * 8 / 1e3);
-      pingpong_vs.push_back({{"target", r.target}, {"hpu_ns_per_packet", ns}, {"cycles_per_packet", cyc}, {"ebpf_instructions", insns},
-                             {"predicted_gbps_32hpus_1ghz", pred * 1024 * 8 / 1e3}});
-    }
-    if (!any) std::printf("  (not measured: it needs the pingpong handler at a 1112-byte frame, 1 KiB payload, with 1 HPU)\n");
-    else
-      std::printf("  The difference: a PsPIN HPU runs the handler on a packet already in its L1 and sends it with a DMA\n"
-                  "  command; here an HPU's packet time also holds the send (zero copy: the received mbuf's headers rewritten\n"
-                  "  in place, a reference taken, the port's stage), the atomic counter and the timing of every invocation\n"
-                  "  (docs/benchmarks.md).\n");
+// Ping-pong beside PsPIN (ISCA 2021: 29 instructions, ~38 ns per packet, 443 Gbit/s with 32
+// HPUs, 1 KiB packets): printed, and returned as the JSON report's "measured" rows.
+nlohmann::json pingpong_vs_pspin(const results& res, const std::map<std::string, loaded>& packages, double tsc_ghz) {
+  nlohmann::json out = nlohmann::json::array();
+  std::printf("\nping-pong beside PsPIN (ISCA 2021: handler of 29 instructions, ~38 ns per 1 KiB packet on a 1 GHz HPU,\n"
+              "443 Gbit/s with 32 HPUs):\n");
+  bool any = false;
+  for (const auto& r : res.rows) {
+    if (r.handler != "pingpong" || r.hpus != 1 || r.payload != 1024) continue;
+    any = true;
+    const double ns = median(r.hpu_ns), cyc = ns * tsc_ghz;
+    const double pred = 32 * 1.0 * 1e3 / cyc;  // Mpps at PsPIN's 32 HPUs of 1 GHz, whatever --model-* say
+    const std::uint32_t insns = r.target == "ebpf" && packages.count("pingpong.ebpf") ? packages.at("pingpong.ebpf").bpf_insns : 0;
+    std::printf("  %-6s: %.1f ns = %.0f cycles per packet on one HPU%s; 32 HPUs at 1 GHz with these cycles: %.1f Gbit/s of 1 KiB "
+                "payload\n",
+                r.target.c_str(), ns, cyc, insns ? (", handler " + std::to_string(insns) + " eBPF instructions").c_str() : "",
+                pred * 1024 * 8 / 1e3);
+    out.push_back({{"target", r.target}, {"hpu_ns_per_packet", ns}, {"cycles_per_packet", cyc}, {"ebpf_instructions", insns},
+                   {"predicted_gbps_32hpus_1ghz", pred * 1024 * 8 / 1e3}});
   }
-  std::printf("\nload average after: %.2f %.2f %.2f\n", cond.load_after[0], cond.load_after[1], cond.load_after[2]);
+  if (!any) std::printf("  (not measured: it needs the pingpong handler at a 1112-byte frame, 1 KiB payload, with 1 HPU)\n");
+  else
+    std::printf("  The difference: a PsPIN HPU runs the handler on a packet already in its L1 and sends it with a DMA\n"
+                "  command; here an HPU's packet time also holds the send (zero copy: the received mbuf's headers rewritten\n"
+                "  in place, a reference taken, the port's stage), the atomic counter and the timing of every invocation\n"
+                "  (docs/benchmarks.md).\n");
+  return out;
+}
 
-  // ---- files ----
+// <base>.csv: one line per row, with its frame size's baselines.
+std::string csv_report(const results& res, double tsc_ghz) {
   std::ostringstream csv;
   csv << "handler,target,frame_bytes,size_requested,payload_bytes,hpus,cpus,mpps,gbps,ns_per_packet,hpu_ns_per_packet,"
          "hpu_cycles_per_packet,hpu_busy_share,poll_cpu_ns_per_packet,ratio_vs_io_fwd,ratio_vs_macswap,ratio_vs_fwd_copy,hpu_payload_gbs,ratio_vs_memcpy,ratio_vs_fadd,"
          "nic_payload_gbs_per_hpu,nic_ratio_vs_memcpy,"
          "io_fwd_mpps,macswap_mpps,fwd_copy_mpps,memcpy_gbs,fadd_gbs,aim,aim_met,check,mpps_runs\n";
-  nlohmann::json jrows = nlohmann::json::array();
-  for (const auto& r : rows) {
-    const baseline& b = *std::find_if(bases.begin(), bases.end(), [&](const baseline& x) { return x.frame == r.frame; });
+  for (const auto& r : res.rows) {
+    const baseline& b = *std::find_if(res.bases.begin(), res.bases.end(), [&](const baseline& x) { return x.frame == r.frame; });
     const double m = median(r.mpps);
     csv << r.handler << ',' << r.target << ',' << r.frame << ',' << r.size << ',' << r.payload << ',' << r.hpus << ',' << csv_field(r.cpus)
         << ',' << m << ',' << m * r.frame * 8 / 1e3 << ',' << (m > 0 ? 1e3 / m : 0) << ',' << median(r.hpu_ns) << ','
-        << median(r.hpu_ns) * cond.tsc_ghz << ',' << busy_share(r) << ',' << median(r.poll_ns) << ',' << r.ratio_fwd << ',' << r.ratio_macswap << ',' << r.ratio_copy << ',' << r.hpu_gbs << ','
+        << median(r.hpu_ns) * tsc_ghz << ',' << busy_share(r) << ',' << median(r.poll_ns) << ',' << r.ratio_fwd << ',' << r.ratio_macswap << ',' << r.ratio_copy << ',' << r.hpu_gbs << ','
         << r.ratio_memcpy << ',' << r.ratio_fadd << ',' << r.e2e_gbs_per_hpu << ',' << r.e2e_ratio_memcpy << ',' << median(b.fwd_mpps) << ',' << median(b.macswap_mpps) << ',' << median(b.copy_mpps) << ',' << median(b.memcpy_gbs) << ','
         << median(b.fadd_gbs) << ',' << csv_field(r.aim) << ',' << (r.aim.empty() ? "" : r.aim_met ? "yes" : "no") << ','
         << (r.ok ? "ok" : "failed") << ',' << join(r.mpps, ";") << '\n';
+  }
+  return csv.str();
+}
+
+// <base>.json: the conditions, options, baselines, rows, model and ping-pong comparison.
+nlohmann::json json_report(const handlers_options& o, const plan& p, const results& res, const std::vector<model_row>& model,
+                           const nlohmann::json& pingpong_vs, const run_conditions& cond) {
+  nlohmann::json jrows = nlohmann::json::array();
+  for (const auto& r : res.rows) {
+    const double m = median(r.mpps);
     nlohmann::json j = {{"handler", r.handler},
                         {"target", r.target},
                         {"frame_bytes", r.frame},
@@ -1254,7 +1279,7 @@ int run_handlers(const handlers_options& o) {
     jrows.push_back(j);
   }
   nlohmann::json jb = nlohmann::json::array();
-  for (const auto& b : bases)
+  for (const auto& b : res.bases)
     jb.push_back({{"frame_bytes", b.frame},
                   {"size_requested", b.size},
                   {"payload_bytes", b.payload},
@@ -1270,68 +1295,113 @@ int run_handlers(const handlers_options& o) {
                   {"cycles_per_packet", m.cycles}, {"hpu_bound_mpps", m.hpu_mpps}, {"line_mpps", m.line_mpps}, {"bound", m.bound},
                   {"gbps", m.gbps}});
   nlohmann::json js = nlohmann::json::array();
-  for (const auto& [what, why] : skipped) js.push_back({{"what", what}, {"why", why}});
-  const nlohmann::json doc = {
-      {"benchmark", "spin-bench handlers"},
-      {"conditions", cond.to_json()},
-      {"dpdk", rte_version()},
-      {"config",
-       {{"seconds", o.seconds}, {"repeats", o.repeats}, {"warmup_seconds", o.warmup_seconds}, {"burst", burst}, {"pool_mbufs", o.pool_mbufs},
-        {"poll_cpu", o.poll_cpu}, {"sizes", sizes}, {"hpus", hpu_counts}}},
-      {"baselines", jb},
-      {"results", jrows},
-      {"skipped", js},
-      {"nic_model", {{"hpus", o.model_hpus}, {"ghz", o.model_ghz}, {"line_gbps", o.model_line_gbps}, {"rows", jm}}},
-      {"pingpong_vs_pspin", {{"pspin", {{"instructions", 29}, {"ns_per_packet", 38}, {"gbps_32hpus", 443}}}, {"measured", pingpong_vs}}},
-      {"checks_passed", all_ok}};
-  const std::string base = o.out_dir + "/handlers";
-  bool files_ok = write_text(base + ".csv", csv.str()) && write_text(base + ".json", doc.dump(2) + "\n");
+  for (const auto& [what, why] : res.skipped) js.push_back({{"what", what}, {"why", why}});
+  return {{"benchmark", "spin-bench handlers"},
+          {"conditions", cond.to_json()},
+          {"dpdk", rte_version()},
+          {"config",
+           {{"seconds", o.seconds}, {"repeats", o.repeats}, {"warmup_seconds", o.warmup_seconds}, {"burst", burst}, {"pool_mbufs", o.pool_mbufs},
+            {"poll_cpu", o.poll_cpu}, {"sizes", p.sizes}, {"hpus", p.hpu_counts}}},
+          {"baselines", jb},
+          {"results", jrows},
+          {"skipped", js},
+          {"nic_model", {{"hpus", o.model_hpus}, {"ghz", o.model_ghz}, {"line_gbps", o.model_line_gbps}, {"rows", jm}}},
+          {"pingpong_vs_pspin", {{"pspin", {{"instructions", 29}, {"ns_per_packet", 38}, {"gbps_32hpus", 443}}}, {"measured", pingpong_vs}}},
+          {"checks_passed", res.all_ok}};
+}
 
-  if (o.plots && files_ok) {
-    // One data block per handler/target at 1 HPU, plus io-fwd: frame bytes against Gbit/s.
-    std::ostringstream dat;
-    std::vector<std::string> titles;
-    dat << "# io-fwd\n";
-    for (const auto& b : bases) dat << b.frame << ' ' << median(b.fwd_mpps) * b.frame * 8 / 1e3 << ' ' << median(b.fwd_mpps) << '\n';
-    titles.push_back("io-fwd (baseline)");
-    std::vector<std::string> seen;
-    for (const auto& r : rows) {
-      const std::string key = r.handler + (r.target == "none" ? "" : "/" + r.target);
-      if (r.hpus != 1 || std::find(seen.begin(), seen.end(), key) != seen.end()) continue;
-      seen.push_back(key);
-      dat << "\n\n# " << key << '\n';
-      for (const auto& x : rows)
-        if (x.hpus == 1 && x.handler == r.handler && x.target == r.target)
-          dat << x.frame << ' ' << median(x.mpps) * x.frame * 8 / 1e3 << ' ' << median(x.mpps) << '\n';
-      titles.push_back(key);
-    }
-    if (write_text(base + ".dat", dat.str())) {
-      std::ostringstream gp, xtics;
-      for (std::size_t i = 0; i < bases.size(); ++i) xtics << (i ? ", " : "") << bases[i].frame;
-      gp << "set terminal pngcairo size 1200,1000 noenhanced\nset output '" << base << ".png'\n"
-         << "set multiplot layout 2,1 title 'spin-bench handlers: spin-emu NIC with 1 HPU on net_null, beside io forwarding ("
-         << cond.cpu_model << ")'\n"
-         << "set xlabel 'frame bytes'\nset logscale x 2\nset xtics (" << xtics.str() << ")\nset logscale y\nset format y '%g'\n"
-         << "set grid\nset key outside right\nset ylabel 'Gbit/s (frame bytes)'\nplot ";
-      for (std::size_t i = 0; i < titles.size(); ++i)
-        gp << (i ? ", " : "") << "'" << base << ".dat' index " << i << " using 1:2 with linespoints title '" << titles[i] << "'";
-      gp << "\nset ylabel 'Mpps'\nplot ";
-      for (std::size_t i = 0; i < titles.size(); ++i)
-        gp << (i ? ", " : "") << "'" << base << ".dat' index " << i << " using 1:3 with linespoints title '" << titles[i] << "'";
-      gp << "\nunset multiplot\n";
-      if (std::string why = run_gnuplot(base + ".gp", gp.str()); !why.empty())
-        std::printf("no plot: %s\n", why.c_str());
-      else
-        std::printf("wrote %s.png\n", base.c_str());
-    }
+// <base>.dat, .gp and .png: one data block per handler/target at 1 HPU, plus io-fwd: frame
+// bytes against Gbit/s and Mpps.
+void write_plot(const std::string& base, const results& res, const run_conditions& cond) {
+  std::ostringstream dat;
+  std::vector<std::string> titles;
+  dat << "# io-fwd\n";
+  for (const auto& b : res.bases) dat << b.frame << ' ' << median(b.fwd_mpps) * b.frame * 8 / 1e3 << ' ' << median(b.fwd_mpps) << '\n';
+  titles.push_back("io-fwd (baseline)");
+  std::vector<std::string> seen;
+  for (const auto& r : res.rows) {
+    const std::string key = r.handler + (r.target == "none" ? "" : "/" + r.target);
+    if (r.hpus != 1 || std::find(seen.begin(), seen.end(), key) != seen.end()) continue;
+    seen.push_back(key);
+    dat << "\n\n# " << key << '\n';
+    for (const auto& x : res.rows)
+      if (x.hpus == 1 && x.handler == r.handler && x.target == r.target)
+        dat << x.frame << ' ' << median(x.mpps) * x.frame * 8 / 1e3 << ' ' << median(x.mpps) << '\n';
+    titles.push_back(key);
   }
+  if (!write_text(base + ".dat", dat.str())) return;
+  std::ostringstream gp, xtics;
+  for (std::size_t i = 0; i < res.bases.size(); ++i) xtics << (i ? ", " : "") << res.bases[i].frame;
+  gp << "set terminal pngcairo size 1200,1000 noenhanced\nset output '" << base << ".png'\n"
+     << "set multiplot layout 2,1 title 'spin-bench handlers: spin-emu NIC with 1 HPU on net_null, beside io forwarding ("
+     << cond.cpu_model << ")'\n"
+     << "set xlabel 'frame bytes'\nset logscale x 2\nset xtics (" << xtics.str() << ")\nset logscale y\nset format y '%g'\n"
+     << "set grid\nset key outside right\nset ylabel 'Gbit/s (frame bytes)'\nplot ";
+  for (std::size_t i = 0; i < titles.size(); ++i)
+    gp << (i ? ", " : "") << "'" << base << ".dat' index " << i << " using 1:2 with linespoints title '" << titles[i] << "'";
+  gp << "\nset ylabel 'Mpps'\nplot ";
+  for (std::size_t i = 0; i < titles.size(); ++i)
+    gp << (i ? ", " : "") << "'" << base << ".dat' index " << i << " using 1:3 with linespoints title '" << titles[i] << "'";
+  gp << "\nunset multiplot\n";
+  if (std::string why = run_gnuplot(base + ".gp", gp.str()); !why.empty())
+    std::printf("no plot: %s\n", why.c_str());
+  else
+    std::printf("wrote %s.png\n", base.c_str());
+}
+
+} // namespace
+
+int run_handlers(const handlers_options& o) {
+  const std::optional<plan> p = make_plan(o);
+  if (!p) return 2;
+  std::map<std::string, loaded> packages;  // "name.target"
+  if (!load_packages(o, *p, packages)) return 2;
+  std::error_code ec;
+  std::filesystem::create_directories(o.out_dir, ec);
+  if (ec) {
+    std::fprintf(stderr, "spin-bench handlers: cannot create %s: %s\n", o.out_dir.c_str(), ec.message().c_str());
+    return 2;
+  }
+
+  std::vector<std::string> eal = emu::default_eal_args("spin_bench_" + std::to_string(::getpid()));
+  eal.push_back("-l");
+  eal.push_back(std::to_string(o.poll_cpu));
+  if (auto e = emu::eal_init(eal); !e) {
+    std::fprintf(stderr, "spin-bench handlers: %s\n", e.err().message.c_str());
+    return 2;
+  }
+  run_conditions cond = measure_conditions();
+  cond.print("spin-bench handlers");
+  std::printf("%s; net_null ports, burst %u, pools of %u mbufs without cache; %.2f s per measurement, %u repeats (median), "
+              "%.2f s warm-up\n",
+              rte_version(), burst, o.pool_mbufs, o.seconds, o.repeats, o.warmup_seconds);
+  std::fflush(stdout);
+
+  results res;
+  if (!measure_all(o, *p, packages, res)) return 2;
+  cond.load_after = load_average();
+
+  print_tables(o, *p, res, cond);
+  if (res.rows.empty()) {
+    std::fprintf(stderr, "spin-bench handlers: no row ran: the handler, target and size combinations asked for were all skipped\n");
+    return 2;
+  }
+  print_aims(o, res);
+  const std::vector<model_row> model = nic_model(o, res, cond.tsc_ghz);
+  const nlohmann::json pingpong_vs = pingpong_vs_pspin(res, packages, cond.tsc_ghz);
+  std::printf("\nload average after: %.2f %.2f %.2f\n", cond.load_after[0], cond.load_after[1], cond.load_after[2]);
+
+  const std::string base = o.out_dir + "/handlers";
+  const bool files_ok = write_text(base + ".csv", csv_report(res, cond.tsc_ghz)) &&
+                        write_text(base + ".json", json_report(o, *p, res, model, pingpong_vs, cond).dump(2) + "\n");
+  if (o.plots && files_ok) write_plot(base, res, cond);
   if (files_ok) std::printf("wrote %s.csv and %s.json\n", base.c_str(), base.c_str());
-  std::printf("result: %s\n", all_ok ? "all checks passed" : "CHECKS FAILED (exit status 1)");
+  std::printf("result: %s\n", res.all_ok ? "all checks passed" : "CHECKS FAILED (exit status 1)");
   std::fflush(stdout);
   packages.clear();
   rte_eal_cleanup();
   if (!files_ok) return 2;
-  return all_ok ? 0 : 1;
+  return res.all_ok ? 0 : 1;
 }
 
 } // namespace spin::bench
