@@ -63,11 +63,10 @@ struct all_to_all {
         if (from == h) continue;
         auto rd = nic.register_host_memory(std::span<std::byte>(dst[h]).subspan(from * len, len));
         REQUIRE(rd.ok());
-        rt::ec_config ec;
-        ec.name = "from" + std::to_string(from);
-        ec.match = {0x1000 + from, 0};
-        ec.handlers = rt::handler_set(nullptr, nullptr, done_ch);
-        ec.window = rt::host_window{*rd, 0, len};
+        rt::ec_config ec{.name = "from" + std::to_string(from),
+                         .match = {0x1000 + from, 0},
+                         .handlers = rt::handler_set(nullptr, nullptr, done_ch),
+                         .window = rt::host_window{*rd, 0, len}};
         REQUIRE(nic.install(ec).ok());
       }
     }
@@ -129,11 +128,10 @@ SPIN_PAYLOAD_HANDLER(scribble_ph) {
 
 // Host 0's multicast EC of the tests below: copies with match bits 0x3000 to hosts 1..3.
 rt::ec_id install_mcast(emu::cluster& cl) {
-  rt::ec_config sender;
-  sender.name = "mcast";
-  sender.match = {0x2000, 0};
-  sender.handlers = rt::handler_set(nullptr, mcast_ph, nullptr);
-  sender.handler_mem_bytes = 64;
+  rt::ec_config sender{.name = "mcast",
+                       .match = {0x2000, 0},
+                       .handlers = rt::handler_set(nullptr, mcast_ph, nullptr),
+                       .handler_mem_bytes = 64};
   auto se = cl.host(0)->install(sender);
   REQUIRE(se.ok());
   std::span<std::byte> mem = cl.host(0)->runtime().handler_memory(*se);
@@ -300,10 +298,7 @@ b = "sw"
     auto rd = cl.host(1)->register_host_memory(dst);
     REQUIRE(rs.ok());
     REQUIRE(rd.ok());
-    rt::ec_config ec;
-    ec.name = "sink";
-    ec.match = {7, 0};
-    ec.window = rt::host_window{*rd, 0, dst.size()};
+    rt::ec_config ec{.name = "sink", .match = {7, 0}, .window = rt::host_window{*rd, 0, dst.size()}};
     REQUIRE(cl.host(1)->install(ec).ok());
     {
       driver d(cl);
@@ -364,9 +359,7 @@ TEST_CASE("an idle cluster on two lcores uses almost no CPU over a second and wa
   auto rd = cl.host(1)->register_host_memory(dst);
   REQUIRE(rs.ok());
   REQUIRE(rd.ok());
-  rt::ec_config ec;
-  ec.name = "land";
-  ec.match = {0x77, 0};
+  rt::ec_config ec{.name = "land", .match = {0x77, 0}};
   ec.handlers = rt::handler_set(nullptr, nullptr, done_ch);  // deposits, then an event
   ec.window = rt::host_window{*rd, 0, dst.size()};
   auto e = cl.host(1)->install(ec);
@@ -412,12 +405,11 @@ static std::vector<rt::ec_id> install_receivers(emu::cluster& cl, std::vector<st
   for (std::uint32_t h = 1; h < dst.size(); ++h) {
     auto rd = cl.host(h)->register_host_memory(dst[h]);
     REQUIRE(rd.ok());
-    rt::ec_config ec;
-    ec.name = "copy";
-    ec.match = {0x3000, 0};
-    ec.handlers = handlers;
-    ec.window = rt::host_window{*rd, 0, dst[h].size()};
-    ec.limits.read_only_multicast = read_only;
+    rt::ec_config ec{.name = "copy",
+                     .match = {0x3000, 0},
+                     .handlers = handlers,
+                     .window = rt::host_window{*rd, 0, dst[h].size()},
+                     .limits = {.read_only_multicast = read_only}};
     auto e = cl.host(h)->install(ec);
     REQUIRE(e.ok());
     ecs[h] = *e;

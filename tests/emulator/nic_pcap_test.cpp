@@ -70,10 +70,7 @@ TEST_CASE("net_pcap: a capture file is received as a message into host memory, a
     auto ro = nic.register_host_memory(out);
     REQUIRE(r.ok());
     REQUIRE(ro.ok());
-    rt::ec_config ec;
-    ec.name = "land";
-    ec.match = {0xab, 0};
-    ec.window = rt::host_window{*r, 0, host.size()};
+    rt::ec_config ec{.name = "land", .match = {0xab, 0}, .window = rt::host_window{*r, 0, host.size()}};
     REQUIRE(nic.install(ec).ok());
     std::atomic<bool> stop{false};
     std::thread t([&] { nic.run(stop); });

@@ -309,11 +309,10 @@ TEST_CASE("a host message crosses a net_ring cable and lands in the receiver's h
   auto rb = nb.register_host_memory(dst);
   REQUIRE(ra.ok());
   REQUIRE(rb.ok());
-  rt::ec_config ec;
-  ec.name = "deposit";
-  ec.match = {0x77, 0};
-  ec.handlers = rt::handler_set(nullptr, nullptr, event_ch);
-  ec.window = rt::host_window{*rb, 0, len};
+  rt::ec_config ec{.name = "deposit",
+                   .match = {0x77, 0},
+                   .handlers = rt::handler_set(nullptr, nullptr, event_ch),
+                   .window = rt::host_window{*rb, 0, len}};
   auto e = nb.install(ec);
   REQUIRE(e.ok());
   {
@@ -355,16 +354,12 @@ TEST_CASE("payload handlers' sends leave through the port: ping-pong between two
   auto rback = na.register_host_memory(back);
   REQUIRE(ra.ok());
   REQUIRE(rback.ok());
-  rt::ec_config echo;
-  echo.name = "echo";
-  echo.match = {0x10, 0};
-  echo.handlers = rt::handler_set(nullptr, echo_ph, nullptr);
+  rt::ec_config echo{.name = "echo", .match = {0x10, 0}, .handlers = rt::handler_set(nullptr, echo_ph, nullptr)};
   REQUIRE(nb.install(echo).ok());
-  rt::ec_config land;
-  land.name = "land";
-  land.match = {0x10, 0};
-  land.handlers = rt::handler_set(nullptr, nullptr, event_ch);
-  land.window = rt::host_window{*rback, 0, len};
+  rt::ec_config land{.name = "land",
+                     .match = {0x10, 0},
+                     .handlers = rt::handler_set(nullptr, nullptr, event_ch),
+                     .window = rt::host_window{*rback, 0, len}};
   auto e = na.install(land);
   REQUIRE(e.ok());
   {
@@ -398,11 +393,10 @@ TEST_CASE("a 9000-byte frame in 2 KiB mbufs reaches handlers intact, also when t
   std::vector<std::byte> host(payload * 8);
   auto r = nb.register_host_memory(host);
   REQUIRE(r.ok());
-  rt::ec_config ec;
-  ec.name = "jumbo";
-  ec.match = {0x5, 0};
-  ec.handlers = rt::handler_set(nullptr, nullptr, event_ch);
-  ec.window = rt::host_window{*r, 0, host.size()};
+  rt::ec_config ec{.name = "jumbo",
+                   .match = {0x5, 0},
+                   .handlers = rt::handler_set(nullptr, nullptr, event_ch),
+                   .window = rt::host_window{*r, 0, host.size()}};
   auto e = nb.install(ec);
   REQUIRE(e.ok());
   // First-segment lengths: inside the IP header, inside the spin header (starts at byte 42,
@@ -525,16 +519,12 @@ TEST_CASE("when the peer stops receiving, packets wait or are dropped with a cou
   REQUIRE(ra.ok());
   REQUIRE(rb.ok());
   // a echoes what b sends it; b is not polled at first, so a's echoes and a's own message back up.
-  rt::ec_config echo;
-  echo.name = "echo";
-  echo.match = {0x20, 0};
-  echo.handlers = rt::handler_set(nullptr, echo_ph, nullptr);
+  rt::ec_config echo{.name = "echo", .match = {0x20, 0}, .handlers = rt::handler_set(nullptr, echo_ph, nullptr)};
   REQUIRE(na.install(echo).ok());
-  rt::ec_config land;
-  land.name = "land";
-  land.match = {0x21, 0};
-  land.handlers = rt::handler_set(nullptr, nullptr, event_ch);
-  land.window = rt::host_window{*rb, 0, len};
+  rt::ec_config land{.name = "land",
+                     .match = {0x21, 0},
+                     .handlers = rt::handler_set(nullptr, nullptr, event_ch),
+                     .window = rt::host_window{*rb, 0, len}};
   auto e = nb.install(land);
   REQUIRE(e.ok());
 
@@ -632,10 +622,9 @@ TEST_CASE("control calls from other threads run between bursts while a thread po
   auto r = (*b)->register_host_memory(mem);
   REQUIRE(r.ok());
   for (int i = 0; i < 50; ++i) {
-    rt::ec_config ec;
-    ec.name = "e" + std::to_string(i);
-    ec.match = {static_cast<std::uint64_t>(i), 0};
-    ec.window = rt::host_window{*r, 0, 4096};
+    rt::ec_config ec{.name = "e" + std::to_string(i),
+                     .match = {static_cast<std::uint64_t>(i), 0},
+                     .window = rt::host_window{*r, 0, 4096}};
     auto e = (*b)->install(ec);
     REQUIRE(e.ok());
     CHECK((*b)->unregister_host_memory(*r).err().code == errc::bad_state);
@@ -667,16 +656,12 @@ TEST_CASE("messages and handler sends to the NIC's own rank loop back to its run
   REQUIRE(rd.ok());
   REQUIRE(re.ok());
   // 0x40: the echo EC answers with match bits 0x41 to the sender, which is this NIC itself.
-  rt::ec_config echo;
-  echo.name = "echo";
-  echo.match = {0x40, 0};
-  echo.handlers = rt::handler_set(nullptr, echo_next_ph, nullptr);
+  rt::ec_config echo{.name = "echo", .match = {0x40, 0}, .handlers = rt::handler_set(nullptr, echo_next_ph, nullptr)};
   REQUIRE(na.install(echo).ok());
-  rt::ec_config land;
-  land.name = "echoed";
-  land.match = {0x41, 0};
-  land.handlers = rt::handler_set(nullptr, nullptr, event_ch);
-  land.window = rt::host_window{*re, 0, len};
+  rt::ec_config land{.name = "echoed",
+                     .match = {0x41, 0},
+                     .handlers = rt::handler_set(nullptr, nullptr, event_ch),
+                     .window = rt::host_window{*re, 0, len}};
   auto e = na.install(land);
   REQUIRE(e.ok());
   land.name = "direct";
@@ -755,10 +740,7 @@ TEST_CASE("a NIC captures what it sends and receives, and replaying the capture 
   std::vector<std::byte> dst(len);
   auto rd = (*r)->register_host_memory(dst);
   REQUIRE(rd.ok());
-  rt::ec_config ec;
-  ec.name = "replay";
-  ec.match = {0x33, 0};
-  ec.window = rt::host_window{*rd, 0, len};
+  rt::ec_config ec{.name = "replay", .match = {0x33, 0}, .window = rt::host_window{*rd, 0, len}};
   REQUIRE((*r)->install(ec).ok());
   for (const auto& f : *frames) CHECK((*r)->inject(f) == errc::ok);
   REQUIRE((*r)->quiesce(2000ms));
@@ -772,10 +754,7 @@ TEST_CASE("forward sends the received mbuf itself, headers rewritten in place, b
   emu::nic& nb = *r.b;
   const std::uint64_t base_b = r.base_b;
   rte_mempool* pool = r.pool;
-  rt::ec_config ec;
-  ec.name = "forward";
-  ec.match = {0x70, 0};
-  ec.handlers = rt::handler_set(nullptr, forward_ph, nullptr);
+  rt::ec_config ec{.name = "forward", .match = {0x70, 0}, .handlers = rt::handler_set(nullptr, forward_ph, nullptr)};
   auto e = nb.install(ec);
   REQUIRE(e.ok());
   // Four packets without and two with the collective extension (88- and 104-byte headers).
@@ -814,10 +793,7 @@ TEST_CASE("a second forward of the same packet chains a header to a clone of the
   emu::nic& nb = *r.b;
   const std::uint64_t base_b = r.base_b;
   rte_mempool* pool = r.pool;
-  rt::ec_config ec;
-  ec.name = "forward2";
-  ec.match = {0x71, 0};
-  ec.handlers = rt::handler_set(nullptr, forward_twice_ph, nullptr);
+  rt::ec_config ec{.name = "forward2", .match = {0x71, 0}, .handlers = rt::handler_set(nullptr, forward_twice_ph, nullptr)};
   auto e = nb.install(ec);
   REQUIRE(e.ok());
   test_message m = make_message(pool, 0x71, 9, 3, 1024, false);
@@ -858,10 +834,7 @@ TEST_CASE("forwarding a multicast copy chains a header to a clone of its shared 
   emu::nic& nb = *r.b;
   const std::uint64_t base_b = r.base_b;
   rte_mempool* pool = r.pool;
-  rt::ec_config ec;
-  ec.name = "forward";
-  ec.match = {0x74, 0};
-  ec.handlers = rt::handler_set(nullptr, forward_ph, nullptr);
+  rt::ec_config ec{.name = "forward", .match = {0x74, 0}, .handlers = rt::handler_set(nullptr, forward_ph, nullptr)};
   ec.limits.read_only_multicast = true;  // runs on the shared payload in place
   REQUIRE(nb.install(ec).ok());
   // A multicast copy as another NIC sends it: a header mbuf chained to a clone of the payload,
@@ -913,10 +886,7 @@ TEST_CASE("forwards that find the TX queue full fail with no_space, and every mb
     }
     filler.push_back(f);
   }
-  rt::ec_config ec;
-  ec.name = "forward";
-  ec.match = {0x72, 0};
-  ec.handlers = rt::handler_set(nullptr, forward_ph, nullptr);
+  rt::ec_config ec{.name = "forward", .match = {0x72, 0}, .handlers = rt::handler_set(nullptr, forward_ph, nullptr)};
   auto e = nb.install(ec);
   REQUIRE(e.ok());
   test_message m = make_message(pool, 0x72, 4, 10, 512, false);
@@ -949,9 +919,7 @@ TEST_CASE("a received frame that another holder still references is shared: hand
     std::vector<std::byte> host(2 * payload);
     auto r = nb.register_host_memory(host);
     REQUIRE(r.ok());
-    rt::ec_config ec;
-    ec.name = "flip";
-    ec.match = {0x73, 0};
+    rt::ec_config ec{.name = "flip", .match = {0x73, 0}};
     // A read-only EC deposits (reads only); the other writes its packet first.
     ec.handlers = rt::handler_set(nullptr, read_only ? nullptr : flip_deposit_ph, nullptr);
     ec.window = rt::host_window{*r, 0, host.size()};

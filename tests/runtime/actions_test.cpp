@@ -219,20 +219,16 @@ TEST_CASE("a handler cannot touch another EC's memory or anything outside its ow
   std::vector<std::byte> host(4096);
   auto region = f.rt->register_host_memory(host);
   REQUIRE(region.ok());
-  rt::ec_config b;
-  b.name = "victim";
-  b.match.bits = 2;
-  b.handler_mem_bytes = 256;
+  rt::ec_config b{.name = "victim", .match = {.bits = 2}, .handler_mem_bytes = 256};
   const rt::ec_id ec_b = f.install(b);
   auto mem_b = f.rt->handler_memory(ec_b);
   for (auto& x : mem_b) x = std::byte{0x5a};
 
-  rt::ec_config a;
-  a.name = "intruder";
-  a.match.bits = 1;
-  a.handlers.payload = intruder_ph;
-  a.handler_mem_bytes = 128;
-  a.window = rt::host_window{*region, 0, 4096};
+  rt::ec_config a{.name = "intruder",
+                  .match = {.bits = 1},
+                  .handlers = rt::handler_set(nullptr, intruder_ph, nullptr),
+                  .handler_mem_bytes = 128,
+                  .window = rt::host_window{*region, 0, 4096}};
   const rt::ec_id ec_a = f.install(a);
   auto mem_a = f.rt->handler_memory(ec_a);
   store_at<std::uint64_t>(mem_a, 0, reinterpret_cast<std::uint64_t>(mem_b.data()));
@@ -259,12 +255,11 @@ TEST_CASE("DMA moves bytes between the packet, the scratchpad and the host windo
   std::vector<std::byte> host(1 << 16);
   auto region = f.rt->register_host_memory(host);
   REQUIRE(region.ok());
-  rt::ec_config c;
-  c.name = "dma";
-  c.handlers.payload = dma_ph;
-  c.handler_mem_bytes = 64;
-  c.scratchpad_bytes = 8000;
-  c.window = rt::host_window{*region, 4096, 8192};
+  rt::ec_config c{.name = "dma",
+                  .handlers = rt::handler_set(nullptr, dma_ph, nullptr),
+                  .handler_mem_bytes = 64,
+                  .scratchpad_bytes = 8000,
+                  .window = rt::host_window{*region, 4096, 8192}};
   const rt::ec_id ec = f.install(c);
   REQUIRE(feed(*f.rt, message_packets(f.pool, 0, 3, 9, 8000, 1000)));
   for (std::size_t i = 0; i < 8000; ++i) REQUIRE(host[4096 + i] == pattern(3, 9, i));
@@ -290,10 +285,9 @@ TEST_CASE("a non-blocking DMA is in flight until the modelled DMA time has passe
   std::vector<std::byte> host(4096);
   auto region = f.rt->register_host_memory(host);
   REQUIRE(region.ok());
-  rt::ec_config c;
-  c.handlers.payload = nb_dma_ph;
-  c.handler_mem_bytes = 64;
-  c.window = rt::host_window{*region, 0, 4096};
+  rt::ec_config c{.handlers = rt::handler_set(nullptr, nb_dma_ph, nullptr),
+                  .handler_mem_bytes = 64,
+                  .window = rt::host_window{*region, 0, 4096}};
   const rt::ec_id ec = f.install(c);
   REQUIRE(feed(*f.rt, message_packets(f.pool, 0, 0, 1, 100, 100)));
   auto m = f.rt->handler_memory(ec);
@@ -306,10 +300,9 @@ TEST_CASE("a non-blocking DMA is in flight until the modelled DMA time has passe
 
 TEST_CASE("atomics and locks on handler memory give exact results under concurrent payload handlers") {
   fixture f(4);
-  rt::ec_config c;
-  c.handlers.payload = atomics_ph;
-  c.handler_mem_bytes = 128;
-  c.limits.max_messages = 64;
+  rt::ec_config c{.handlers = rt::handler_set(nullptr, atomics_ph, nullptr),
+                  .handler_mem_bytes = 128,
+                  .limits = {.max_messages = 64}};
   const rt::ec_id ec = f.install(c);
   auto m = f.rt->handler_memory(ec);
   store_at<std::int64_t>(m, 24, 0);
@@ -336,9 +329,7 @@ TEST_CASE("atomics and locks on handler memory give exact results under concurre
 
 TEST_CASE("unlocking a lock not held, locking one twice and returning with a lock held are errors, and the lock is freed") {
   fixture f(1);
-  rt::ec_config c;
-  c.handlers.payload = lock_misuse_ph;
-  c.handler_mem_bytes = 64;
+  rt::ec_config c{.handlers = rt::handler_set(nullptr, lock_misuse_ph, nullptr), .handler_mem_bytes = 64};
   const rt::ec_id ec = f.install(c);
   REQUIRE(feed(*f.rt, message_packets(f.pool, 0, 0, 1, 10, 10)));
   auto m = f.rt->handler_memory(ec);
@@ -355,9 +346,7 @@ TEST_CASE("unlocking a lock not held, locking one twice and returning with a loc
 TEST_CASE("packets a handler sends leave through the transmitter as valid frames that the runtime accepts again") {
   rt::memory_transmitter tx(2, 1 << 20, /*source_rank=*/5);
   fixture f(sending_config(tx, 2));
-  rt::ec_config c;
-  c.handlers.payload = echo_ph;
-  c.handler_mem_bytes = 8;
+  rt::ec_config c{.handlers = rt::handler_set(nullptr, echo_ph, nullptr), .handler_mem_bytes = 8};
   const rt::ec_id ec = f.install(c);
   REQUIRE(feed(*f.rt, message_packets(f.pool, 0, 2, 7, 3000, 1000)));
   auto frames = tx.take_frames();
@@ -384,9 +373,7 @@ TEST_CASE("packets a handler sends leave through the transmitter as valid frames
 TEST_CASE("an EC with a frame key runs only link frames whose tag verifies, counts the others as unauthenticated, and tags what it sends") {
   rt::memory_transmitter tx(1, 1 << 20, 5);
   fixture f(sending_config(tx, 1));
-  rt::ec_config c;
-  c.handlers.payload = echo_ph;
-  c.handler_mem_bytes = 8;
+  rt::ec_config c{.handlers = rt::handler_set(nullptr, echo_ph, nullptr), .handler_mem_bytes = 8};
   for (std::size_t i = 0; i < 16; ++i) c.frame_key[i] = static_cast<std::uint8_t>(0x40 + i);
   const rt::ec_id ec = f.install(c);
   const auto key = rt::wire::auth_key::from_bytes(c.frame_key);
@@ -448,9 +435,7 @@ TEST_CASE("an EC with a frame key runs only link frames whose tag verifies, coun
 TEST_CASE("handlers read a packet's collective fields and send their own; a handler built before them still sends") {
   rt::memory_transmitter tx(1, 1 << 20, 5);
   fixture f(sending_config(tx, 1));
-  rt::ec_config c;
-  c.handlers.payload = coll_echo_ph;
-  c.handler_mem_bytes = 32;
+  rt::ec_config c{.handlers = rt::handler_set(nullptr, coll_echo_ph, nullptr), .handler_mem_bytes = 32};
   const rt::ec_id ec = f.install(c);
   auto h = data_header(0, 2, 40, 0, 1, 8, 8);
   h.flags |= rt::wire::flag_coll;
@@ -487,9 +472,7 @@ TEST_CASE("handlers read a packet's collective fields and send their own; a hand
 
 // Installs mcast_ph with `dests` in its handler memory.
 rt::ec_id install_mcast(fixture& f, std::span<const std::uint32_t> dests) {
-  rt::ec_config c;
-  c.handlers.payload = mcast_ph;
-  c.handler_mem_bytes = 64;
+  rt::ec_config c{.handlers = rt::handler_set(nullptr, mcast_ph, nullptr), .handler_mem_bytes = 64};
   const rt::ec_id ec = f.install(c);
   auto mem = f.rt->handler_memory(ec);
   const auto count = static_cast<std::uint32_t>(dests.size());
@@ -569,10 +552,9 @@ TEST_CASE("a payload in a second, shared buffer reaches read-only ECs in place a
     cfg.hpus = 1;
     cfg.unshare = pool_unshare;
     fixture f(cfg);
-    rt::ec_config c;
-    c.handlers.payload = where_ph;
-    c.handler_mem_bytes = 16;
-    c.limits.read_only_multicast = read_only;
+    rt::ec_config c{.handlers = rt::handler_set(nullptr, where_ph, nullptr),
+                    .handler_mem_bytes = 16,
+                    .limits = {.read_only_multicast = read_only}};
     const rt::ec_id ec = f.install(c);
     const rt::packet whole = message_packet(f.pool, 0, 2, 7, 500, 500, 0);
     rt::wire::parsed ps;
@@ -599,9 +581,7 @@ TEST_CASE("a local frame stays local when the runtime gives it a private copy: a
   cfg.hpus = 1;
   cfg.unshare = pool_unshare;
   fixture f(cfg);
-  rt::ec_config c;
-  c.handlers.payload = where_ph;
-  c.handler_mem_bytes = 16;
+  rt::ec_config c{.handlers = rt::handler_set(nullptr, where_ph, nullptr), .handler_mem_bytes = 16};
   c.frame_key[0] = 1;
   const rt::ec_id ec = f.install(c);
   const rt::packet whole = message_packet(f.pool, 0, 2, 7, 500, 500, 0);
@@ -625,10 +605,9 @@ TEST_CASE("a two-buffer frame whose payload does not start the second buffer is 
     cfg.hpus = 1;
     if (can_copy) cfg.unshare = pool_unshare;
     fixture f(cfg);
-    rt::ec_config c;
-    c.handlers.payload = where_ph;
-    c.handler_mem_bytes = 16;
-    c.limits.read_only_multicast = true;
+    rt::ec_config c{.handlers = rt::handler_set(nullptr, where_ph, nullptr),
+                    .handler_mem_bytes = 16,
+                    .limits = {.read_only_multicast = true}};
     const rt::ec_id ec = f.install(c);
     const rt::packet whole = message_packet(f.pool, 0, 2, 7, 500, 500, 0);
     std::vector<std::byte> tail;
@@ -665,9 +644,7 @@ TEST_CASE("a send with no transmitter or a full TX queue fails with an error cod
 
 TEST_CASE("events posted by handlers reach the host in the EC's queue and a full queue counts lost events") {
   fixture f(2);
-  rt::ec_config c;
-  c.handlers.completion = event_ch;
-  c.limits.event_queue_depth = 4;
+  rt::ec_config c{.handlers = rt::handler_set(nullptr, nullptr, event_ch), .limits = {.event_queue_depth = 4}};
   const rt::ec_id ec = f.install(c);
   for (std::uint64_t m = 1; m <= 6; ++m) REQUIRE(feed(*f.rt, message_packets(f.pool, 0, 0, m, 0, 64)));
   std::vector<rt::host_event> ev(16);

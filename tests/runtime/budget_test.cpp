@@ -53,12 +53,10 @@ SPIN_COMPLETION_HANDLER(count_ch) {
 }
 
 rt::ec_config budget_ec(handler_fn payload) {
-  rt::ec_config c;
-  c.name = "budget";
-  c.handlers.payload = payload;
-  c.handlers.completion = count_ch;
-  c.handler_mem_bytes = 64;
-  c.limits.handler_budget = std::chrono::milliseconds(5);
+  rt::ec_config c{.name = "budget",
+                  .handlers = rt::handler_set(nullptr, payload, count_ch),
+                  .handler_mem_bytes = 64,
+                  .limits = {.handler_budget = std::chrono::milliseconds(5)}};
   return c;
 }
 

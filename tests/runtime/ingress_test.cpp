@@ -24,12 +24,10 @@ SPIN_PAYLOAD_HANDLER(count_ph) {
   return ret::success;
 }
 rt::ec_config counting_ec(std::uint64_t bits = 0, bool header = true) {
-  rt::ec_config c;
-  c.name = "count";
-  c.match.bits = bits;
-  c.handlers.header = header ? count_hh : nullptr;
-  c.handlers.payload = count_ph;
-  c.handler_mem_bytes = 64;
+  rt::ec_config c{.name = "count",
+                  .match = {.bits = bits},
+                  .handlers = rt::handler_set(header ? count_hh : nullptr, count_ph, nullptr),
+                  .handler_mem_bytes = 64};
   return c;
 }
 

@@ -325,9 +325,7 @@ TEST_CASE("native, eBPF-JIT and eBPF-interpreter builds of isum give identical r
     std::vector<std::byte> host(elements * sizeof(std::int64_t));
     auto region = f.rt->register_host_memory(host);
     REQUIRE(region.ok());
-    rt::ec_config c;
-    c.name = "isum";
-    c.window = rt::host_window{*region, 0, host.size()};
+    rt::ec_config c{.name = "isum", .window = rt::host_window{*region, 0, host.size()}};
     REQUIRE(lp.bind(c).ok());
     const rt::ec_id ec = f.install(c);
     auto mem = f.rt->handler_memory(ec);
@@ -461,9 +459,7 @@ TEST_CASE("packet changes an eBPF handler makes in place are sent and reach the 
     std::vector<std::byte> host(64);
     auto region = f.rt->register_host_memory(host);
     REQUIRE(region.ok());
-    rt::ec_config c;
-    c.name = "rewrite";
-    c.window = rt::host_window{*region, 0, host.size()};
+    rt::ec_config c{.name = "rewrite", .window = rt::host_window{*region, 0, host.size()}};
     REQUIRE(lp.bind(c).ok());
     f.install(c);
     // 1000 bytes: 15 whole 64-byte blocks inside the payload, and a 4 KiB window past its end.

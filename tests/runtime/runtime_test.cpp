@@ -50,13 +50,12 @@ SPIN_COMPLETION_HANDLER(order_ch) {
 }
 
 rt::ec_config order_ec(std::uint64_t mb = 7) {
-  rt::ec_config c;
-  c.name = "order";
-  c.match.bits = mb;
-  c.handlers = {order_hh, order_ph, order_ch};
-  c.handler_mem_bytes = per_msg + 8 * 1024;
-  c.scratchpad_bytes = 16;
-  c.limits.max_messages = 256;
+  rt::ec_config c{.name = "order",
+                  .match = {.bits = mb},
+                  .handlers = {order_hh, order_ph, order_ch},
+                  .handler_mem_bytes = per_msg + 8 * 1024,
+                  .scratchpad_bytes = 16,
+                  .limits = {.max_messages = 256}};
   return c;
 }
 
@@ -438,10 +437,7 @@ TEST_CASE("host memory can be unregistered once no EC's window lies in it, and i
   std::vector<std::byte> mem(4096);
   auto r = f.rt->register_host_memory(mem);
   REQUIRE(r.ok());
-  rt::ec_config c;
-  c.name = "windowed";
-  c.match = {1, 0};
-  c.window = rt::host_window{*r, 0, 4096};
+  rt::ec_config c{.name = "windowed", .match = {1, 0}, .window = rt::host_window{*r, 0, 4096}};
   const rt::ec_id ec = f.install(c);
   auto busy = f.rt->unregister_host_memory(*r);
   CHECK(busy.err().code == errc::bad_state);
@@ -462,11 +458,10 @@ TEST_CASE("host memory can be unregistered once no EC's window lies in it, and i
 TEST_CASE("a scratchpad opens zeroed by default and keeps an earlier message's bytes when undefined is asked for") {
   for (const auto init : {rt::scratchpad_init::zeroed, rt::scratchpad_init::undefined}) {
     fixture f(1);
-    rt::ec_config c;
-    c.handlers.payload = scratch_seen_ph;
-    c.handler_mem_bytes = 64;
-    c.scratchpad_bytes = 64;
-    c.scratchpad = init;
+    rt::ec_config c{.handlers = rt::handler_set(nullptr, scratch_seen_ph, nullptr),
+                    .handler_mem_bytes = 64,
+                    .scratchpad_bytes = 64,
+                    .scratchpad = init};
     c.limits.max_messages = 1;  // both messages use the one slot
     const rt::ec_id ec = f.install(c);
     REQUIRE(feed(*f.rt, message_packets(f.pool, 0, 0, 1, 10, 10)));
