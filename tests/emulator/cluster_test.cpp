@@ -4,8 +4,10 @@
 
 #include <spin/emu/cluster.hpp>
 
-#include "cluster_driver.hpp"
 #include <spin/handler.hpp>
+
+#include "../common/this_packet.hpp"
+#include "cluster_driver.hpp"
 
 #include <array>
 #include <atomic>
@@ -102,16 +104,9 @@ SPIN_PAYLOAD_HANDLER(mcast_ph) {
   const u32* count = ctx->mem<u32>(8);
   const u32* dests = ctx->mem<u32>(16, 8);
   if (bits == nullptr || count == nullptr || dests == nullptr) return ret::drop;
-  send_desc d{};
-  d.size_bytes = sizeof d;
+  send_desc d = test::this_packet(ctx);
   d.match_bits = *bits;
-  d.message_id = ctx->msg.message_id * 16;
-  d.offset_bytes = ctx->msg.offset_bytes;
-  d.message_len_bytes = ctx->msg.message_len_bytes;
-  d.data = ctx->packet.data;
-  d.len_bytes = static_cast<u32>(ctx->packet.size());
-  d.flags = ctx->msg.flags & (msg_start | msg_end);
-  d.packet_index = ctx->msg.packet_index;
+  d.message_id *= 16;
   const i32 sent = ctx->multicast(d, dests, *count);
   ctx->fetch_add<u64>(48, sent > 0 ? static_cast<u64>(sent) : 0);
   return ret::success;

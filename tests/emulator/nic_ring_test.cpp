@@ -8,6 +8,8 @@
 #include <spin/handler.hpp>
 #include <spin/rt/wire.hpp>
 
+#include "../common/this_packet.hpp"
+
 #include <rte_ethdev.h>
 #include <rte_mbuf.h>
 #include <rte_ring.h>
@@ -26,33 +28,18 @@ namespace {
 
 SPIN_PAYLOAD_HANDLER(echo_ph) {
   // Ping-pong: returns each packet to its sender as message id + 1000.
-  send_desc d{};
-  d.size_bytes = sizeof d;
+  send_desc d = test::this_packet(ctx);
   d.dest_rank = ctx->msg.source_rank;
-  d.match_bits = ctx->msg.match_bits;
-  d.message_id = ctx->msg.message_id + 1000;
-  d.offset_bytes = ctx->msg.offset_bytes;
-  d.message_len_bytes = ctx->msg.message_len_bytes;
-  d.data = ctx->packet.data;
-  d.len_bytes = static_cast<u32>(ctx->packet.size());
-  d.flags = ctx->msg.flags & (msg_start | msg_end);
-  d.packet_index = ctx->msg.packet_index;
+  d.message_id += 1000;
   return ctx->send(d) == errc::ok ? ret::success : ret::drop;
 }
 
 SPIN_PAYLOAD_HANDLER(echo_next_ph) {
   // Like echo_ph, with the next match bits: the answer goes to another EC.
-  send_desc d{};
-  d.size_bytes = sizeof d;
+  send_desc d = test::this_packet(ctx);
   d.dest_rank = ctx->msg.source_rank;
-  d.match_bits = ctx->msg.match_bits + 1;
-  d.message_id = ctx->msg.message_id + 1000;
-  d.offset_bytes = ctx->msg.offset_bytes;
-  d.message_len_bytes = ctx->msg.message_len_bytes;
-  d.data = ctx->packet.data;
-  d.len_bytes = static_cast<u32>(ctx->packet.size());
-  d.flags = ctx->msg.flags & (msg_start | msg_end);
-  d.packet_index = ctx->msg.packet_index;
+  d.match_bits += 1;
+  d.message_id += 1000;
   return ctx->send(d) == errc::ok ? ret::success : ret::drop;
 }
 

@@ -1,4 +1,5 @@
 // Handler actions: DMA, atomics, locks, sends, events, and the bounds every action enforces.
+#include "../common/this_packet.hpp"
 #include "test_util.hpp"
 
 #include <spin/rt/runtime.hpp>
@@ -111,17 +112,9 @@ rt::runtime_config sending_config(rt::memory_transmitter& tx, std::uint32_t hpus
 
 SPIN_PAYLOAD_HANDLER(echo_ph) {
   // Ping-pong: returns each packet to its sender as message id + 1000.
-  send_desc d{};
-  d.size_bytes = sizeof d;
+  send_desc d = test::this_packet(ctx);
   d.dest_rank = ctx->msg.source_rank;
-  d.match_bits = ctx->msg.match_bits;
-  d.message_id = ctx->msg.message_id + 1000;
-  d.offset_bytes = ctx->msg.offset_bytes;
-  d.message_len_bytes = ctx->msg.message_len_bytes;
-  d.data = ctx->packet.data;
-  d.len_bytes = static_cast<u32>(ctx->packet.size());
-  d.flags = ctx->msg.flags & (msg_start | msg_end);
-  d.packet_index = ctx->msg.packet_index;
+  d.message_id += 1000;
   return ctx->send(d) == errc::ok ? ret::success : ret::drop;
 }
 
