@@ -325,9 +325,7 @@ TEST_CASE("native, eBPF-JIT and eBPF-interpreter builds of isum give identical r
     std::vector<std::byte> host(elements * sizeof(std::int64_t));
     auto region = f.rt->register_host_memory(host);
     REQUIRE(region.ok());
-    rt::ec_config c{.name = "isum", .window = rt::host_window{*region, 0, host.size()}};
-    REQUIRE(lp.bind(c).ok());
-    const rt::ec_id ec = f.install(c);
+    const rt::ec_id ec = f.install(lp, {.name = "isum", .window = rt::host_window{*region, 0, host.size()}});
     auto mem = f.rt->handler_memory(ec);
     stdh::isum_state init{};
     init.elements = elements;
@@ -378,10 +376,7 @@ TEST_CASE("native and eBPF builds of pingpong send back the same packets") {
     rt::loaded_package lp = load(std::string("pingpong.") + v.package, v.exec);
     rt::memory_transmitter tx(1, 1 << 20, 0);
     fixture f(1, &tx);
-    rt::ec_config c;
-    c.name = "pingpong";
-    REQUIRE(lp.bind(c).ok());
-    const rt::ec_id ec = f.install(c);
+    const rt::ec_id ec = f.install(lp, {.name = "pingpong"});
     std::vector<rt::packet> pkts;
     for (std::uint32_t src = 1; src <= 3; ++src)
       for (auto& p : message_packets(f.pool, 0, src, 40 + src, 3000, 1024)) pkts.push_back(p);
@@ -414,10 +409,7 @@ TEST_CASE("an eBPF handler's changes to a packet it has forwarded stay in its ow
       cfg.hpus = 1;
       cfg.tx = &tx;
       fixture f(cfg);
-      rt::ec_config c;
-      c.name = "reforward";
-      REQUIRE(lp.bind(c).ok());
-      const rt::ec_id ec = f.install(c);
+      const rt::ec_id ec = f.install(lp, {.name = "reforward"});
       std::memcpy(f.rt->handler_memory(ec).data(), &mode, sizeof mode);
       auto pkts = message_packets(f.pool, 0, 2, 5, 300, 1024);
       REQUIRE(pkts.size() == 1);
@@ -459,9 +451,7 @@ TEST_CASE("packet changes an eBPF handler makes in place are sent and reach the 
     std::vector<std::byte> host(64);
     auto region = f.rt->register_host_memory(host);
     REQUIRE(region.ok());
-    rt::ec_config c{.name = "rewrite", .window = rt::host_window{*region, 0, host.size()}};
-    REQUIRE(lp.bind(c).ok());
-    f.install(c);
+    f.install(lp, {.name = "rewrite", .window = rt::host_window{*region, 0, host.size()}});
     // 1000 bytes: 15 whole 64-byte blocks inside the payload, and a 4 KiB window past its end.
     auto pkts = message_packets(f.pool, 0, 2, 5, 1000, 1024);
     REQUIRE(pkts.size() == 1);
@@ -504,10 +494,7 @@ TEST_CASE("a handler's multicast sends the same frames natively, JIT-compiled an
     cfg.hpus = 1;
     cfg.tx = &tx;
     fixture f(cfg);
-    rt::ec_config c;
-    c.name = "mcast";
-    REQUIRE(lp.bind(c).ok());
-    const rt::ec_id ec = f.install(c);
+    const rt::ec_id ec = f.install(lp, {.name = "mcast"});
     const std::uint32_t dests[3] = {4, 5, 6};
     std::memcpy(f.rt->handler_memory(ec).data(), dests, sizeof dests);
     auto pkts = message_packets(f.pool, 0, 2, 5, 1000, 1024);
@@ -537,10 +524,7 @@ TEST_CASE("runtime calls from JIT-compiled handlers do not fault, whatever the h
     rt::loaded_package lp = load("sendalign.ebpf", v.exec);
     rt::memory_transmitter tx(1, 1 << 20, 0);
     fixture f(1, &tx);
-    rt::ec_config c;
-    c.name = "sendalign";
-    REQUIRE(lp.bind(c).ok());
-    const rt::ec_id ec = f.install(c);
+    const rt::ec_id ec = f.install(lp, {.name = "sendalign"});
     REQUIRE(feed(*f.rt, message_packets(f.pool, 0, 1, 1, 32, 64)));
     CHECK(f.ec_stats(ec).kinds[1].faults == 0);
     CHECK(f.word(ec, 56) == 0x600d);
@@ -571,10 +555,7 @@ TEST_CASE("integer corner cases agree on native, eBPF-JIT and eBPF-interpreter, 
     CAPTURE(std::string(v.name));
     rt::loaded_package lp = load(std::string("corner.") + v.package, v.exec);
     fixture f(1);
-    rt::ec_config c;
-    c.name = "corner";
-    REQUIRE(lp.bind(c).ok());
-    const rt::ec_id ec = f.install(c);
+    const rt::ec_id ec = f.install(lp, {.name = "corner"});
     std::vector<rt::packet> pkts;
     const std::uint32_t pkt_bytes = corner_pairs_per_packet * 16;
     const std::uint32_t count = static_cast<std::uint32_t>((payload.size() + pkt_bytes - 1) / pkt_bytes);

@@ -39,11 +39,7 @@ rt::ec_id install(fixture& f, const std::string& name, std::vector<std::byte>& h
                   const std::string& target = "native") {
   auto region = f.rt->register_host_memory(host);
   REQUIRE(region.ok());
-  rt::ec_config c;
-  c.name = name;
-  REQUIRE(load(name, target).bind(c).ok());
-  c.window = rt::host_window{region.value(), 0, host.size()};
-  const rt::ec_id ec = f.install(c);
+  const rt::ec_id ec = f.install(load(name, target), {.name = name, .window = rt::host_window{region.value(), 0, host.size()}});
   auto mem = f.rt->handler_memory(ec);
   REQUIRE(mem.size() >= sizeof(State));
   std::memcpy(mem.data(), &state, sizeof(State));

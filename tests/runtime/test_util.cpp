@@ -151,6 +151,12 @@ rt::ec_id fixture::install(const rt::ec_config& c) {
   return *r;
 }
 
+rt::ec_id fixture::install(const rt::loaded_package& lp, rt::ec_config c) {
+  auto b = lp.bind(c);
+  REQUIRE_MESSAGE(b.ok(), b.err().message);
+  return install(c);
+}
+
 std::uint64_t fixture::word(rt::ec_id ec, std::uint64_t off) {
   std::uint64_t v = 0;
   auto m = rt->handler_memory(ec);

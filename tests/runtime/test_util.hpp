@@ -2,6 +2,7 @@
 // every frame handed to the runtime is released exactly once.
 #pragma once
 
+#include <spin/rt/loader.hpp>
 #include <spin/rt/runtime.hpp>
 
 #include <atomic>
@@ -77,6 +78,9 @@ struct fixture {
   ~fixture();
   /// Installs `c`; fails the test when install fails.
   rt::ec_id install(const rt::ec_config& c);
+  /// Binds the package's handlers to `c` (rt::loaded_package::bind), then installs it; fails
+  /// the test when either fails.
+  rt::ec_id install(const rt::loaded_package& lp, rt::ec_config c);
   /// Reads the u64 at byte `off` of EC `ec`'s handler memory.
   std::uint64_t word(rt::ec_id ec, std::uint64_t off);
   /// The statistics of EC `ec`.
