@@ -1,4 +1,4 @@
-// Test handlers that send the packet they run on (echo, multicast) start from this descriptor.
+// What test handlers that send the packet they run on (echo, multicast) share.
 #pragma once
 
 #include <spin/handler.hpp>
@@ -20,6 +20,16 @@ inline send_desc this_packet(const ctx* c) {
   d.flags = c->msg.flags & (msg_start | msg_end);
   d.packet_index = c->msg.packet_index;
   return d;
+}
+
+/// Ping-pong: sends the packet back to its sender as message id + 1000, with match bits +
+/// `match_delta` (1: the answer goes to the next EC). success, or drop when the send fails.
+inline ret echo(ctx* c, u64 match_delta = 0) {
+  send_desc d = this_packet(c);
+  d.dest_rank = c->msg.source_rank;
+  d.match_bits += match_delta;
+  d.message_id += 1000;
+  return c->send(d) == errc::ok ? ret::success : ret::drop;
 }
 
 } // namespace spin::test

@@ -27,20 +27,11 @@ using namespace std::chrono_literals;
 namespace {
 
 SPIN_PAYLOAD_HANDLER(echo_ph) {
-  // Ping-pong: returns each packet to its sender as message id + 1000.
-  send_desc d = test::this_packet(ctx);
-  d.dest_rank = ctx->msg.source_rank;
-  d.message_id += 1000;
-  return ctx->send(d) == errc::ok ? ret::success : ret::drop;
+  return test::echo(ctx);  // each packet back to its sender as message id + 1000
 }
 
 SPIN_PAYLOAD_HANDLER(echo_next_ph) {
-  // Like echo_ph, with the next match bits: the answer goes to another EC.
-  send_desc d = test::this_packet(ctx);
-  d.dest_rank = ctx->msg.source_rank;
-  d.match_bits += 1;
-  d.message_id += 1000;
-  return ctx->send(d) == errc::ok ? ret::success : ret::drop;
+  return test::echo(ctx, 1);  // like echo_ph, with the next match bits: the answer goes to another EC
 }
 
 SPIN_COMPLETION_HANDLER(event_ch) {

@@ -111,11 +111,7 @@ rt::runtime_config sending_config(rt::memory_transmitter& tx, std::uint32_t hpus
 }
 
 SPIN_PAYLOAD_HANDLER(echo_ph) {
-  // Ping-pong: returns each packet to its sender as message id + 1000.
-  send_desc d = test::this_packet(ctx);
-  d.dest_rank = ctx->msg.source_rank;
-  d.message_id += 1000;
-  return ctx->send(d) == errc::ok ? ret::success : ret::drop;
+  return test::echo(ctx);  // each packet back to its sender as message id + 1000
 }
 
 // Reads the packet's collective fields and sends them on with epoch + 1 (msg_coll), and once

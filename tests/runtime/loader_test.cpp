@@ -605,6 +605,23 @@ TEST_CASE("an eBPF handler that reads past its window is rejected at load, quoti
   CHECK(contains(r.err().message, "memory boundary violation"));
 }
 
+namespace {
+// bpf_misuse's three handlers each test one thing: installs its package without the others.
+rt::ec_id install_without(fixture& f, const rt::loaded_package& lp, const std::string& name,
+                          std::initializer_list<handler_kind> without) {
+  rt::ec_config c{.name = name};
+  auto b = lp.bind(c);
+  REQUIRE_MESSAGE(b.ok(), b.err().message);
+  for (handler_kind k : without) {
+    rt::handler_ref& h = k == handler_kind::header    ? c.handlers.header
+                         : k == handler_kind::payload ? c.handlers.payload
+                                                      : c.handlers.completion;
+    h = nullptr;
+  }
+  return f.install(c);
+}
+} // namespace
+
 TEST_CASE("a handler that uses a null pointer faults, is stopped, and the runtime goes on") {
 #if defined(SPIN_TSAN)
   MESSAGE("fault catching is off under ThreadSanitizer (runtime_config::catch_faults)");
@@ -613,12 +630,7 @@ TEST_CASE("a handler that uses a null pointer faults, is stopped, and the runtim
     CAPTURE(std::string(v.name));
     rt::loaded_package lp = load(std::string("bpf_misuse.") + v.package, v.exec);
     fixture f(2);
-    rt::ec_config c;
-    c.name = "misuse";
-    REQUIRE(lp.bind(c).ok());
-    c.handlers.header = nullptr;
-    c.handlers.completion = nullptr;
-    const rt::ec_id ec = f.install(c);
+    const rt::ec_id ec = install_without(f, lp, "misuse", {handler_kind::header, handler_kind::completion});
     std::vector<rt::packet> pkts;
     for (std::uint64_t m = 0; m < 4; ++m)
       for (auto& p : message_packets(f.pool, 0, 1, m, 64, 64)) pkts.push_back(p);
@@ -640,11 +652,7 @@ TEST_CASE("an eBPF handler cannot widen its reach by writing to its context") {
     CAPTURE(std::string(v.name));
     rt::loaded_package lp = load("bpf_misuse.ebpf", v.exec);
     fixture f(1);
-    rt::ec_config c;
-    c.name = "scribble";
-    REQUIRE(lp.bind(c).ok());
-    c.handlers.payload = nullptr;
-    const rt::ec_id ec = f.install(c);
+    const rt::ec_id ec = install_without(f, lp, "scribble", {handler_kind::payload});
     REQUIRE(feed(*f.rt, message_packets(f.pool, 0, 1, 1, 32, 64)));
     // The handler got null for the out-of-range request and wrote 42 through a valid pointer.
     CHECK(f.word(ec, 0) == 42);
@@ -659,12 +667,7 @@ TEST_CASE("atomics through the eBPF bridge match native atomics, signed values i
     CAPTURE(std::string(v.name));
     rt::loaded_package lp = load(std::string("bpf_misuse.") + v.package, v.exec);
     fixture f(1);
-    rt::ec_config c;
-    c.name = "atomics";
-    REQUIRE(lp.bind(c).ok());
-    c.handlers.header = nullptr;
-    c.handlers.payload = nullptr;
-    const rt::ec_id ec = f.install(c);
+    const rt::ec_id ec = install_without(f, lp, "atomics", {handler_kind::header, handler_kind::payload});
     std::vector<rt::packet> pkts;
     for (std::uint64_t m = 0; m < 3; ++m)
       for (auto& p : message_packets(f.pool, 0, 1, m, 16, 64)) pkts.push_back(p);
