@@ -39,18 +39,8 @@ struct world {
 
   world(const emu::topology& t, options o = {}, std::uint32_t group_id = 1, switches sw = switches::none,
         const fabric_options& fo = {}, std::uint32_t lcores = 0) {
-    emu::cluster_options co;
-    co.lcores = lcores;
-    auto c = emu::cluster::create(t, co);
-    REQUIRE_MESSAGE(c.ok(), (c.ok() ? "" : c.err().message));
-    cluster = std::move(c.value());
-    drv.start(*cluster);
-    if (sw == switches::fabric) {
-      auto f = fabric::create(*cluster, fo);
-      REQUIRE_MESSAGE(f.ok(), (f.ok() ? "" : f.err().message));
-      fab = std::move(f.value());
-      o.switches = fab.get();
-    }
+    start(t, sw, fo, lcores);
+    if (fab) o.switches = fab.get();
     group g;
     g.id = group_id;
     const auto hosts = static_cast<std::uint32_t>(t.host_count());
@@ -62,6 +52,8 @@ struct world {
       comms.push_back(std::move(cm.value()));
     }
   }
+  /// The cluster and its switches' fabric only: the test makes its own groups.
+  world(const emu::topology& t, const fabric_options& fo) { start(t, switches::fabric, fo, 0); }
   std::uint32_t size() const { return static_cast<std::uint32_t>(comms.size()); }
 
   /// Runs f(rank) on one thread per rank and returns each rank's result.
@@ -71,6 +63,21 @@ struct world {
     for (std::uint32_t r = 0; r < size(); ++r) th.emplace_back([&, r] { out[r] = f(r); });
     for (auto& t : th) t.join();
     return out;
+  }
+
+private:
+  void start(const emu::topology& t, switches sw, const fabric_options& fo, std::uint32_t lcores) {
+    emu::cluster_options co;
+    co.lcores = lcores;
+    auto c = emu::cluster::create(t, co);
+    REQUIRE_MESSAGE(c.ok(), (c.ok() ? "" : c.err().message));
+    cluster = std::move(c.value());
+    drv.start(*cluster);
+    if (sw == switches::fabric) {
+      auto f = fabric::create(*cluster, fo);
+      REQUIRE_MESSAGE(f.ok(), (f.ok() ? "" : f.err().message));
+      fab = std::move(f.value());
+    }
   }
 };
 

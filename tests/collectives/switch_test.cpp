@@ -241,19 +241,13 @@ TEST_CASE("a switch epoch that stalls without loss sends nothing twice: its repa
 TEST_CASE("groups share a switch's slots first come, first served; a group without slots runs on the edge ring and says why") {
   std::vector<std::string> lines;
   log_lines = &lines;
-  emu::cluster_options co;
-  auto c = emu::cluster::create(emu::star(4, {}), co);
-  REQUIRE(c.ok());
-  test::driver drv;
-  drv.start(*c.value());
   fabric_options fo;
   fo.slots_per_switch = 100;
-  auto fab = fabric::create(*c.value(), fo);
-  REQUIRE(fab.ok());
+  world w(emu::star(4, {}), fo);
   auto make = [&](std::uint32_t id, std::vector<std::uint32_t> members, std::uint32_t slots) {
     std::vector<std::unique_ptr<communicator>> out;
     options o;
-    o.switches = fab.value().get();
+    o.switches = w.fab.get();
     o.switch_slots = slots;
     o.log = capture_log;
     group g;
@@ -261,7 +255,7 @@ TEST_CASE("groups share a switch's slots first come, first served; a group witho
     g.members = members;
     for (std::uint32_t i = 0; i < members.size(); ++i) {
       g.me = i;
-      auto cm = communicator::create(*c.value()->host(members[i]), g, o);
+      auto cm = communicator::create(*w.cluster->host(members[i]), g, o);
       REQUIRE_MESSAGE(cm.ok(), cm.err().message);
       out.push_back(std::move(cm.value()));
     }
@@ -271,7 +265,7 @@ TEST_CASE("groups share a switch's slots first come, first served; a group witho
   auto b = make(2, {0, 1}, 64);  // 36 left: refused
   auto cgroup = make(3, {2, 3}, 32);
   {
-    const auto u = fab.value()->usage();
+    const auto u = w.fab->usage();
     REQUIRE(u.size() == 1);
     CHECK(u[0].free == 4);
     CHECK(u[0].groups == 2);
@@ -327,26 +321,20 @@ TEST_CASE("groups share a switch's slots first come, first served; a group witho
   CHECK(refused.err().message.find("free slots") != std::string::npos);
   // Slots come back when a group ends.
   a.clear();
-  CHECK(fab.value()->usage()[0].free == 68);
+  CHECK(w.fab->usage()[0].free == 68);
   b.clear();
   cgroup.clear();
-  CHECK(fab.value()->usage()[0].free == 100);
+  CHECK(w.fab->usage()[0].free == 100);
   log_lines = nullptr;
 }
 
 TEST_CASE("switch_wait gives every member of a group one answer: a member that joins while the first waits for slots gets them too") {
-  emu::cluster_options co;
-  auto c = emu::cluster::create(emu::star(4, {}), co);
-  REQUIRE(c.ok());
-  test::driver drv;
-  drv.start(*c.value());
   fabric_options fo;
   fo.slots_per_switch = 100;
-  auto fab = fabric::create(*c.value(), fo);
-  REQUIRE(fab.ok());
+  world w(emu::star(4, {}), fo);
   auto make = [&](std::uint32_t id, std::vector<std::uint32_t> members, std::uint32_t me, std::chrono::milliseconds wait) {
     options o;
-    o.switches = fab.value().get();
+    o.switches = w.fab.get();
     o.switch_slots = 64;
     o.switch_wait = wait;
     o.log = capture_log;
@@ -354,7 +342,7 @@ TEST_CASE("switch_wait gives every member of a group one answer: a member that j
     g.id = id;
     g.members = std::move(members);
     g.me = me;
-    return communicator::create(*c.value()->host(g.members[me]), g, o);
+    return communicator::create(*w.cluster->host(g.members[me]), g, o);
   };
   // Group 1 holds 64 of the 100 slots; group 2 asks for 64 and may wait 20 s for them.
   std::vector<std::unique_ptr<communicator>> first;
@@ -363,7 +351,7 @@ TEST_CASE("switch_wait gives every member of a group one answer: a member that j
     REQUIRE_MESSAGE(cm.ok(), cm.err().message);
     first.push_back(std::move(cm.value()));
   }
-  REQUIRE(fab.value()->usage()[0].free == 36);
+  REQUIRE(w.fab->usage()[0].free == 36);
   // Both members of group 2 join while the slots are taken: the first waits for them, the second
   // joins during that wait. Then group 1 ends and frees its slots.
   std::vector<result<std::unique_ptr<communicator>>> second;
@@ -378,7 +366,7 @@ TEST_CASE("switch_wait gives every member of a group one answer: a member that j
   t1.join();
   REQUIRE_MESSAGE(second[0].ok(), second[0].err().message);
   REQUIRE_MESSAGE(second[1].ok(), second[1].err().message);
-  CHECK(fab.value()->usage()[0].free == 36);
+  CHECK(w.fab->usage()[0].free == 36);
   // Both members hold the slots: the switch aggregates their allreduce (not_supported otherwise).
   std::vector<std::vector<std::int32_t>> in = {std::vector<std::int32_t>(5000, 3), std::vector<std::int32_t>(5000, 4)};
   std::vector<std::vector<std::int32_t>> out(2, std::vector<std::int32_t>(5000));
