@@ -4,6 +4,8 @@
 //   wire_samples --example   prints the example frame as a hex dump
 #include <spin/rt/wire.hpp>
 
+#include "../common/wire_example.hpp"
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -79,15 +81,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (std::strcmp(argv[1], "--example") == 0) {
-    wire::header h;
-    h.flags = wire::flag_start | wire::flag_end;
-    h.source_rank = 1;
-    h.match_bits = 0x2a;
-    h.message_id = 7;
-    h.message_len = 4;
-    const std::vector<std::byte> payload{std::byte{0xde}, std::byte{0xad}, std::byte{0xbe}, std::byte{0xef}};
-    std::vector<std::byte> out(wire::encoded_len(h, payload.size()));
-    const std::size_t n = wire::encode(wire::rank_endpoint(1), wire::rank_endpoint(2), h, payload, out);
+    const std::vector<std::byte> out = spin::test::wire_example_frame();
+    const std::size_t n = out.size();
     for (std::size_t i = 0; i < n; ++i)
       std::printf("%s%02x%s", i % 16 == 0 ? (i == 0 ? "" : "\n") : " ", std::to_integer<unsigned>(out[i]),
                   i + 1 == n ? "\n" : "");

@@ -1,3 +1,4 @@
+#include "../common/wire_example.hpp"
 #include "test_util.hpp"
 
 #include <spin/rt/runtime.hpp>
@@ -404,15 +405,7 @@ TEST_CASE("the encoder puts every field at its documented offset in network byte
 
 TEST_CASE("the example frame of docs/wire-format.md is what the encoder produces") {
   // Keep in sync with the "Worked example" section (printed by tests/fuzz/wire_samples --example).
-  wire::header h;
-  h.flags = wire::flag_start | wire::flag_end;
-  h.source_rank = 1;
-  h.match_bits = 0x2a;
-  h.message_id = 7;
-  h.message_len = 4;
-  const bytes payload{std::byte{0xde}, std::byte{0xad}, std::byte{0xbe}, std::byte{0xef}};
-  bytes f(wire::encoded_len(h, payload.size()));
-  REQUIRE(wire::encode(wire::rank_endpoint(1), wire::rank_endpoint(2), h, payload, f) == f.size());
+  const bytes f = spin::test::wire_example_frame();
   const std::array<std::uint8_t, 92> expected = {
       0x02, 0x53, 0x50, 0x00, 0x00, 0x02, 0x02, 0x53, 0x50, 0x00, 0x00, 0x01, 0x08, 0x00, 0x45, 0x00,
       0x00, 0x4e, 0x00, 0x00, 0x40, 0x00, 0x40, 0x11, 0x25, 0xf7, 0x0a, 0x53, 0x00, 0x01, 0x0a, 0x53,
