@@ -4,7 +4,7 @@
 
 #include <spin/coll/protocol.hpp>
 #include <spin/siphash.hpp>
-#include <spin/rt/result.hpp>
+#include <spin/result.hpp>
 
 #include <cerrno>
 #include <cstddef>

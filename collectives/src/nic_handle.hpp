@@ -7,7 +7,7 @@
 #include <spin/coll/coll.hpp>
 #include <spin/host/groups.hpp>
 #include <spin/host/message.hpp>
-#include <spin/rt/result.hpp>
+#include <spin/result.hpp>
 #include <spin/rt/runtime.hpp>
 
 #include <chrono>

@@ -3,7 +3,7 @@
 // /usr/share/datasets/fashion-mnist.
 #pragma once
 
-#include <spin/rt/result.hpp>
+#include <spin/result.hpp>
 
 #include <cstdint>
 #include <string>

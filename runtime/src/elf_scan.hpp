@@ -2,7 +2,7 @@
 // that a package's object is what its manifest says before handing it to dlopen or rte_bpf.
 #pragma once
 
-#include <spin/rt/result.hpp>
+#include <spin/result.hpp>
 
 #include <cstddef>
 #include <cstdint>

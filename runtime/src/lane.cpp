@@ -1,8 +1,9 @@
 // The per-HPU packet path (run to completion): a frame is parsed, steered to the HPU that owns
 // its message, matched to an EC, checked against its message's window, and handled at once:
-// the header handler when its header packet arrives, then the payload handler of every packet
-// the header handler let through (parked ones first), then the completion handler when the
-// last packet is in. Nothing crosses to another core on this path but steered frames.
+// the header handler when its header packet arrives, then that packet's payload handler, then
+// those of the packets parked before it, then the payload handler of every later packet the
+// header handler let through, then the completion handler when the last packet is in. Nothing
+// crosses to another core on this path but steered frames.
 #include "core.hpp"
 
 #include <algorithm>

@@ -25,7 +25,7 @@
 #include <spin/coll/protocol.hpp>
 #include <spin/coll/types.hpp>
 #include <spin/rt/package.hpp>
-#include <spin/rt/result.hpp>
+#include <spin/result.hpp>
 
 #include <array>
 #include <chrono>

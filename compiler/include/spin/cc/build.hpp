@@ -28,7 +28,7 @@
 
 #include <spin/cc/check.hpp>
 #include <spin/rt/package.hpp>
-#include <spin/rt/result.hpp>
+#include <spin/result.hpp>
 
 #include <cstdint>
 #include <functional>

@@ -10,7 +10,7 @@
 
 #include <spin/handler.hpp>
 #include <spin/rt/package.hpp>
-#include <spin/rt/result.hpp>
+#include <spin/result.hpp>
 
 #include <cstddef>
 #include <cstdint>

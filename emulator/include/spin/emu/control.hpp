@@ -72,7 +72,7 @@
 #include <spin/emu/nic_control.hpp>
 #include <span>
 #include <spin/host/protocol.hpp>
-#include <spin/rt/result.hpp>
+#include <spin/result.hpp>
 
 #include <chrono>
 #include <cstddef>

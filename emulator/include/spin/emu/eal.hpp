@@ -1,7 +1,7 @@
 // DPDK's Environment Abstraction Layer, initialised once per process.
 #pragma once
 
-#include <spin/rt/result.hpp>
+#include <spin/result.hpp>
 
 #include <string>
 #include <vector>

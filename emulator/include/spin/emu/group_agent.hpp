@@ -37,7 +37,7 @@
 
 #include <spin/emu/nic_control.hpp>
 #include <spin/host/groups.hpp>
-#include <spin/rt/result.hpp>
+#include <spin/result.hpp>
 
 #include <array>
 #include <chrono>

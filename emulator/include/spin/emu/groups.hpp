@@ -20,7 +20,7 @@
 #pragma once
 
 #include <spin/host/groups.hpp>
-#include <spin/rt/result.hpp>
+#include <spin/result.hpp>
 
 #include <chrono>
 #include <cstdint>

@@ -3,7 +3,7 @@
 // l3fwd-power does the same with RX interrupts).
 #pragma once
 
-#include <spin/rt/result.hpp>
+#include <spin/result.hpp>
 
 #include <atomic>
 #include <chrono>

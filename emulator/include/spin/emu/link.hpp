@@ -3,7 +3,7 @@
 // unit-testable); `link` moves mbufs between two rte_rings according to it.
 #pragma once
 
-#include <spin/rt/result.hpp>
+#include <spin/result.hpp>
 
 #include <atomic>
 #include <chrono>

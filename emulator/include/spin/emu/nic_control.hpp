@@ -6,7 +6,7 @@
 #include <spin/emu/groups.hpp>
 #include <spin/host/message.hpp>
 #include <spin/host/stats.hpp>
-#include <spin/rt/result.hpp>
+#include <spin/result.hpp>
 #include <spin/rt/runtime.hpp>
 
 #include <chrono>

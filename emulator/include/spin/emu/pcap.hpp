@@ -3,7 +3,7 @@
 // write and we replay what they captured. tools/spin.lua dissects the spin header in them.
 #pragma once
 
-#include <spin/rt/result.hpp>
+#include <spin/result.hpp>
 #include <spin/rt/wire.hpp>
 
 #include <cstddef>

@@ -3,7 +3,7 @@
 #pragma once
 
 #include <spin/host/stats.hpp>
-#include <spin/rt/result.hpp>
+#include <spin/result.hpp>
 
 #include <cstdint>
 #include <memory>

@@ -35,7 +35,7 @@
 #pragma once
 
 #include <spin/emu/link.hpp>
-#include <spin/rt/result.hpp>
+#include <spin/result.hpp>
 
 #include <cstdint>
 #include <optional>

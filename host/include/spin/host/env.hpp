@@ -2,7 +2,7 @@
 // SPIN_TORCH_*, a launcher's local rank): one parser, so every variable is refused the same way.
 #pragma once
 
-#include <spin/rt/result.hpp>
+#include <spin/result.hpp>
 
 #include <array>
 #include <cstdint>

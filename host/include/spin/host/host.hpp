@@ -14,7 +14,7 @@
 #include <spin/host/stats.hpp>
 #include <spin/host/shm.hpp>
 #include <spin/rt/package.hpp>
-#include <spin/rt/result.hpp>
+#include <spin/result.hpp>
 #include <spin/rt/runtime.hpp>
 
 #include <chrono>

@@ -20,7 +20,7 @@
 #include <spin/host/message.hpp>
 #include <spin/host/stats.hpp>
 #include <spin/rt/package.hpp>
-#include <spin/rt/result.hpp>
+#include <spin/result.hpp>
 #include <spin/rt/runtime.hpp>
 
 #include <chrono>

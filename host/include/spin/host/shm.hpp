@@ -9,7 +9,7 @@
 // an access inside the mapping into SIGBUS by truncating the file.
 #pragma once
 
-#include <spin/rt/result.hpp>
+#include <spin/result.hpp>
 #include <spin/rt/runtime.hpp>
 
 #include <chrono>

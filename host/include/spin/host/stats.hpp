@@ -5,7 +5,7 @@
 // Thread safety: plain values; every function is pure.
 #pragma once
 
-#include <spin/rt/result.hpp>
+#include <spin/result.hpp>
 #include <spin/rt/stats.hpp>
 
 #include <array>

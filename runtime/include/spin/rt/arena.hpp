@@ -2,7 +2,7 @@
 // accounting. Control path only (install/uninstall); the data path never allocates.
 #pragma once
 
-#include <spin/rt/result.hpp>
+#include <spin/result.hpp>
 
 #include <cstddef>
 #include <cstdint>

@@ -10,7 +10,7 @@
 #pragma once
 
 #include <spin/rt/package.hpp>
-#include <spin/rt/result.hpp>
+#include <spin/result.hpp>
 #include <spin/rt/runtime.hpp>
 
 #include <memory>

@@ -9,7 +9,7 @@
 #pragma once
 
 #include <spin/handler.hpp>
-#include <spin/rt/result.hpp>
+#include <spin/result.hpp>
 
 #include <cstddef>
 #include <cstdint>

@@ -23,7 +23,7 @@
 #pragma once
 
 #include <spin/handler.hpp>
-#include <spin/rt/result.hpp>
+#include <spin/result.hpp>
 #include <spin/rt/stats.hpp>
 #include <spin/rt/tx.hpp>
 #include <spin/rt/wire.hpp>

@@ -3,7 +3,7 @@
 #pragma once
 
 #include <spin/handler.hpp>
-#include <spin/rt/result.hpp>
+#include <spin/result.hpp>
 #include <spin/rt/wire.hpp>
 
 #include <array>
