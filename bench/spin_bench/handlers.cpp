@@ -37,7 +37,6 @@
 
 #include "../common.hpp"
 
-#include <spin/cc/object.hpp>
 #include <spin/emu/eal.hpp>
 #include <spin/emu/lcore.hpp>
 #include <spin/emu/nic.hpp>
@@ -53,6 +52,7 @@
 #include <spin/std/isum.hpp>
 #include <spin/std/strided_unpack.hpp>
 
+#include <bpf/libbpf.h>
 #include <rte_dev.h>
 #include <rte_errno.h>
 #include <rte_ethdev.h>
@@ -687,6 +687,25 @@ std::string package_path(const handlers_options& o, const std::string& name, con
   return o.package_dir + "/" + name + "." + target + ".spkg";
 }
 
+// Instructions of the payload handler (its program in section ".spin.payload.<name>") of an
+// eBPF package's object, as libbpf reads the ELF; 0 when libbpf refuses the object or it has
+// no payload handler (the row then names no count). libbpf's warnings are not printed.
+std::uint32_t payload_insns(std::span<const std::byte> elf) {
+  const libbpf_print_fn_t previous = libbpf_set_print(nullptr);
+  bpf_object* obj = bpf_object__open_mem(elf.data(), elf.size(), nullptr);
+  std::uint32_t n = 0;
+  if (libbpf_get_error(obj) == 0) {
+    bpf_program* p = nullptr;
+    bpf_object__for_each_program(p, obj) {
+      if (std::string_view(bpf_program__section_name(p)).starts_with(".spin.payload."))
+        n = static_cast<std::uint32_t>(bpf_program__insn_cnt(p));
+    }
+    bpf_object__close(obj);
+  }
+  libbpf_set_print(previous);
+  return n;
+}
+
 // Measures one (handler, target, size, HPU count) row.
 bool run_row(const handlers_options& o, const handler_spec& h, const std::string& target, const loaded& lp, std::uint32_t size,
              std::uint32_t hpus, row& r) {
@@ -976,12 +995,7 @@ bool load_packages(const handlers_options& o, const plan& p, std::map<std::strin
                      pk.err().message.c_str());
         return false;
       }
-      if (t == "ebpf") {
-        auto facts = cc::inspect_bpf_object(pk->object);
-        if (facts)
-          for (const auto& prog : facts->programs)
-            if (prog.section.find(".spin.payload.") == 0) l.bpf_insns = prog.insn_count;
-      }
+      if (t == "ebpf") l.bpf_insns = payload_insns(pk->object);
       auto lp = rt::load_package(*pk, lo);
       if (!lp) {
         std::fprintf(stderr, "spin-bench handlers: %s: %s\n", path.c_str(), lp.err().message.c_str());
