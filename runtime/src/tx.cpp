@@ -6,7 +6,7 @@ namespace spin::rt {
 
 // Each record in a queue: [u32 frame_len][u32 dest_rank][frame bytes].
 memory_transmitter::memory_transmitter(std::uint32_t hpus, std::size_t capacity_bytes, std::uint32_t source_rank,
-                               std::uint32_t mtu_payload_bytes)
+                                       std::uint32_t mtu_payload_bytes)
     : _q(hpus), _source_rank(source_rank), _mtu_payload(mtu_payload_bytes) {
   for (auto& q : _q) q.buf.resize(capacity_bytes);
 }

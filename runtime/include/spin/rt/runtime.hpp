@@ -225,7 +225,7 @@ struct runtime_config {
   std::uint16_t udp_port = wire::default_udp_port;
   std::uint32_t max_dma_in_flight = 64;     ///< non-blocking DMAs per invocation
   dma_model dma;
-  transmitter* tx = nullptr;                    ///< where handler sends go; null: sends fail (not_supported)
+  transmitter* tx = nullptr;                ///< where handler sends go; null: sends fail (not_supported)
   release_fn release = nullptr;             ///< null: packets are not returned to anyone
   /// Makes a packet with a tail contiguous and private (see `packet`). Null: such packets are
   /// dropped as no_private_copy where they would need it.

@@ -64,7 +64,7 @@ class memory_transmitter final : public transmitter {
 public:
   /// `hpus` queues of `capacity_bytes` each; frames carry `source_rank` as sender address.
   memory_transmitter(std::uint32_t hpus, std::size_t capacity_bytes, std::uint32_t source_rank,
-                 std::uint32_t mtu_payload_bytes = 4096);
+                     std::uint32_t mtu_payload_bytes = 4096);
   errc send(std::uint32_t hpu, std::uint32_t dest_rank, const wire::header& h,
             std::span<const std::byte> payload) noexcept override;
   std::uint32_t max_payload_bytes() const noexcept override { return _mtu_payload; }
