@@ -133,8 +133,13 @@ namespace detail {
 /// Index of the highest set bit of v (v > 0).
 constexpr i32 top_bit(u64 v) {
   i32 t = 0;
-  for (u32 i = 0; i < 64; ++i)
-    if ((v >> i) != 0) t = static_cast<i32>(i);
+  for (u32 i = 0; i < 6; ++i) {  // binary search: steps of 32, 16, 8, 4, 2, 1 bits
+    const u32 step = 32u >> i;
+    if ((v >> step) != 0) {
+      v >>= step;
+      t += static_cast<i32>(step);
+    }
+  }
   return t;
 }
 
