@@ -149,6 +149,23 @@ TEST_CASE("under every scale, every code decodes to its value x 2^(scale-127), i
   }
 }
 
+template <mx::element E> std::size_t decode_of_mismatches() {
+  std::size_t wrong = 0;
+  for (unsigned s = 0; s < 256; ++s)
+    for (unsigned c = 0; c < 256; ++c)
+      wrong += mx::decode_of<E>(std::uint8_t(s), std::uint8_t(c)) != mx::decode(E, std::uint8_t(s), std::uint8_t(c));
+  return wrong;
+}
+
+TEST_CASE("the branch-free decode_of gives decode's bits for every scale and code") {
+  CHECK(decode_of_mismatches<mx::element::fp8_e4m3>() == 0);
+  CHECK(decode_of_mismatches<mx::element::fp8_e5m2>() == 0);
+  CHECK(decode_of_mismatches<mx::element::fp6_e3m2>() == 0);
+  CHECK(decode_of_mismatches<mx::element::fp6_e2m3>() == 0);
+  CHECK(decode_of_mismatches<mx::element::fp4_e2m1>() == 0);
+  CHECK(decode_of_mismatches<mx::element::int8>() == 0);
+}
+
 TEST_CASE("conversion rounds to nearest with ties to even and clamps to the largest normal, as the reference does") {
   std::mt19937_64 rng(20261205);
   for (mx::element e : all) {

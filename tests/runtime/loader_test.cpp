@@ -3,6 +3,7 @@
 // handlers give the same results. Packages are built by spinc at build time (tests/meson.build).
 #include "test_util.hpp"
 
+#include <spin/coll/mx.hpp>
 #include <spin/rt/loader.hpp>
 #include <spin/rt/package.hpp>
 #include <spin/rt/runtime.hpp>
@@ -22,6 +23,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -594,6 +596,42 @@ TEST_CASE("integer corner cases agree on native, eBPF-JIT and eBPF-interpreter, 
     CHECK(row[5] == static_cast<std::uint64_t>(m));
     CHECK(row[20] == (a < b ? 1u : 0u));
     CHECK(row[21] == (sa < sb ? 1u : 0u));
+  }
+}
+
+TEST_CASE("MX blocks decode to the same float32 bits natively, JIT-compiled and interpreted") {
+  // One block per element type: random codes under a scale that is not NaN (both ends of the
+  // range too), in the wire layout behind the element type's byte; the host's decode of the
+  // same codes is the expectation. The eBPF build loads only because decode_of has no branch.
+  std::mt19937 rng(11);
+  std::vector<std::vector<std::byte>> payloads;
+  std::vector<std::uint32_t> want;
+  for (std::uint32_t t = 0; t < coll::mx::element_count; ++t) {
+    const auto e = static_cast<coll::mx::element>(t);
+    const std::uint32_t mask = (1u << coll::mx::spec_of(e).bits) - 1;
+    std::uint8_t codes[coll::mx::block_elements], packed[coll::mx::block_elements] = {};
+    for (auto& c : codes) c = static_cast<std::uint8_t>(rng() & mask);
+    const auto scale = static_cast<std::uint8_t>(t == 0 ? 254 : t == 1 ? 0 : 100 + rng() % 60);
+    coll::mx::pack(e, codes, packed);
+    std::vector<std::byte> p(34);
+    p[0] = std::byte(t);
+    p[1] = std::byte(scale);
+    std::memcpy(p.data() + 2, packed, coll::mx::block_bytes(e) - 1);
+    payloads.push_back(p);
+    for (std::uint8_t c : codes) want.push_back(coll::mx::decode(e, scale, c));
+  }
+  for (const variant& v : variants) {
+    CAPTURE(std::string(v.name));
+    rt::loaded_package lp = load(std::string("mx_decode.") + v.package, v.exec);
+    fixture f(1);
+    const rt::ec_id ec = f.install(lp, {.name = "mx"});
+    std::vector<rt::packet> pkts;
+    for (std::uint32_t t = 0; t < payloads.size(); ++t) pkts.push_back(f.pool.add(data_header(0, 0, t + 1, 0, 1, 34, 34), payloads[t]));
+    REQUIRE(feed(*f.rt, pkts));
+    CHECK(f.ec_stats(ec).kinds[1].faults == 0);
+    std::vector<std::uint32_t> got(want.size());
+    std::memcpy(got.data(), f.rt->handler_memory(ec).data(), got.size() * 4);
+    CHECK(got == want);
   }
 }
 

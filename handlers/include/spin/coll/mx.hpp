@@ -1,9 +1,10 @@
 // OCP Microscaling (MX) formats, v1.0 (Open Compute Project, "OCP Microscaling Formats (MX)
 // Specification", version 1.0, September 2023): a block of 32 elements shares one E8M0 scale.
 // This header is the one codec of spinnic's MX types: freestanding, constexpr and integer only,
-// so NIC and switch handlers and host code (spin::coll, tests) share it. decode and unpack build
-// for eBPF too (spinc --target ebpf); encode_block does not yet: clang's BPF back end puts its
-// unrolled 32-element loop over the 512-byte stack, so encoding runs in native handlers.
+// so NIC and switch handlers and host code (spin::coll, tests) share it. On eBPF, handlers decode
+// with decode_of<E> (branch-free, so that DPDK's validator can load a loop over a block) and
+// unpack; encode_block does not build for eBPF yet (clang's BPF back end puts its unrolled
+// 32-element loop over the 512-byte stack), so encoding runs in native handlers.
 //
 // What it implements, with the spec's section:
 //   - element encodings (section 5.3): FP8 E4M3 and E5M2 (bias 7 and 15; E4M3 has no infinity
@@ -180,6 +181,65 @@ constexpr u32 decode(element e, u8 scale, u8 code) {
   if (x.kind == 2) return f32_nan;
   if (x.kind == 1) return (x.sign << 31) | 0x7f800000u;
   return detail::f32_from(x.sign, x.q, x.exp2 + static_cast<i32>(scale) - scale_bias);
+}
+
+namespace detail {
+/// All ones when a < 0, else 0. The operand is hidden from the optimiser before the shift and
+/// the bit after it: clang would otherwise turn the shift back into a comparison, which eBPF
+/// can only materialise with a branch.
+/// The mask itself is hidden too: known to be 0 or all ones, `(m & a) | (~m & b)` would become
+/// a select, which is a branch again.
+constexpr u32 neg_mask(i32 a) {
+  return spin::detail::opaque(0u - spin::detail::opaque(spin::detail::opaque(static_cast<u32>(a)) >> 31));
+}
+/// All ones when a == 0, else 0 (hidden like neg_mask).
+constexpr u32 zero_mask(u32 a) { return spin::detail::opaque(0u - (1 - spin::detail::nonzero(a))); }
+} // namespace detail
+
+/// decode for an element type known at compile time, without a branch: what eBPF handlers use.
+/// Each branch in a loop over a block's 32 elements doubles the paths DPDK's validator walks
+/// when it loads the program; 32 of them make a program it cannot load. Same bits as decode
+/// for every scale and code (test mx).
+template <element E> constexpr u32 decode_of(u8 scale, u8 code) {
+  using detail::neg_mask;
+  using detail::zero_mask;
+  constexpr format f = spec_of(E);
+  u32 sign = 0, q = 0, nan_m = 0, inf_m = 0;
+  i32 exp2 = -6;
+  if constexpr (E == element::int8) {
+    const u32 neg = spin::detail::opaque(0u - (static_cast<u32>(code) >> 7));
+    sign = neg & 1;
+    q = ((static_cast<u32>(code) | (neg << 8)) ^ neg) - neg;  // |two's complement value|, 0 .. 128
+  } else {
+    const u32 c = code & ((1u << f.bits) - 1);
+    sign = c >> (f.bits - 1);
+    const u32 ef = (c >> f.mbits) & ((1u << f.ebits) - 1);
+    const u32 m = c & ((1u << f.mbits) - 1);
+    const u32 normal = spin::detail::nonzero(ef);
+    q = m | (normal << f.mbits);
+    exp2 = static_cast<i32>(ef + (1 - normal)) - f.bias - static_cast<i32>(f.mbits);
+    if constexpr (E == element::fp8_e4m3) nan_m = zero_mask((ef ^ 15) | (m ^ 7));
+    if constexpr (E == element::fp8_e5m2) {
+      const u32 top = zero_mask(ef ^ 31);
+      nan_m = top & ~zero_mask(m);
+      inf_m = top & zero_mask(m);
+    }
+  }
+  // q x 2^x with q <= 128: 1.f x 2^e, a float32 subnormal, or beyond float32's range.
+  const i32 x = exp2 + static_cast<i32>(scale) - scale_bias;
+  u32 t = 0;  // floor(log2 q) for q >= 1
+  for (u32 k = 1; k < 8; ++k) t += static_cast<u32>(lt(u64{(1u << k) - 1}, u64{q}));
+  const i32 e = x + static_cast<i32>(t);
+  const u32 normal_bits = (static_cast<u32>(e + 127) << 23) + ((q << (23 - t)) & 0x7fffffu);
+  const u32 sub_bits = q << (static_cast<u32>(x + 149) & 31);  // used only when e < -126: x + 149 in 0 .. 22
+  const u32 is_sub = neg_mask(e + 126), is_ovf = neg_mask(127 - e);
+  u32 mag = (sub_bits & is_sub) | (normal_bits & ~is_sub);
+  mag = (0x7f800000u & is_ovf) | (mag & ~is_ovf);
+  mag &= ~zero_mask(q);
+  u32 r = (sign << 31) | mag;
+  r = (inf_m & ((sign << 31) | 0x7f800000u)) | (r & ~inf_m);
+  const u32 nan_all = nan_m | zero_mask(static_cast<u32>(scale) ^ scale_nan);
+  return (nan_all & f32_nan) | (r & ~nan_all);
 }
 
 /// The element code of float32 bits `v` divided by 2^shared_exp (finite v), rounded to
