@@ -524,10 +524,14 @@ struct communicator::impl {
     // Through a two-level tree, reductions whose result no order changes go to this rank's
     // leaf first (integers, min, max); the others to the root, whose fixed order gives the
     // edge ring's bits (docs/collectives.md, "Hierarchies").
-    const bool order_free = s.op == static_cast<std::uint8_t>(op::min) || s.op == static_cast<std::uint8_t>(op::max) ||
-                            (s.op != static_cast<std::uint8_t>(op::custom) &&
-                             (s.dtype == static_cast<std::uint8_t>(dtype::i32) || s.dtype == static_cast<std::uint8_t>(dtype::i64) ||
-                              s.dtype == static_cast<std::uint8_t>(dtype::u32) || s.dtype == static_cast<std::uint8_t>(dtype::u64)));
+    // Block formats are not: a leaf's partial is encoded once more, and the scale it chooses
+    // can round values that the flat reduction keeps.
+    const bool block_format = s.op != static_cast<std::uint8_t>(op::custom) && block_values(static_cast<dtype>(s.dtype)) > 1;
+    const bool order_free = !block_format &&
+                            (s.op == static_cast<std::uint8_t>(op::min) || s.op == static_cast<std::uint8_t>(op::max) ||
+                             (s.op != static_cast<std::uint8_t>(op::custom) &&
+                              (s.dtype == static_cast<std::uint8_t>(dtype::i32) || s.dtype == static_cast<std::uint8_t>(dtype::i64) ||
+                               s.dtype == static_cast<std::uint8_t>(dtype::u32) || s.dtype == static_cast<std::uint8_t>(dtype::u64))));
     const std::uint32_t switch_rank = !via_switch ? 0
                                       : kind == pr::coll_kind::allreduce && order_free && !e.lease.leaf_rank.empty()
                                           ? e.lease.leaf_rank[g.me]
@@ -555,7 +559,10 @@ struct communicator::impl {
                                               "rank's block of the output; reduce-scatter: the output is this rank's block of the input)");
     if (nr == 1) return local(kind, in, out, count, s);
 
-    const std::uint32_t pkt_elems = o.packet_bytes / std::max(eb, ab);
+    // Packets carry elements, and on the rings also accumulators (reduce-scatter's partial
+    // sums): a packet holds as many of the larger as fit. Through the switch only elements
+    // travel; the switch combines a packet in parts whose accumulators fit its scratchpad.
+    const std::uint32_t pkt_elems = o.packet_bytes / (via_switch ? eb : std::max(eb, ab));
     // Every rank cuts the same epochs: they depend on options only, never on the buffers.
     const std::uint32_t chunks = kind == pr::coll_kind::broadcast ? 1 : nr;
     std::uint64_t seg = std::min<std::uint64_t>(std::uint64_t{pr::max_packets - chunks} * pkt_elems, o.staging_bytes / eb);

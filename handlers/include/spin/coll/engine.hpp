@@ -139,7 +139,7 @@ template <class Red> struct engine {
   };
   struct fold_narrow_fn {
     void* elem;
-    const void* acc;
+    void* acc;
     const void* last;
     u32 n;
     template <class R> void operator()() const { fold_narrow_n<R>(elem, acc, last, n); }

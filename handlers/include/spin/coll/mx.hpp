@@ -360,4 +360,30 @@ constexpr void unpack(element e, const u8* in, u8* codes) {
   }
 }
 
+/// Element code i (0 .. 31) of a block's packed codes (the wire layout's element bytes).
+constexpr u8 code_at(element e, const u8* packed, u32 i) {
+  const u32 bits = spec_of(e).bits;
+  if (bits == 8) return packed[i];
+  if (bits == 4) return static_cast<u8>((packed[i / 2] >> (4 * (i % 2))) & 0xf);
+  const u32 bit = 6 * i, lo = bit / 8, sh = bit % 8;  // a code spans at most two bytes
+  const u32 w = u32{packed[lo]} | (sh > 2 ? u32{packed[lo + 1]} << 8 : 0u);
+  return static_cast<u8>((w >> sh) & 0x3f);
+}
+
+/// Decodes one block in the wire layout (`block_bytes(e)` bytes: the scale, then the packed
+/// codes) into 32 float32 values as bits.
+constexpr void decode_block(element e, const u8* block, u32* out) {
+  u8 codes[block_elements] = {};
+  unpack(e, block + 1, codes);
+  for (u32 i = 0; i < block_elements; ++i) out[i] = decode(e, block[0], codes[i]);
+}
+
+/// Encodes 32 float32 values (as bits) into one block in the wire layout (`block_bytes(e)`
+/// bytes): encode_block, then pack.
+constexpr void encode_packed(element e, const u32* in, u8* block) {
+  u8 codes[block_elements] = {};
+  block[0] = encode_block(e, in, codes);
+  pack(e, codes, block + 1);
+}
+
 } // namespace spin::coll::mx

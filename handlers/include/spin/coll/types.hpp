@@ -20,8 +20,17 @@
 //   - float min/max propagate NaN (any NaN operand gives NaN, IEEE 754-2019 minimum/maximum)
 //     and order -0 below +0, which makes them commutative and associative. (The handler API's
 //     float_min/float_max atomics follow minNum/maxNum instead.)
+//   - block formats (MX, BFP): an element is a block; widen decodes it into float32 values
+//     (exactly: every MX and BFP value is a float32, except E5M2/E4M3 values under scales near
+//     2^127, which become infinities), combine works on those float32 values as above, and
+//     narrow encodes the block once, choosing its scale from the float32 result (Hoefler,
+//     Khalilov et al. 2026, obstacle 2: never accumulate in the narrow type). The result is
+//     therefore encode(the float32 reduction in the fixed order), bit for bit; a block with a
+//     NaN or an infinity in that result encodes as the NaN block.
 #pragma once
 
+#include <spin/coll/bfp.hpp>
+#include <spin/coll/mx.hpp>
 #include <spin/handler.hpp>
 
 namespace spin::coll {
@@ -36,6 +45,18 @@ enum class dtype : u8 {
   i64 = 6,
   u32 = 7,
   u64 = 8,
+  // Block formats (docs/collectives.md, "Block formats"): one element is a whole block, as it
+  // travels (block_values values in block_bytes bytes); sum, min and max only.
+  mxfp8_e4m3 = 9,   ///< OCP MX v1.0: 32 FP8 E4M3 elements and an E8M0 scale (33 bytes)
+  mxfp8_e5m2 = 10,  ///< OCP MX v1.0: 32 FP8 E5M2 (33 bytes)
+  mxfp6_e3m2 = 11,  ///< OCP MX v1.0: 32 FP6 E3M2 (25 bytes)
+  mxfp6_e2m3 = 12,  ///< OCP MX v1.0: 32 FP6 E2M3 (25 bytes)
+  mxfp4_e2m1 = 13,  ///< OCP MX v1.0: 32 FP4 E2M1 (17 bytes)
+  mxint8 = 14,      ///< OCP MX v1.0: 32 INT8 (33 bytes)
+  bfp8_16 = 15,     ///< block floating point: 16 8-bit mantissas, one 8-bit exponent (17 bytes)
+  bfp8_32 = 16,     ///< 32 8-bit mantissas (33 bytes; the same bits as mxint8)
+  bfp16_16 = 17,    ///< 16 16-bit mantissas (33 bytes)
+  bfp16_32 = 18,    ///< 32 16-bit mantissas (65 bytes)
   custom = 255,  ///< a user reduction's own element type
 };
 
@@ -59,6 +80,16 @@ constexpr const char* name(dtype t) {
   case dtype::i64: return "i64";
   case dtype::u32: return "u32";
   case dtype::u64: return "u64";
+  case dtype::mxfp8_e4m3: return "mxfp8_e4m3";
+  case dtype::mxfp8_e5m2: return "mxfp8_e5m2";
+  case dtype::mxfp6_e3m2: return "mxfp6_e3m2";
+  case dtype::mxfp6_e2m3: return "mxfp6_e2m3";
+  case dtype::mxfp4_e2m1: return "mxfp4_e2m1";
+  case dtype::mxint8: return "mxint8";
+  case dtype::bfp8_16: return "bfp8_16";
+  case dtype::bfp8_32: return "bfp8_32";
+  case dtype::bfp16_16: return "bfp16_16";
+  case dtype::bfp16_32: return "bfp16_32";
   case dtype::custom: return "custom";
   }
   return "?";
@@ -212,7 +243,81 @@ struct bf16_ops {
   static acc widen(elem x) { return spin::detail::bit_cast<float>(bf16_to_f32_bits(x.bits)); }
   static elem narrow(acc a) { return elem{f32_to_bf16_bits(spin::detail::bit_cast<u32>(a))}; }
 };
+/// A block format as the reductions see it: `values` float32 values in `bytes` bytes.
+template <mx::element E> struct mx_codec {
+  static constexpr u32 values = mx::block_elements;
+  static constexpr u32 bytes = mx::block_bytes(E);
+  static void decode(const u8* in, u32* out) { mx::decode_block(E, in, out); }
+  static u32 value(const u8* in, u32 i) { return mx::decode(E, in[0], mx::code_at(E, in + 1, i)); }
+  static void encode(const u32* in, u8* out) { mx::encode_packed(E, in, out); }
+};
+template <u32 Block, u32 Bits> struct bfp_codec {
+  static constexpr bfp::format f{Block, Bits};
+  static constexpr u32 values = Block;
+  static constexpr u32 bytes = bfp::block_bytes(f);
+  static void decode(const u8* in, u32* out) { bfp::decode_block(f, in, out); }
+  static u32 value(const u8* in, u32 i) { return bfp::decode(f, in[0], bfp::mantissa(f, in, i)); }
+  static void encode(const u32* in, u8* out) { bfp::encode_block(f, in, out); }
+};
+/// A block element and its float32 accumulator (kept as bits, so that the codec writes and
+/// reads it in place). `Op::apply(float, float)` combines two values. Besides the value forms
+/// every reduction has (widen, combine, narrow), a block reduction has in-place forms, which
+/// the kernels below use (`in_place`): a block is 128 or more bytes, and value forms would put
+/// several copies of one on a handler's stack.
+template <class Codec, class Op> struct block_ops {
+  struct elem {
+    u8 b[Codec::bytes];
+  };
+  struct acc {
+    u32 bits[Codec::values];  ///< float32 values as bits
+  };
+  static constexpr bool in_place = true;
+  static void widen_into(acc& a, const elem& x) { Codec::decode(x.b, a.bits); }
+  static u32 apply(u32 a, u32 b) {
+    return spin::detail::bit_cast<u32>(Op::apply(spin::detail::bit_cast<float>(a), spin::detail::bit_cast<float>(b)));
+  }
+  static void combine_into(acc& a, const acc& b) {
+    for (u32 i = 0; i < Codec::values; ++i) a.bits[i] = apply(a.bits[i], b.bits[i]);
+  }
+  static void fold_into(acc& a, const elem& x) {
+    for (u32 i = 0; i < Codec::values; ++i) a.bits[i] = apply(a.bits[i], Codec::value(x.b, i));
+  }
+  static void narrow_into(elem& e, const acc& a) { Codec::encode(a.bits, e.b); }
+  static acc widen(elem x) {
+    acc a;
+    widen_into(a, x);
+    return a;
+  }
+  static acc combine(acc a, acc b) {
+    combine_into(a, b);
+    return a;
+  }
+  static elem narrow(acc a) {
+    elem e;
+    narrow_into(e, a);
+    return e;
+  }
+};
+struct add_op {
+  static float apply(float x, float y) { return x + y; }
+};
+struct min_op {
+  static float apply(float x, float y) { return fmin(x, y); }
+};
+struct max_op {
+  static float apply(float x, float y) { return fmax(x, y); }
+};
+/// Whether reduction R has in-place forms (block formats).
+template <class R> constexpr bool has_in_place() {
+  if constexpr (requires { R::in_place; }) return R::in_place;
+  return false;
+}
 } // namespace detail
+
+/// Element-wise sum, min and max of block formats, on the float32 values of the blocks.
+template <class Codec> struct sum_block : detail::block_ops<Codec, detail::add_op> {};
+template <class Codec> struct min_block : detail::block_ops<Codec, detail::min_op> {};
+template <class Codec> struct max_block : detail::block_ops<Codec, detail::max_op> {};
 
 template <class T> struct sum_int : detail::int_ops<T> {
   static T combine(T a, T b) { return detail::wrap_add(a, b); }
@@ -247,39 +352,66 @@ template <class Base> struct max_float : Base {
 template <class R> void widen_n(void* acc, const void* elem, u32 n) {
   auto* a = static_cast<typename R::acc*>(acc);
   const auto* e = static_cast<const typename R::elem*>(elem);
-  for (u32 i = 0; i < n; ++i) a[i] = R::widen(e[i]);
+  if constexpr (detail::has_in_place<R>())
+    for (u32 i = 0; i < n; ++i) R::widen_into(a[i], e[i]);
+  else
+    for (u32 i = 0; i < n; ++i) a[i] = R::widen(e[i]);
 }
 /// acc[i] = combine(acc[i], widen(elem[i])): the element comes later in the order.
 template <class R> void fold_n(void* acc, const void* elem, u32 n) {
   auto* a = static_cast<typename R::acc*>(acc);
   const auto* e = static_cast<const typename R::elem*>(elem);
-  for (u32 i = 0; i < n; ++i) a[i] = R::combine(a[i], R::widen(e[i]));
+  if constexpr (detail::has_in_place<R>())
+    for (u32 i = 0; i < n; ++i) R::fold_into(a[i], e[i]);
+  else
+    for (u32 i = 0; i < n; ++i) a[i] = R::combine(a[i], R::widen(e[i]));
 }
 /// acc[i] = combine(widen(first[i]), widen(second[i])): widen_n then fold_n in one pass.
 template <class R> void widen_fold_n(void* acc, const void* first, const void* second, u32 n) {
   auto* a = static_cast<typename R::acc*>(acc);
   const auto* x = static_cast<const typename R::elem*>(first);
   const auto* y = static_cast<const typename R::elem*>(second);
-  for (u32 i = 0; i < n; ++i) a[i] = R::combine(R::widen(x[i]), R::widen(y[i]));
+  if constexpr (detail::has_in_place<R>()) {
+    for (u32 i = 0; i < n; ++i) {
+      R::widen_into(a[i], x[i]);
+      R::fold_into(a[i], y[i]);
+    }
+  } else {
+    for (u32 i = 0; i < n; ++i) a[i] = R::combine(R::widen(x[i]), R::widen(y[i]));
+  }
 }
 /// elem[i] = narrow(combine(acc[i], widen(last[i]))): fold_n then narrow_n in one pass.
-template <class R> void fold_narrow_n(void* elem, const void* acc, const void* last, u32 n) {
+/// Afterwards acc[i] holds either its old value or the combination.
+template <class R> void fold_narrow_n(void* elem, void* acc, const void* last, u32 n) {
   auto* e = static_cast<typename R::elem*>(elem);
-  const auto* a = static_cast<const typename R::acc*>(acc);
   const auto* l = static_cast<const typename R::elem*>(last);
-  for (u32 i = 0; i < n; ++i) e[i] = R::narrow(R::combine(a[i], R::widen(l[i])));
+  auto* a = static_cast<typename R::acc*>(acc);
+  if constexpr (detail::has_in_place<R>()) {
+    for (u32 i = 0; i < n; ++i) {
+      R::fold_into(a[i], l[i]);
+      R::narrow_into(e[i], a[i]);
+    }
+  } else {
+    for (u32 i = 0; i < n; ++i) e[i] = R::narrow(R::combine(a[i], R::widen(l[i])));
+  }
 }
 /// acc[i] = combine(acc[i], later[i])
 template <class R> void combine_n(void* acc, const void* later, u32 n) {
   auto* a = static_cast<typename R::acc*>(acc);
   const auto* b = static_cast<const typename R::acc*>(later);
-  for (u32 i = 0; i < n; ++i) a[i] = R::combine(a[i], b[i]);
+  if constexpr (detail::has_in_place<R>())
+    for (u32 i = 0; i < n; ++i) R::combine_into(a[i], b[i]);
+  else
+    for (u32 i = 0; i < n; ++i) a[i] = R::combine(a[i], b[i]);
 }
 /// elem[i] = narrow(acc[i])
 template <class R> void narrow_n(void* elem, const void* acc, u32 n) {
   auto* e = static_cast<typename R::elem*>(elem);
   const auto* a = static_cast<const typename R::acc*>(acc);
-  for (u32 i = 0; i < n; ++i) e[i] = R::narrow(a[i]);
+  if constexpr (detail::has_in_place<R>())
+    for (u32 i = 0; i < n; ++i) R::narrow_into(e[i], a[i]);
+  else
+    for (u32 i = 0; i < n; ++i) e[i] = R::narrow(a[i]);
 }
 
 /// Calls f.template operator()<R>() with the standard reduction R of (o, t) and returns true,
@@ -328,7 +460,60 @@ template <class F> bool with_standard(op o, dtype t, F&& f) {
     if (t == dtype::f16) return pick(f16_ops{});
     return pick(bf16_ops{});
   }
+  case dtype::mxfp8_e4m3:
+  case dtype::mxfp8_e5m2:
+  case dtype::mxfp6_e3m2:
+  case dtype::mxfp6_e2m3:
+  case dtype::mxfp4_e2m1:
+  case dtype::mxint8:
+  case dtype::bfp8_16:
+  case dtype::bfp8_32:
+  case dtype::bfp16_16:
+  case dtype::bfp16_32: {
+    auto pick = [&](auto codec) -> bool {
+      using C = decltype(codec);
+      switch (o) {
+      case op::sum: f.template operator()<sum_block<C>>(); return true;
+      case op::min: f.template operator()<min_block<C>>(); return true;
+      case op::max: f.template operator()<max_block<C>>(); return true;
+      default: return false;
+      }
+    };
+    using detail::bfp_codec;
+    using detail::mx_codec;
+    switch (t) {
+    case dtype::mxfp8_e4m3: return pick(mx_codec<mx::element::fp8_e4m3>{});
+    case dtype::mxfp8_e5m2: return pick(mx_codec<mx::element::fp8_e5m2>{});
+    case dtype::mxfp6_e3m2: return pick(mx_codec<mx::element::fp6_e3m2>{});
+    case dtype::mxfp6_e2m3: return pick(mx_codec<mx::element::fp6_e2m3>{});
+    case dtype::mxfp4_e2m1: return pick(mx_codec<mx::element::fp4_e2m1>{});
+    case dtype::mxint8: return pick(mx_codec<mx::element::int8>{});
+    case dtype::bfp8_16: return pick(bfp_codec<16, 8>{});
+    case dtype::bfp8_32: return pick(bfp_codec<32, 8>{});
+    case dtype::bfp16_16: return pick(bfp_codec<16, 16>{});
+    default: return pick(bfp_codec<32, 16>{});
+    }
+  }
   default: return false;
+  }
+}
+
+/// Values in one element of `t`: 32 or 16 for a block format, 1 for the others (0 for an
+/// unknown id or custom).
+constexpr u32 block_values(dtype t) {
+  switch (t) {
+  case dtype::mxfp8_e4m3:
+  case dtype::mxfp8_e5m2:
+  case dtype::mxfp6_e3m2:
+  case dtype::mxfp6_e2m3:
+  case dtype::mxfp4_e2m1:
+  case dtype::mxint8:
+  case dtype::bfp8_32:
+  case dtype::bfp16_32: return 32;
+  case dtype::bfp8_16:
+  case dtype::bfp16_16: return 16;
+  case dtype::custom: return 0;
+  default: return name(t)[0] == '?' ? 0 : 1;
   }
 }
 

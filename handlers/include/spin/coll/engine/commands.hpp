@@ -21,7 +21,8 @@ bool engine<Red>::valid_start(spin::ctx* ctx, state* s, const start_desc* d, u32
   if (!via_switch && !via_host && d->p.algo != static_cast<u8>(algo::edge_ring)) return false;
   if (!kind_ok || (reduces && (!known || eb != d->p.elem_bytes || ab != d->p.acc_bytes)) || d->p.elem_bytes == 0 ||
       d->p.nranks != s->nranks || d->p.pkt_elems == 0 || d->p.root >= d->p.nranks ||
-      u64{d->p.pkt_elems} * (d->p.elem_bytes > d->p.acc_bytes ? d->p.elem_bytes : d->p.acc_bytes) > max_packet_bytes ||
+      u64{d->p.pkt_elems} * (via_switch || d->p.elem_bytes > d->p.acc_bytes ? d->p.elem_bytes : d->p.acc_bytes) >
+          max_packet_bytes ||
       d->window == 0 || d->window > max_window || d->p.count > d->p.total_count || d->p.count > (1ull << 40))
     return false;
   const u32 chunks = k == coll_kind::broadcast ? 1 : d->p.nranks;

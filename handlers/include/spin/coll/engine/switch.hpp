@@ -38,7 +38,7 @@ ret engine<Red>::on_up(spin::ctx* ctx, state* s, bool from_leaf) {
   const u32 slot = ctx->coll.slot & 0x7fffu, shadow = static_cast<u32>(ctx->coll.slot >> 15);
   u32 eb = 0, ab = 0;
   if (!Red::dispatch(ctx->coll.op, ctx->coll.dtype, size_fn{&eb, &ab}) || slot >= s->slots || c >= max_ranks ||
-      ctx->packet.size() != u64{n} * eb || u64{n} * eb > s->slot_bytes || u64{n} * ab > max_packet_bytes)
+      ctx->packet.size() != u64{n} * eb || u64{n} * eb > s->slot_bytes || ab > max_packet_bytes)
     return drop(s, dr_malformed), ret::drop;
   slot_hdr* h = slot_at(ctx, s, slot, shadow);
   const u8* in = ctx->payload<u8>(0, u64{n} * eb);
@@ -106,17 +106,25 @@ ret engine<Red>::on_up(spin::ctx* ctx, state* s, bool from_leaf) {
       const u32 from = first + k >= n_in ? first + k - n_in : first + k;
       return from == sender ? in : slot_data(ctx, s, slot, shadow, from, s->slot_bytes);
     };
-    if (n_in == 1) {
-      Red::dispatch(h->op, h->dtype, widen_fn{acc, contribution(0), n});
-      Red::dispatch(h->op, h->dtype, narrow_fn{result, acc, n});
-    } else {
-      const u32 last = n_in - 1;
-      if (n_in == 2)
-        Red::dispatch(h->op, h->dtype, widen_fn{acc, contribution(0), n});
-      else
-        Red::dispatch(h->op, h->dtype, widen_fold_fn{acc, contribution(0), contribution(1), n});
-      for (u32 k = 2; k < last; ++k) Red::dispatch(h->op, h->dtype, fold_fn{acc, contribution(k), n});
-      Red::dispatch(h->op, h->dtype, fold_narrow_fn{result, acc, contribution(last), n});
+    // Accumulators can be larger than elements (float32 for bfloat16, a block's 32 float32
+    // values for MX): the packet is combined in parts whose accumulators fit the scratchpad.
+    const u32 part = static_cast<u32>(spin::div(u64{max_packet_bytes}, u64{ab}));
+    for (u32 lo = 0; lo < n; lo += part) {
+      const u32 m = n - lo < part ? n - lo : part;
+      const u64 at = u64{lo} * eb;
+      u8* out = result + at;
+      if (n_in == 1) {
+        Red::dispatch(h->op, h->dtype, widen_fn{acc, contribution(0) + at, m});
+        Red::dispatch(h->op, h->dtype, narrow_fn{out, acc, m});
+      } else {
+        const u32 last = n_in - 1;
+        if (n_in == 2)
+          Red::dispatch(h->op, h->dtype, widen_fn{acc, contribution(0) + at, m});
+        else
+          Red::dispatch(h->op, h->dtype, widen_fold_fn{acc, contribution(0) + at, contribution(1) + at, m});
+        for (u32 k = 2; k < last; ++k) Red::dispatch(h->op, h->dtype, fold_fn{acc, contribution(k) + at, m});
+        Red::dispatch(h->op, h->dtype, fold_narrow_fn{out, acc, contribution(last) + at, m});
+      }
     }
     h->complete = 1;
   }
