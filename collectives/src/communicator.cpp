@@ -562,10 +562,13 @@ struct communicator::impl {
     // Packets carry elements, and on the rings also accumulators (reduce-scatter's partial
     // sums): a packet holds as many of the larger as fit. Through the switch only elements
     // travel; the switch combines a packet in parts whose accumulators fit its scratchpad.
-    const std::uint32_t pkt_elems = o.packet_bytes / (via_switch ? eb : std::max(eb, ab));
-    // Every rank cuts the same epochs: they depend on options only, never on the buffers.
+    const std::uint32_t ring_pkt_elems = o.packet_bytes / std::max(eb, ab);
+    const std::uint32_t pkt_elems = via_switch ? o.packet_bytes / eb : ring_pkt_elems;
+    // Every rank cuts the same epochs: they depend on options only, never on the buffers, nor
+    // on the algorithm (the ring's packets are the smaller), so that every algorithm combines
+    // an element in the same order (docs/collectives.md, "Combination order").
     const std::uint32_t chunks = kind == pr::coll_kind::broadcast ? 1 : nr;
-    std::uint64_t seg = std::min<std::uint64_t>(std::uint64_t{pr::max_packets - chunks} * pkt_elems, o.staging_bytes / eb);
+    std::uint64_t seg = std::min<std::uint64_t>(std::uint64_t{pr::max_packets - chunks} * ring_pkt_elems, o.staging_bytes / eb);
     if (blocks) seg /= nr;
     seg = std::max<std::uint64_t>(seg, 1);
     const std::size_t in_arena = reads_in ? arena_offset(in, in_elems * eb) : npos;
