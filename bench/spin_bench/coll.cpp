@@ -21,6 +21,7 @@
 #include "coll.hpp"
 
 #include "coll_data.hpp"
+#include "coll_types.hpp"
 #include "coll_table.hpp"
 #include "../common.hpp"
 
@@ -161,7 +162,17 @@ bool run_spin(const coll_options& o, const std::vector<std::string>& algos, cons
     std::fprintf(stderr, "spin-bench coll: %s\n", fab.err().message.c_str());
     return false;
   }
-  const std::uint64_t max_bytes = *std::max_element(sizes.begin(), sizes.end());
+  // The largest buffer: the largest size in the widest datatype.
+  std::vector<coll_typed_data> data;
+  std::vector<std::string> type_names;
+  for (const std::string& name : o.dtypes)
+    if (const auto t = coll_type_of(name)) {
+      data.emplace_back(*t, o.ranks);
+      type_names.push_back(name);
+    }
+  std::uint64_t max_bytes = 0;
+  for (const coll_typed_data& d : data)
+    for (std::uint64_t b : sizes) max_bytes = std::max(max_bytes, d.count_for(b / 4) * d.elem_bytes());
   coll::options co;
   // A large message on a slow machine takes seconds; the timeout only guards against a hang.
   co.timeout = std::chrono::milliseconds(60'000 + max_bytes / (1 << 20) * 1000);
@@ -236,25 +247,31 @@ bool run_spin(const coll_options& o, const std::vector<std::string>& algos, cons
   for (std::size_t ai = 0; ai < algos.size(); ++ai) {
     const std::string& a = algos[ai];
     const coll::algorithm algo = algorithm_of(a);
-    for (std::uint64_t bytes : sizes) {
+    for (std::size_t ti = 0; ti < data.size(); ++ti)
+    for (std::uint64_t size : sizes) {
+      const coll_typed_data& d = data[ti];
+      const coll::dtype t = *coll_type_of(type_names[ti]);
       coll_row row;
       row.algorithm = a;
       row.ranks = o.ranks;
-      row.bytes = bytes;
-      row.count = bytes / 4;
+      row.type = type_names[ti];
+      row.values = size / 4;
+      row.count = d.count_for(row.values);
+      row.bytes = row.count * d.elem_bytes();
+      const std::uint64_t bytes = row.bytes;
       row.iters = coll_iters(bytes, o.budget_bytes, o.max_iters);
-      std::fprintf(stderr, "  %s %llu B x %u\n", a.c_str(), static_cast<unsigned long long>(bytes), row.iters);
+      std::fprintf(stderr, "  %s %s %llu B x %u\n", a.c_str(), row.type.c_str(), static_cast<unsigned long long>(bytes), row.iters);
       std::vector<rank_ops> ops(o.ranks);
       for (std::uint32_t r = 0; r < o.ranks; ++r) {
-        float* ip = reinterpret_cast<float*>(in[r].data());
-        float* op = reinterpret_cast<float*>(out[r].data());
-        const std::size_t n = row.count;
-        ops[r].refill = [=](bool in_place) { coll_fill(r, in_place ? op : ip, n); };
-        ops[r].call = [&, r, ip, op, n, algo](bool in_place) -> std::string {
-          auto res = comms[r]->allreduce(in_place ? op : ip, op, n, coll::dtype::f32, coll::op::sum, algo);
+        std::byte* ip = in[r].data();
+        std::byte* op = out[r].data();
+        const std::uint64_t n = row.count;
+        ops[r].refill = [=, &d](bool in_place) { d.fill(r, in_place ? op : ip, n); };
+        ops[r].call = [&, r, ip, op, n, algo, t](bool in_place) -> std::string {
+          auto res = comms[r]->allreduce(in_place ? op : ip, op, n, t, coll::op::sum, algo);
           return res ? std::string() : res.err().message;
         };
-        ops[r].check = [=](bool) { return coll_wrong(o.ranks, op, n); };
+        ops[r].check = [=, &d](bool) { return d.wrong(op, n); };
       }
       std::uint64_t tx0 = 0, tx1 = 0;
       std::int64_t rp0 = 0, rp1 = 0;
@@ -300,7 +317,8 @@ bool run_spin(const coll_options& o, const std::vector<std::string>& algos, cons
       if (!row.oop.error.empty() || !row.ip.error.empty()) {
         // A failed collective leaves its communicators broken: the remaining sizes and the
         // algorithms after it cannot run on them.
-        std::fprintf(stderr, "spin-bench coll: %s failed at %llu bytes: %s\n", a.c_str(), static_cast<unsigned long long>(bytes),
+        std::fprintf(stderr, "spin-bench coll: %s (%s) failed at %llu bytes: %s\n", a.c_str(), row.type.c_str(),
+                     static_cast<unsigned long long>(bytes),
                      (row.oop.error.empty() ? row.ip.error : row.oop.error).c_str());
         for (std::size_t k = ai + 1; k < algos.size(); ++k)
           not_run.emplace_back(algos[k], "the communicators broke when " + a + " failed at " + std::to_string(bytes) + " bytes");
@@ -345,6 +363,7 @@ std::string run_gloo(const coll_options& o, const std::vector<std::uint64_t>& si
     row.ranks = o.ranks;
     row.bytes = bytes;
     row.count = bytes / 4;
+    row.values = row.count;
     row.iters = coll_iters(bytes, o.budget_bytes, o.max_iters);
     std::fprintf(stderr, "  gloo %llu B x %u\n", static_cast<unsigned long long>(bytes), row.iters);
     std::vector<rank_ops> ops(o.ranks);
@@ -559,6 +578,18 @@ int run_coll(const coll_options& o) {
                    a.c_str());
       return 2;
     }
+  const std::vector<std::string> known_types = coll_type_names();
+  for (const auto& t : o.dtypes)
+    if (std::find(known_types.begin(), known_types.end(), t) == known_types.end()) {
+      std::string all;
+      for (const auto& n : known_types) all += " " + n;
+      std::fprintf(stderr, "spin-bench coll: unknown --dtype %s (one of:%s)\n", t.c_str(), all.c_str());
+      return 2;
+    }
+  if (o.dtypes.empty()) {
+    std::fprintf(stderr, "spin-bench coll: --dtype needs at least one datatype\n");
+    return 2;
+  }
   if (o.ranks < 2 || o.ranks > 64) {
     std::fprintf(stderr, "spin-bench coll: --ranks must be 2..64\n");
     return 2;
@@ -576,11 +607,15 @@ int run_coll(const coll_options& o) {
   const std::vector<std::uint64_t> sizes = coll_sizes(o.min_bytes, o.max_bytes, o.factor);
   run_conditions cond = measure_conditions();
   cond.print("spin-bench coll");
-  std::printf("allreduce, float32 sum, %u ranks, %llu .. %llu bytes (factor %llu); up to %u timed calls after up to %u warm-up calls, "
-              "fewer for large messages (about %llu MiB per measurement)\n",
+  std::string types;
+  for (const auto& t : o.dtypes) types += (types.empty() ? "" : ", ") + t;
+  std::printf("allreduce, sum, %u ranks, %llu .. %llu bytes (factor %llu); up to %u timed calls after up to %u warm-up calls, "
+              "fewer for large messages (about %llu MiB per measurement)\n"
+              "datatypes: %s for spin::coll (sizes are the float32 tensor's: every datatype carries the same values in its own bytes); "
+              "float32 for Gloo and Open MPI\n",
               o.ranks, static_cast<unsigned long long>(o.min_bytes), static_cast<unsigned long long>(o.max_bytes),
               static_cast<unsigned long long>(o.factor), o.max_iters, o.warmup_iters,
-              static_cast<unsigned long long>(o.budget_bytes >> 20));
+              static_cast<unsigned long long>(o.budget_bytes >> 20), types.c_str());
   // Sizes are whole float32 elements: say what runs when that is not what was asked for.
   if (o.min_bytes % 4 != 0 || o.max_bytes % 4 != 0 || sizes.front() != o.min_bytes) {
     std::printf("sizes run (bytes, rounded down to whole float32 elements):");
@@ -626,20 +661,22 @@ int run_coll(const coll_options& o) {
     if (a == "switch" || a == "edge_ring" || a == "host_ring")
       std::printf("# data frames: %s\n", o.authenticate ? "authenticated (a job secret: a SipHash-2-4 tag on every frame, checked by its receiver)"
                                                           : "not authenticated (no job secret; --authenticate gives one)");
-    std::printf("#%70s%38s\n", "out-of-place", "in-place");
-    std::printf("# %12s %11s %6s %6s %5s %10s %8s %8s %7s %10s %8s %8s %7s %12s %7s\n", "size", "count", "type", "redop", "root", "time",
-                "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong", "sent/rank", "x S");
-    std::printf("# %12s %11s %6s %6s %5s %10s %8s %8s %7s %10s %8s %8s %7s %12s %7s\n", "(B)", "(elements)", "", "", "", "(us)", "(GB/s)",
-                "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "", "(B)", "");
+    std::printf("#%74s%38s\n", "out-of-place", "in-place");
+    std::printf("# %12s %11s %10s %6s %5s %10s %8s %8s %7s %10s %8s %8s %7s %12s %7s %7s\n", "size", "count", "type", "redop", "root",
+                "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong", "sent/rank", "x S", "B/value");
+    std::printf("# %12s %11s %10s %6s %5s %10s %8s %8s %7s %10s %8s %8s %7s %12s %7s %7s\n", "(B)", "(elements)", "", "", "", "(us)",
+                "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "", "(B)", "", "");
     for (const auto& r : rows) {
       if (r.algorithm != a) continue;
-      char sent[32] = "-", ratio[32] = "-";
+      char sent[32] = "-", ratio[32] = "-", per_value[32] = "-";
       if (r.sent_bytes_per_rank >= 0) {
         std::snprintf(sent, sizeof sent, "%.0f", r.sent_bytes_per_rank);
         std::snprintf(ratio, sizeof ratio, "%.3f", r.sent_bytes_per_rank / static_cast<double>(r.bytes));
+        if (r.values > 0) std::snprintf(per_value, sizeof per_value, "%.3f", r.sent_bytes_per_rank / static_cast<double>(r.values));
       }
-      std::printf("  %12llu %11llu %6s %6s %5d %s %s %12s %7s\n", static_cast<unsigned long long>(r.bytes),
-                  static_cast<unsigned long long>(r.count), "float", "sum", -1, mode_cols(r.oop).c_str(), mode_cols(r.ip).c_str(), sent, ratio);
+      std::printf("  %12llu %11llu %10s %6s %5d %s %s %12s %7s %7s\n", static_cast<unsigned long long>(r.bytes),
+                  static_cast<unsigned long long>(r.count), r.type.c_str(), "sum", -1, mode_cols(r.oop).c_str(), mode_cols(r.ip).c_str(),
+                  sent, ratio, per_value);
       for (const coll_mode* m : {&r.oop, &r.ip}) {
         if (!m->error.empty()) std::printf("  FAILED: %s\n", m->error.c_str());
         if (!m->error.empty() || m->wrong != 0) all_ok = false;
@@ -655,7 +692,10 @@ int run_coll(const coll_options& o) {
     std::printf("# Avg bus bandwidth (out-of-place): %.4f GB/s\n", n ? sum_bus / n : 0);
   }
   std::printf("\nsent/rank: bytes of frames each rank's NIC sent per call (headers and any repairs included); x S: the same\n"
-              "divided by the message size S. A ring sends %.3f x S of payload (2(n-1)/n); Core-INC aggregation sends 1 x S.\n"
+              "divided by the message size S; B/value: the same per value of the tensor (float32 sends 4 x (x S)). A ring\n"
+              "sends %.3f x S of payload (2(n-1)/n); Core-INC aggregation sends 1 x S. Rings carry reduce-scatter's partial sums\n"
+              "as float32 accumulators (4 bytes a value for bf16, f16 and the block formats); through the switch only elements\n"
+              "travel.\n"
               "Gloo and Open MPI do not go through an emulated NIC, so their bytes are not measured.\n",
               ring);
   for (const auto& [what, why] : not_run) std::printf("not run: %s: %s\n", what.c_str(), why.c_str());
@@ -663,11 +703,11 @@ int run_coll(const coll_options& o) {
 
   // ---- files ----
   std::ostringstream csv;
-  csv << "algorithm,ranks,size_bytes,count,type,redop,root,iters,oop_time_us,oop_algbw_gbs,oop_busbw_gbs,oop_wrong,ip_time_us,"
+  csv << "algorithm,ranks,size_bytes,count,values,type,redop,root,iters,oop_time_us,oop_algbw_gbs,oop_busbw_gbs,oop_wrong,ip_time_us,"
          "ip_algbw_gbs,ip_busbw_gbs,ip_wrong,sent_bytes_per_rank,sent_over_size,error\n";
   nlohmann::json jrows = nlohmann::json::array();
   for (const auto& r : rows) {
-    csv << r.algorithm << ',' << r.ranks << ',' << r.bytes << ',' << r.count << ",float,sum,-1," << r.iters << ',' << r.oop.time_us << ','
+    csv << r.algorithm << ',' << r.ranks << ',' << r.bytes << ',' << r.count << ',' << r.values << ',' << r.type << ",sum,-1," << r.iters << ',' << r.oop.time_us << ','
         << r.oop.algbw_gbs << ',' << r.oop.busbw_gbs << ',' << r.oop.wrong << ',' << r.ip.time_us << ',' << r.ip.algbw_gbs << ','
         << r.ip.busbw_gbs << ',' << r.ip.wrong << ',';
     if (r.sent_bytes_per_rank >= 0) csv << r.sent_bytes_per_rank << ',' << r.sent_bytes_per_rank / static_cast<double>(r.bytes);
@@ -686,7 +726,7 @@ int run_coll(const coll_options& o) {
                                 {"switch_slots", o.switch_slots}, {"link_latency_ns", o.link_latency_ns},
                                 {"authenticate", o.authenticate},
                                 {"repair_min_us", o.repair_min_us}, {"repair_max_ms", o.repair_max_ms},
-                                {"algorithms", o.algorithms}}},
+                                {"algorithms", o.algorithms}, {"dtypes", o.dtypes}}},
                               {"ring_bytes_factor", ring},
                               {"rows", jrows},
                               {"not_run", jn},
@@ -694,21 +734,29 @@ int run_coll(const coll_options& o) {
   const std::string base = o.out_dir + "/coll";
   const bool files_ok = write_text(base + ".csv", csv.str()) && write_text(base + ".json", doc.dump(2) + "\n");
   if (o.plots && files_ok && !order.empty()) {
-    std::ostringstream dat;
-    for (std::size_t i = 0; i < order.size(); ++i) {
-      dat << (i ? "\n\n" : "") << "# " << order[i] << '\n';
+    // One series per algorithm and datatype, over the float32 tensor's size.
+    std::vector<std::pair<std::string, std::string>> series;
+    for (const auto& a : order)
       for (const auto& r : rows)
-        if (r.algorithm == order[i] && r.oop.ran) dat << r.bytes << ' ' << r.oop.busbw_gbs << ' ' << r.oop.time_us << '\n';
+        if (r.algorithm == a && std::find(series.begin(), series.end(), std::make_pair(a, r.type)) == series.end())
+          series.emplace_back(a, r.type);
+    std::ostringstream dat;
+    for (std::size_t i = 0; i < series.size(); ++i) {
+      dat << (i ? "\n\n" : "") << "# " << series[i].first << ' ' << series[i].second << '\n';
+      for (const auto& r : rows)
+        if (r.algorithm == series[i].first && r.type == series[i].second && r.oop.ran)
+          dat << r.values * 4 << ' ' << r.oop.busbw_gbs << ' ' << r.oop.time_us << '\n';
     }
     if (write_text(base + ".dat", dat.str())) {
       std::ostringstream gp;
       gp << "set terminal pngcairo size 1100,650 noenhanced\nset output '" << base << ".png'\n"
-         << "set title 'spin-bench coll: allreduce float32 sum, " << o.ranks << " ranks, out-of-place (" << cond.cpu_model << ")'\n"
-         << "set xlabel 'message size (bytes)'\nset logscale x 2\nset format x '%.0b %BB'\nset logscale y\nset format y '%g'\n"
+         << "set title 'spin-bench coll: allreduce sum, " << o.ranks << " ranks, out-of-place (" << cond.cpu_model << ")'\n"
+         << "set xlabel 'float32 tensor size (bytes)'\nset logscale x 2\nset format x '%.0b %BB'\nset logscale y\nset format y '%g'\n"
          << "set key left top\nset grid\n"
-         << "set ylabel 'busbw (GB/s)'\nplot ";
-      for (std::size_t i = 0; i < order.size(); ++i)
-        gp << (i ? ", " : "") << "'" << base << ".dat' index " << i << " using 1:2 with linespoints title '" << order[i] << "'";
+         << "set ylabel 'time per call (us)'\nplot ";
+      for (std::size_t i = 0; i < series.size(); ++i)
+        gp << (i ? ", " : "") << "'" << base << ".dat' index " << i << " using 1:3 with linespoints title '" << series[i].first
+           << (series.size() > order.size() ? " " + series[i].second : std::string()) << "'";
       gp << '\n';
       if (std::string why = run_gnuplot(base + ".gp", gp.str()); !why.empty())
         std::printf("no plot: %s\n", why.c_str());

@@ -18,6 +18,10 @@ struct coll_options {
   /// edge_ring_mpi and host_ring_mpi (spin::coll with one process per rank: spin-bench-mpi under
   /// mpirun with libspin-mpi preloaded, against a spin-emu cluster process).
   std::vector<std::string> algorithms{"switch", "edge_ring", "host_ring", "gloo", "mpi"};
+  /// Datatypes of spin::coll's algorithms (coll::name: f32, bf16, mxfp8_e4m3, bfp16_16, ...).
+  /// Sizes are those of the float32 tensor: every datatype carries the same values, in its own
+  /// bytes. Gloo and Open MPI run float32.
+  std::vector<std::string> dtypes{"f32"};
   std::uint32_t max_iters = 20;                     ///< nccl-tests' -n
   std::uint32_t warmup_iters = 2;                   ///< nccl-tests' -w (for messages up to 8 MiB; 1 above)
   std::uint64_t budget_bytes = std::uint64_t{64} << 20;  ///< data per measurement (sets iterations)

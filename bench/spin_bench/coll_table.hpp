@@ -22,8 +22,10 @@ struct coll_mode {
 struct coll_row {
   std::string algorithm;
   std::uint32_t ranks = 0;
-  std::uint64_t bytes = 0;   ///< message size S (bytes)
-  std::uint64_t count = 0;   ///< float32 elements
+  std::uint64_t bytes = 0;   ///< message size S (bytes of the buffer in `type`)
+  std::uint64_t count = 0;   ///< elements of `type` (a block format's element is a block)
+  std::uint64_t values = 0;  ///< values the message holds (float32 elements of the same tensor)
+  std::string type = "f32";  ///< coll::name of the datatype
   std::uint32_t iters = 0;
   coll_mode oop, ip;
   double sent_bytes_per_rank = -1;  ///< frames each rank's NIC sent per out-of-place call (-1: not measured)
@@ -39,7 +41,8 @@ inline nlohmann::json to_json(const coll_mode& m) {
 }
 
 inline nlohmann::json to_json(const coll_row& r) {
-  nlohmann::json j = {{"algorithm", r.algorithm}, {"ranks", r.ranks}, {"bytes", r.bytes}, {"count", r.count}, {"type", "float"},
+  nlohmann::json j = {{"algorithm", r.algorithm}, {"ranks", r.ranks}, {"bytes", r.bytes}, {"count", r.count}, {"values", r.values},
+                      {"type", r.type},
                       {"redop", "sum"},           {"root", -1},         {"iters", r.iters}, {"out_of_place", to_json(r.oop)},
                       {"in_place", to_json(r.ip)}};
   if (r.sent_bytes_per_rank >= 0) j["sent_bytes_per_rank"] = r.sent_bytes_per_rank;
@@ -64,6 +67,8 @@ inline coll_row row_from_json(const nlohmann::json& j) {
   r.ranks = j.value("ranks", 0u);
   r.bytes = j.value("bytes", std::uint64_t{0});
   r.count = j.value("count", std::uint64_t{0});
+  r.values = j.value("values", r.count);
+  r.type = j.value("type", std::string("f32"));
   r.iters = j.value("iters", 0u);
   if (j.contains("out_of_place")) r.oop = mode_from_json(j["out_of_place"]);
   if (j.contains("in_place")) r.ip = mode_from_json(j["in_place"]);

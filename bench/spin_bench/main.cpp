@@ -129,6 +129,11 @@ int main(int argc, char** argv) {
                  "process per rank under mpirun (libspin-mpi)")
       ->capture_default_str()
       ->check(CLI::IsMember({"switch", "edge_ring", "host_ring", "gloo", "mpi", "edge_ring_mpi", "host_ring_mpi", "switch_mpi"}));
+  cc->add_option("--dtype", c.dtypes,
+                 "datatypes of spin::coll's allreduce (repeatable): f32, f64, f16, bf16, i32, i64, the OCP MX types mxfp8_e4m3, "
+                 "mxfp8_e5m2, mxfp6_e3m2, mxfp6_e2m3, mxfp4_e2m1, mxint8, and block floating point bfp8_16, bfp8_32, bfp16_16, "
+                 "bfp16_32. Sizes stay the float32 tensor's; each datatype carries its values in its own bytes")
+      ->capture_default_str();
   cc->add_option("--iters", c.max_iters, "timed calls per measurement, at most (fewer for large messages)")->capture_default_str()->check(CLI::Range(1u, 100000u));
   cc->add_option("--warmup", c.warmup_iters, "warm-up calls per measurement (1 at most above 8 MiB)")->capture_default_str()->check(CLI::Range(0u, 1000u));
   cc->add_option("--budget-bytes", c.budget_bytes, "data per measurement that sets the number of timed calls")
