@@ -104,14 +104,17 @@ TEST_CASE("every BFP mantissa under every exponent decodes exactly to m x 2^(x-1
           REQUIRE(m == -lim - 1);
           REQUIRE(x == 254);
           REQUIRE(got == 0xff800000u);
+          REQUIRE(bfp::decode_native(f, static_cast<std::uint8_t>(x), m) == got);
           continue;
         }
         REQUIRE(static_cast<double>(static_cast<float>(want)) == want);  // every other BFP value is a float32
         REQUIRE(got == bits(static_cast<float>(want)));
+        REQUIRE(bfp::decode_native(f, static_cast<std::uint8_t>(x), m) == got);
       }
     }
     CHECK(bfp::decode(f, 0xff, 5) == 0x7fc00000u);
     CHECK(bfp::decode(f, 0xff, 0) == 0x7fc00000u);
+    CHECK(bfp::decode_native(f, 0xff, -3) == 0x7fc00000u);
   }
 }
 

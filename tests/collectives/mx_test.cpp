@@ -340,6 +340,25 @@ TEST_CASE("code_at reads each packed code as unpack does, and decode_block and e
   }
 }
 
+TEST_CASE("decode_native (float arithmetic) gives decode's bits for every scale and code of every element type") {
+  auto check = [&]<mx::element E>() {
+    CAPTURE(mx::name(E));
+    for (unsigned s = 0; s < 256; ++s)
+      for (unsigned c = 0; c < (1u << mx::spec_of(E).bits); ++c) {
+        CAPTURE(s);
+        CAPTURE(c);
+        REQUIRE(mx::decode_native<E>(static_cast<std::uint8_t>(s), static_cast<std::uint8_t>(c)) ==
+                mx::decode(E, static_cast<std::uint8_t>(s), static_cast<std::uint8_t>(c)));
+      }
+  };
+  check.template operator()<mx::element::fp8_e4m3>();
+  check.template operator()<mx::element::fp8_e5m2>();
+  check.template operator()<mx::element::fp6_e3m2>();
+  check.template operator()<mx::element::fp6_e2m3>();
+  check.template operator()<mx::element::fp4_e2m1>();
+  check.template operator()<mx::element::int8>();
+}
+
 TEST_CASE("the codec is constexpr (it runs in handlers on both targets)") {
   static_assert(mx::decode(mx::element::fp8_e4m3, 127, 0x7e) == 0x43e00000u);  // 448
   static_assert(mx::quantize(mx::element::fp4_e2m1, 0x40a00000u, 0) == 0x6);   // 5 -> 4 (tie to even)

@@ -55,6 +55,15 @@ constexpr u32 decode(format f, u8 exp, i32 m) {
   return mx::detail::f32_from(sign, q, static_cast<i32>(exp) - exp_bias - static_cast<i32>(f.bits - 2));
 }
 
+/// decode by float arithmetic, for native handlers and host code: m times the power of two,
+/// one correctly rounded multiplication, so the same bits as decode (test bfp).
+inline u32 decode_native(format f, u8 exp, i32 m) {
+  if (exp == exp_nan) return mx::f32_nan;
+  const i32 e = static_cast<i32>(exp) - exp_bias - static_cast<i32>(f.bits - 2);  // -141 .. 127
+  const u32 pow2 = e >= -126 ? static_cast<u32>(e + 127) << 23 : 1u << static_cast<u32>(e + 149);
+  return spin::detail::bit_cast<u32>(static_cast<float>(m) * spin::detail::bit_cast<float>(pow2));
+}
+
 /// The shared exponent of a block whose largest magnitude has float32 bits `max_abs` (finite,
 /// sign bit clear): floor(log2 max_abs), clamped to -127 .. 127; -127 for zero.
 constexpr i32 shared_exponent(u32 max_abs) {

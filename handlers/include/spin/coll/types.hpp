@@ -247,16 +247,20 @@ struct bf16_ops {
 template <mx::element E> struct mx_codec {
   static constexpr u32 values = mx::block_elements;
   static constexpr u32 bytes = mx::block_bytes(E);
-  static void decode(const u8* in, u32* out) { mx::decode_block(E, in, out); }
-  static u32 value(const u8* in, u32 i) { return mx::decode(E, in[0], mx::code_at(E, in + 1, i)); }
+  static void decode(const u8* in, u32* out) {
+    for (u32 i = 0; i < values; ++i) out[i] = value(in, i);
+  }
+  static u32 value(const u8* in, u32 i) { return mx::decode_native<E>(in[0], mx::code_at(E, in + 1, i)); }
   static void encode(const u32* in, u8* out) { mx::encode_packed(E, in, out); }
 };
 template <u32 Block, u32 Bits> struct bfp_codec {
   static constexpr bfp::format f{Block, Bits};
   static constexpr u32 values = Block;
   static constexpr u32 bytes = bfp::block_bytes(f);
-  static void decode(const u8* in, u32* out) { bfp::decode_block(f, in, out); }
-  static u32 value(const u8* in, u32 i) { return bfp::decode(f, in[0], bfp::mantissa(f, in, i)); }
+  static u32 value(const u8* in, u32 i) { return bfp::decode_native(f, in[0], bfp::mantissa(f, in, i)); }
+  static void decode(const u8* in, u32* out) {
+    for (u32 i = 0; i < values; ++i) out[i] = value(in, i);
+  }
   static void encode(const u32* in, u8* out) { bfp::encode_block(f, in, out); }
 };
 /// A block element and its float32 accumulator (kept as bits, so that the codec writes and
