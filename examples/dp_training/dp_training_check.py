@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The short dp_training run (a slice of Fashion-MNIST, one epoch) and the checks on its summary.
 
-Usage: dp_training_check.py DP_TRAINING ALGORITHM OUT_DIR
+Usage: dp_training_check.py DP_TRAINING ALGORITHM OUT_DIR [EXTRA DP_TRAINING ARGUMENTS]
        dp_training_check.py DP_TRAINING data-errors OUT_DIR
 The program itself checks that the ranks hold bitwise-identical parameters and that they equal
 single-process training's (exit status 1 otherwise); this script also checks that accuracy is
@@ -58,7 +58,7 @@ def write(path, data):
         f.write(data)
 
 
-binary, algo, out = sys.argv[1], sys.argv[2], sys.argv[3]
+binary, algo, out, extra = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 if algo == "data-errors":
     failures = data_errors(binary, out)
     for f in failures:
@@ -67,7 +67,7 @@ if algo == "data-errors":
     sys.exit(1 if failures else 0)
 ranks = 4
 cmd = [binary, "--ranks", str(ranks), "--epochs", "1", "--train-limit", "8192", "--test-limit", "2000",
-       "--algorithm", algo, "--out", out]
+       "--algorithm", algo, "--out", out] + extra
 print("$", " ".join(cmd), flush=True)
 run = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=540)
 print(run.stdout)
@@ -85,7 +85,12 @@ if s["single_process_reference"] != "equal":
     failures.append("parameters differ from single-process training: " + s["single_process_reference"])
 e = s["epochs"][0]
 steps = s["config"]["steps_per_epoch"]
-wire = (s["config"]["parameters"] + 1) * 4
+wire = s["config"]["wire_bytes_per_step"]
+if "--gradients" not in extra and wire != (s["config"]["parameters"] + 1) * 4:
+    failures.append(f"{wire} bytes per step on the wire, want (parameters + 1) x 4")
+if "--gradients" in extra:  # a block format: a block per 32 (or 16) values, and the loss's block
+    if not wire < 0.3 * s["config"]["float32_bytes_per_step"]:
+        failures.append(f"{wire} bytes per step in {s['config']['gradients']}, not below 0.3 x float32's")
 if e["payload_bytes_per_host"] != wire * steps:
     failures.append(f"payload per host {e['payload_bytes_per_host']} != S x steps = {wire * steps}")
 if e["ring_payload_bytes_per_host"] != 2 * (ranks - 1) * wire * steps // ranks:

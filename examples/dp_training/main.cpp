@@ -10,11 +10,13 @@
 // Gradients travel as 32-bit fixed point by default, as SwitchML does (Sapio et al., NSDI
 // 2021, section 4.3): integer sums do not depend on any order, so training is deterministic and
 // the program checks that its parameters equal those of a single process that trains on the
-// same data in the same order. --aggregation float sends float32 instead (the ranks still agree
-// bit for bit: spin::coll combines floats in a fixed order).
+// same data in the same order. --aggregation float sends float32 instead, and --gradients a
+// block format (OCP MX or block floating point: about a quarter of float32's bytes); the ranks
+// still agree bit for bit, and with single-process training that sums in spin::coll's fixed
+// combination order (block formats: in float32, encoded once).
 //
 //   dp_training [--ranks 4] [--epochs 3] [--model mlp|softmax] [--algorithm switch|edge_ring|host_ring]
-//               [--aggregation fixed|float] [--data DIR] [--out DIR] ... (--help lists them)
+//               [--aggregation fixed|float] [--gradients mxfp8|mxint8|bfp] [--data DIR] [--out DIR] ... (--help lists them)
 //
 // Output: progress, a line per epoch, the checks; DIR/dp_training.json (summary),
 // DIR/dp_training.png (loss and accuracy curves; needs gnuplot) and DIR/dp_training.dat.
@@ -60,6 +62,7 @@ struct config {
   std::string algorithm = "switch";
   std::string aggregation = "fixed";
   std::uint32_t fixed_bits = 16;  // fixed point: gradient x 2^fixed_bits
+  std::string gradients;          // a block format for the gradients ("" : --aggregation decides)
   std::uint32_t train_limit = 0, test_limit = 0;
   std::string data = dp::default_data_dir;
   std::string out = "dp_training-out";
@@ -85,19 +88,54 @@ std::vector<std::uint32_t> epoch_order(std::uint32_t n, std::uint64_t seed, std:
 }
 
 // ---- gradients on the wire ----
-// One rank's message: its summed gradient, then its summed loss (one more element).
+// One rank's message: its summed gradient, then its summed loss. Fixed point and float32: one
+// more element; a block format (--gradients): the gradient in blocks (the last one padded
+// with zeros), then a block of its own for the loss, whose size would otherwise set the scale
+// of the gradients that share its block.
 struct codec {
-  bool fixed = true;
+  enum class kind { fixed, float32, block } k = kind::fixed;
+  spin::coll::dtype t = spin::coll::dtype::i32;  // the wire's datatype
+  std::size_t n = 0;                             // parameters
+  std::uint32_t eb = 4, nv = 1;                  // element bytes, values per element
+  spin::coll::kernels kern;                      // the datatype's reduction (sum)
   float scale = 65536.0f;       // fixed point: value x scale
   std::int64_t limit = 0;       // |q| <= limit, so that the sum of all ranks fits int32
   float decode_mul = 0;         // wire sum -> mean gradient
 
-  codec(const config& c) : fixed(c.aggregation == "fixed") {
+  codec(const config& c, std::size_t params) : n(params) {
+    if (!c.gradients.empty()) {
+      k = kind::block;
+      t = block_type(c.gradients);
+    } else if (c.aggregation == "float") {
+      k = kind::float32;
+      t = spin::coll::dtype::f32;
+    }
+    spin::coll::with_standard(spin::coll::op::sum, t, [&]<class R>() { kern = spin::coll::kernels_of<R>(); });
+    eb = kern.elem_bytes;
+    nv = spin::coll::block_values(t);
     scale = std::ldexp(1.0f, static_cast<int>(c.fixed_bits));
     limit = static_cast<std::int64_t>(0x7fffffff) / c.ranks;
     const float per_batch = 1.0f / static_cast<float>(std::uint64_t{c.ranks} * c.batch);
-    decode_mul = fixed ? per_batch / scale : per_batch;
+    decode_mul = k == kind::fixed ? per_batch / scale : per_batch;
   }
+  /// "mxfp8" (OCP MXFP8 E4M3), "mxint8", "bfp" (bfp8_16), or a block datatype's own name.
+  static spin::coll::dtype block_type(const std::string& g) {
+    if (g == "mxfp8") return spin::coll::dtype::mxfp8_e4m3;
+    if (g == "bfp") return spin::coll::dtype::bfp8_16;
+    for (unsigned i = 1; i < 255; ++i)
+      if (g == spin::coll::name(static_cast<spin::coll::dtype>(i))) return static_cast<spin::coll::dtype>(i);
+    return spin::coll::dtype::custom;
+  }
+  bool fixed() const { return k == kind::fixed; }
+  std::string describe() const {
+    if (k == kind::fixed) return "int32 fixed-point (2^" + std::to_string(static_cast<int>(std::log2(scale))) + ")";
+    if (k == kind::float32) return "float32";
+    return std::string(spin::coll::name(t)) + " blocks (" + std::to_string(nv) + " values in " + std::to_string(eb) + " bytes)";
+  }
+  /// Elements on the wire, and their bytes.
+  std::size_t count() const { return k == kind::block ? (n + nv - 1) / nv + 1 : n + 1; }
+  std::size_t bytes() const { return count() * eb; }
+
   // Fixed point: round to nearest, saturate (counted).
   std::int32_t quantize(float g, std::uint64_t& saturated) const {
     const double v = std::nearbyint(static_cast<double>(g) * scale);
@@ -111,33 +149,43 @@ struct codec {
     }
     return static_cast<std::int32_t>(v);
   }
-  void encode(std::span<const float> grad, double loss, std::span<std::uint32_t> wire, std::uint64_t& saturated) const {
-    const std::size_t n = grad.size();
-    if (fixed) {
-      for (std::size_t i = 0; i < n; ++i) wire[i] = static_cast<std::uint32_t>(quantize(grad[i], saturated));
+  void encode(std::span<const float> grad, double loss, std::span<std::byte> wire, std::uint64_t& saturated) const {
+    if (k == kind::fixed) {
+      for (std::size_t i = 0; i < n; ++i) put(wire, i, quantize(grad[i], saturated));
       std::uint64_t ignore = 0;
-      wire[n] = static_cast<std::uint32_t>(quantize(static_cast<float>(loss), ignore));
-    } else {
+      put(wire, n, quantize(static_cast<float>(loss), ignore));
+    } else if (k == kind::float32) {
       std::memcpy(wire.data(), grad.data(), n * sizeof(float));
-      const float l = static_cast<float>(loss);
-      std::memcpy(&wire[n], &l, sizeof l);
+      put(wire, n, static_cast<float>(loss));
+    } else {  // float32 values in the accumulator layout, then the reduction's own narrow step
+      std::vector<float> acc(count() * nv, 0.0f);
+      std::copy(grad.begin(), grad.end(), acc.begin());
+      acc[(count() - 1) * nv] = static_cast<float>(loss);
+      kern.narrow(wire.data(), acc.data(), static_cast<std::uint32_t>(count()));
     }
   }
   // The summed wire message -> the mean gradient; returns the summed loss of all ranks.
-  double decode(std::span<const std::uint32_t> wire, std::span<float> grad) const {
-    const std::size_t n = grad.size();
-    if (fixed) {
-      for (std::size_t i = 0; i < n; ++i) grad[i] = static_cast<float>(static_cast<std::int32_t>(wire[i])) * decode_mul;
-      return static_cast<double>(static_cast<std::int32_t>(wire[n])) / scale;
+  double decode(std::span<const std::byte> wire, std::span<float> grad) const {
+    if (k == kind::fixed) {
+      for (std::size_t i = 0; i < n; ++i) grad[i] = static_cast<float>(get<std::int32_t>(wire, i)) * decode_mul;
+      return static_cast<double>(get<std::int32_t>(wire, n)) / scale;
     }
-    float l = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-      float v;
-      std::memcpy(&v, &wire[i], sizeof v);
-      grad[i] = v * decode_mul;
+    if (k == kind::float32) {
+      for (std::size_t i = 0; i < n; ++i) grad[i] = get<float>(wire, i) * decode_mul;
+      return get<float>(wire, n);
     }
-    std::memcpy(&l, &wire[n], sizeof l);
-    return l;
+    std::vector<float> acc(count() * nv);
+    kern.widen(acc.data(), wire.data(), static_cast<std::uint32_t>(count()));
+    for (std::size_t i = 0; i < n; ++i) grad[i] = acc[i] * decode_mul;
+    return acc[(count() - 1) * nv];
+  }
+
+private:
+  template <class T> static void put(std::span<std::byte> w, std::size_t i, T v) { std::memcpy(w.data() + i * sizeof(T), &v, sizeof v); }
+  template <class T> static T get(std::span<const std::byte> w, std::size_t i) {
+    T v;
+    std::memcpy(&v, w.data() + i * sizeof(T), sizeof v);
+    return v;
   }
 };
 
@@ -171,18 +219,32 @@ std::vector<float> train_reference(const config& c, const dp::dataset& d, const 
   dp::model m(d.train.pixels_per_image(), c.model == "mlp" ? c.hidden : 0, 10, c.seed);
   const std::size_t n = m.size();
   std::vector<float> grad(n), mean(n);
-  std::vector<std::uint32_t> wire(n + 1), sum(n + 1);
+  std::vector<std::vector<std::byte>> wire(c.ranks, std::vector<std::byte>(cd.bytes()));
+  std::vector<std::byte> sum(cd.bytes());
+  std::vector<std::byte> acc(cd.count() * cd.kern.acc_bytes);
   std::uint64_t saturated = 0;
   for (std::uint32_t e = 0; e < c.epochs; ++e) {
     const auto order = epoch_order(d.train.count, c.seed, e);
     for (std::uint32_t s = 0; s < steps; ++s) {
-      std::fill(sum.begin(), sum.end(), 0u);
       for (std::uint32_t r = 0; r < c.ranks; ++r) {
         std::fill(grad.begin(), grad.end(), 0.0f);
         const std::span<const std::uint32_t> idx(order.data() + (std::size_t{s} * c.ranks + r) * c.batch, c.batch);
         const double loss = m.accumulate(d.train, idx, grad);
-        cd.encode(grad, loss, wire, saturated);
-        for (std::size_t i = 0; i <= n; ++i) sum[i] += wire[i];  // integers wrap, as spin::coll's sum does
+        cd.encode(grad, loss, wire[r], saturated);
+      }
+      // The sum in spin::coll's combination order (docs/collectives.md): the count is cut into
+      // one chunk per rank, and an element of chunk k is folded from rank k+1 around to rank k
+      // (one epoch: the message is far below an epoch's size). Integer sums wrap, as
+      // spin::coll's do; block formats add in float32 and encode once.
+      const std::size_t count = cd.count(), base = count / c.ranks, extra = count % c.ranks;
+      for (std::size_t k = 0, lo = 0; k < c.ranks; ++k) {
+        const std::size_t len = base + (k < extra ? 1 : 0);
+        std::byte* a = acc.data() + lo * cd.kern.acc_bytes;
+        const auto at = [&](std::uint32_t r) { return wire[(k + r) % c.ranks].data() + lo * cd.eb; };
+        cd.kern.widen(a, at(1), static_cast<std::uint32_t>(len));
+        for (std::uint32_t r = 2; r <= c.ranks; ++r) cd.kern.fold(a, at(r), static_cast<std::uint32_t>(len));
+        cd.kern.narrow(sum.data() + lo * cd.eb, a, static_cast<std::uint32_t>(len));
+        lo += len;
       }
       cd.decode(sum, mean);
       m.step(mean, c.lr);
@@ -211,6 +273,15 @@ int main(int argc, char** argv) {
   app.add_option("--aggregation", c.aggregation, "fixed (int32 fixed point: deterministic) or float (float32)")
       ->check(CLI::IsMember({"fixed", "float"}))
       ->capture_default_str();
+  app.add_option("--gradients", c.gradients,
+                 "send the gradients in a block format: mxfp8 (OCP MXFP8 E4M3), mxint8, bfp (8-bit mantissas, blocks of 16) "
+                 "or any block datatype's name (mxfp4_e2m1, bfp16_32, ...); sums are float32 and encoded once "
+                 "(overrides --aggregation)")
+      ->check([](const std::string& g) {
+        const auto t = codec::block_type(g);
+        return t != spin::coll::dtype::custom && spin::coll::block_values(t) > 1 ? std::string()
+                                                                                 : "not a block format: " + g;
+      });
   app.add_option("--fixed-bits", c.fixed_bits, "fractional bits of the fixed-point gradients")->check(CLI::Range(4, 24))->capture_default_str();
   app.add_option("--train-limit", c.train_limit, "use the first N training images (0: all 60000)")->capture_default_str();
   app.add_option("--test-limit", c.test_limit, "use the first N test images (0: all 10000)")->capture_default_str();
@@ -225,7 +296,9 @@ int main(int argc, char** argv) {
                  "from 1 ms up (0: 10 ms on lossy links; 1000 ms without loss)")
       ->check(CLI::Range(0, 60000))
       ->capture_default_str();
-  app.add_flag("!--no-reference", c.reference, "skip the single-process comparison (fixed aggregation)");
+  app.add_flag("!--no-reference", c.reference,
+               "skip the single-process comparison (which sums in spin::coll's combination order, so float32 and block "
+               "formats compare bit for bit too)");
   app.add_option("--min-accuracy", c.min_accuracy, "exit status 1 when the final test accuracy is lower")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   const bool tty = ::isatty(1) != 0;
@@ -239,7 +312,6 @@ int main(int argc, char** argv) {
   if (steps == 0)
     return cannot_run(std::to_string(d.train.count) + " training images do not fill one step of " + std::to_string(c.ranks) +
                       " ranks x " + std::to_string(c.batch) + " images");
-  const codec cd(c);
   const spin::coll::algorithm algo = parse_algorithm(c.algorithm);
 
   // ---- the emulated cluster: N hosts around one switch ----
@@ -286,12 +358,17 @@ int main(int argc, char** argv) {
   std::vector<dp::model> replicas;
   for (std::uint32_t r = 0; r < c.ranks; ++r) replicas.emplace_back(d.train.pixels_per_image(), hidden, 10, c.seed);
   const std::size_t n_params = replicas[0].size();
-  const std::uint64_t wire_bytes = (n_params + 1) * 4;
+  const codec cd(c, n_params);
+  const std::uint64_t wire_bytes = cd.bytes();
+  const std::uint64_t f32_bytes = (n_params + 1) * 4;
   std::printf("dp_training: %u hosts + 1 switch (emulated), %s (%zu parameters), %u epochs of %u steps x %u images, "
               "allreduce by %s, %s gradients (%s per step)\n",
               c.ranks, c.model == "mlp" ? ("mlp " + std::to_string(c.hidden) + " hidden").c_str() : "softmax regression",
               n_params, c.epochs, steps, global_batch, c.algorithm.c_str(),
-              cd.fixed ? ("int32 fixed-point (2^" + std::to_string(c.fixed_bits) + ")").c_str() : "float32", mb(wire_bytes).c_str());
+              cd.describe().c_str(), mb(wire_bytes).c_str());
+  if (wire_bytes != f32_bytes)
+    std::printf("dp_training: %s of gradients per step against %s in float32 (%.3f x)\n", mb(wire_bytes).c_str(),
+                mb(f32_bytes).c_str(), static_cast<double>(wire_bytes) / static_cast<double>(f32_bytes));
   std::fflush(stdout);
 
   std::vector<epoch_record> records;
@@ -345,7 +422,7 @@ int main(int argc, char** argv) {
   auto rank_main = [&](std::uint32_t r) {
     dp::model& m = replicas[r];
     std::vector<float> grad(n_params), mean(n_params);
-    std::vector<std::uint32_t> wire(n_params + 1);
+    std::vector<std::byte> wire(cd.bytes());
     std::uint64_t sat = 0;
     for (std::uint32_t e = 0; e < c.epochs; ++e) {
       const auto order = epoch_order(d.train.count, c.seed, e);
@@ -354,8 +431,7 @@ int main(int argc, char** argv) {
         const std::span<const std::uint32_t> idx(order.data() + (std::size_t{s} * c.ranks + r) * c.batch, c.batch);
         const double loss = m.accumulate(d.train, idx, grad);
         cd.encode(grad, loss, wire, sat);
-        auto res = comms[r]->allreduce(wire.data(), wire.data(), wire.size(),
-                                       cd.fixed ? spin::coll::dtype::i32 : spin::coll::dtype::f32, spin::coll::op::sum, algo);
+        auto res = comms[r]->allreduce(wire.data(), wire.data(), cd.count(), cd.t, spin::coll::op::sum, algo);
         if (!res) {
           std::lock_guard<std::mutex> l(failure_m);
           if (!failed) failure = "rank " + std::to_string(r) + ": allreduce: " + res.err().message;
@@ -410,7 +486,7 @@ int main(int argc, char** argv) {
   std::printf("check: all %u ranks hold bitwise-identical parameters: %s\n", c.ranks, identical ? "yes" : "NO");
   if (!identical) status = 1;
   std::string reference = "not run";
-  if (cd.fixed && c.reference) {
+  if (c.reference) {
     if (tty) {
       std::printf("check: training the same model on one process (same data order, same rounding) ...");
       std::fflush(stdout);
@@ -421,11 +497,8 @@ int main(int argc, char** argv) {
     std::printf("%scheck: the parameters equal those of single-process training on the same data order: %s\n", tty ? "\r\033[K" : "",
                 same ? "yes" : "NO");
     if (!same) status = 1;
-  } else if (!cd.fixed) {
-    reference = "float aggregation: not compared";
-    std::printf("check: single-process comparison runs with --aggregation fixed (float sums follow the ring's order)\n");
   }
-  if (saturated > 0)
+  if (saturated > 0 && cd.fixed())
     std::printf("note: %llu gradient values saturated the fixed-point range (raise --fixed-bits' headroom: lower it)\n",
                 static_cast<unsigned long long>(saturated.load()));
   const double final_acc = records.empty() ? 0 : records.back().test_accuracy;
@@ -454,6 +527,8 @@ int main(int argc, char** argv) {
   nlohmann::json j;
   j["config"] = {{"ranks", c.ranks}, {"epochs", c.epochs}, {"batch_per_rank", c.batch}, {"lr", c.lr}, {"model", c.model},
                  {"hidden", hidden}, {"parameters", n_params}, {"algorithm", c.algorithm}, {"aggregation", c.aggregation},
+                 {"gradients", c.gradients.empty() ? (cd.fixed() ? "int32" : "f32") : spin::coll::name(cd.t)},
+                 {"wire_bytes_per_step", wire_bytes}, {"float32_bytes_per_step", f32_bytes},
                  {"fixed_bits", c.fixed_bits}, {"train_images", d.train.count}, {"test_images", d.test.count},
                  {"steps_per_epoch", steps}, {"seed", c.seed}, {"loss_rate", c.loss_rate},
                  {"repair_interval_ms", c.repair_ms}};
