@@ -331,6 +331,16 @@ TEST_CASE("code_at reads each packed code as unpack does, and decode_block and e
       for (std::uint32_t v : dec) finite = finite && (v & 0x7fffffffu) < 0x7f800000u;
       if (!finite) continue;
       mx::encode_packed(e, dec, again);
+      std::uint8_t of[33] = {};
+      switch (e) {
+      case mx::element::fp8_e4m3: mx::encode_packed_of<mx::element::fp8_e4m3>(dec, of); break;
+      case mx::element::fp8_e5m2: mx::encode_packed_of<mx::element::fp8_e5m2>(dec, of); break;
+      case mx::element::fp6_e3m2: mx::encode_packed_of<mx::element::fp6_e3m2>(dec, of); break;
+      case mx::element::fp6_e2m3: mx::encode_packed_of<mx::element::fp6_e2m3>(dec, of); break;
+      case mx::element::fp4_e2m1: mx::encode_packed_of<mx::element::fp4_e2m1>(dec, of); break;
+      case mx::element::int8: mx::encode_packed_of<mx::element::int8>(dec, of); break;
+      }
+      REQUIRE(std::equal(again, again + mx::block_bytes(e), of));
       const std::uint8_t scale = mx::encode_block(e, dec, want_codes);
       std::uint8_t want[33] = {};
       want[0] = scale;

@@ -244,53 +244,68 @@ template <element E> constexpr u32 decode_of(u8 scale, u8 code) {
 }
 
 /// The element code of float32 bits `v` divided by 2^shared_exp (finite v), rounded to
-/// nearest, ties to even, magnitudes above the largest normal clamped to it (section 6.3).
-constexpr u8 quantize(element e, u32 v, i32 shared_exp) {
-  const format f = spec_of(e);
+/// nearest, ties to even, magnitudes above the largest normal clamped to it (section 6.3), for
+/// an element type known at compile time (quantize dispatches to it).
+template <element E> constexpr u8 quantize_of(u32 v, i32 shared_exp) {
+  constexpr format f = spec_of(E);
   const u32 sign = v >> 31;
   const u32 ef32 = (v >> 23) & 0xff;
   const u64 mant = v & 0x7fffffu;
   const u64 m32 = ef32 == 0 ? mant : (mant | (u64{1} << 23));
   const i32 e32 = ef32 == 0 ? -149 : static_cast<i32>(ef32) - 150;  // v = m32 x 2^e32
-  if (m32 == 0) return e == element::int8 ? u8{0} : static_cast<u8>(sign << (f.bits - 1));
+  if (m32 == 0) return E == element::int8 ? u8{0} : static_cast<u8>(sign << (f.bits - 1));
   const i32 e_r = e32 - shared_exp;  // r = v / 2^shared_exp = m32 x 2^e_r
-  if (e == element::int8) {
+  if constexpr (E == element::int8) {
     if (detail::top_bit(m32) + e_r >= 7) return static_cast<u8>(sign != 0 ? 0x81 : 0x7f);  // |r| >= 128: clamped
     u64 q = detail::rne_shift(m32, -6 - e_r);  // units of 2^-6
     if (q > 127) q = 127;
     const i32 iv = sign != 0 ? -static_cast<i32>(q) : static_cast<i32>(q);
     return static_cast<u8>(iv & 0xff);
-  }
-  const i32 k = detail::top_bit(m32) + e_r;  // floor(log2 r)
-  const i32 emin = 1 - f.bias;
-  i32 uexp = (k > emin ? k : emin) - static_cast<i32>(f.mbits);  // the ulp at r's binade
-  // Far below the smallest subnormal the shift is large and q is 0; far above, the code saturates.
-  const i32 top = static_cast<i32>(f.max_exp_field) - f.bias + 2;  // above every finite code
-  u32 ef = 0, m = 0;
-  if (k >= top) {
-    ef = f.max_exp_field;
-    m = f.max_mantissa;
   } else {
-    u64 q = detail::rne_shift(m32, uexp - e_r);
-    if (q >= (u64{1} << (f.mbits + 1))) {  // rounding carried into the next binade
-      q >>= 1;
-      ++uexp;
-    }
-    if (q == 0) return static_cast<u8>(sign << (f.bits - 1));
-    if (q < (u64{1} << f.mbits)) {  // subnormal
-      ef = 0;
-      m = static_cast<u32>(q);
+    const i32 k = detail::top_bit(m32) + e_r;  // floor(log2 r)
+    const i32 emin = 1 - f.bias;
+    i32 uexp = (k > emin ? k : emin) - static_cast<i32>(f.mbits);  // the ulp at r's binade
+    // Far below the smallest subnormal the shift is large and q is 0; far above, the code saturates.
+    const i32 top = static_cast<i32>(f.max_exp_field) - f.bias + 2;  // above every finite code
+    u32 ef = 0, m = 0;
+    if (k >= top) {
+      ef = f.max_exp_field;
+      m = f.max_mantissa;
     } else {
-      const i32 efi = uexp + static_cast<i32>(f.mbits) + f.bias;
-      ef = static_cast<u32>(efi);
-      m = static_cast<u32>(q) - (1u << f.mbits);
-      if (ef > f.max_exp_field || (ef == f.max_exp_field && m > f.max_mantissa)) {
-        ef = f.max_exp_field;
-        m = f.max_mantissa;
+      u64 q = detail::rne_shift(m32, uexp - e_r);
+      if (q >= (u64{1} << (f.mbits + 1))) {  // rounding carried into the next binade
+        q >>= 1;
+        ++uexp;
+      }
+      if (q == 0) return static_cast<u8>(sign << (f.bits - 1));
+      if (q < (u64{1} << f.mbits)) {  // subnormal
+        ef = 0;
+        m = static_cast<u32>(q);
+      } else {
+        const i32 efi = uexp + static_cast<i32>(f.mbits) + f.bias;
+        ef = static_cast<u32>(efi);
+        m = static_cast<u32>(q) - (1u << f.mbits);
+        if (ef > f.max_exp_field || (ef == f.max_exp_field && m > f.max_mantissa)) {
+          ef = f.max_exp_field;
+          m = f.max_mantissa;
+        }
       }
     }
+    return static_cast<u8>((sign << (f.bits - 1)) | (ef << f.mbits) | m);
   }
-  return static_cast<u8>((sign << (f.bits - 1)) | (ef << f.mbits) | m);
+}
+
+/// quantize_of for an element type given at run time.
+constexpr u8 quantize(element e, u32 v, i32 shared_exp) {
+  switch (e) {
+  case element::fp8_e4m3: return quantize_of<element::fp8_e4m3>(v, shared_exp);
+  case element::fp8_e5m2: return quantize_of<element::fp8_e5m2>(v, shared_exp);
+  case element::fp6_e3m2: return quantize_of<element::fp6_e3m2>(v, shared_exp);
+  case element::fp6_e2m3: return quantize_of<element::fp6_e2m3>(v, shared_exp);
+  case element::fp4_e2m1: return quantize_of<element::fp4_e2m1>(v, shared_exp);
+  case element::int8: return quantize_of<element::int8>(v, shared_exp);
+  }
+  return 0;
 }
 
 /// The shared exponent of a block whose largest magnitude has float32 bits `max_abs` (finite,
@@ -371,26 +386,29 @@ constexpr u32 scale_bits(u8 scale) { return scale == 0 ? 0x00400000u : static_ca
 /// reductions use.
 template <element E> inline u32 decode_native(u8 scale, u8 code) {
   constexpr format f = spec_of(E);
-  if (scale == scale_nan) return f32_nan;
-  float v = 0;
+  // Selects, not branches: a loop over a block's elements then vectorises.
+  u32 v = 0;  // the element's value under scale 2^0, as float32 bits (exact)
   if constexpr (E == element::int8) {
-    v = static_cast<float>(static_cast<i32>(code ^ 0x80u) - 0x80) * 0.015625f;  // x 2^-6, exact
+    v = spin::detail::bit_cast<u32>(static_cast<float>(static_cast<i32>(code ^ 0x80u) - 0x80) * 0.015625f);  // x 2^-6
   } else {
     const u32 c = code & ((1u << f.bits) - 1);
     const u32 sign = c >> (f.bits - 1);
     const u32 ef = (c >> f.mbits) & ((1u << f.ebits) - 1);
     const u32 m = c & ((1u << f.mbits) - 1);
-    if constexpr (E == element::fp8_e4m3)
-      if (ef == 15 && m == 7) return f32_nan;
-    if constexpr (E == element::fp8_e5m2)
-      if (ef == 31) return m == 0 ? (sign << 31) | 0x7f800000u : f32_nan;
     // A normal's float32 bits directly; a subnormal is m x 2^(1 - bias - mbits), exact too.
     const u32 normal = (sign << 31) | ((ef + 127 - static_cast<u32>(f.bias)) << 23) | (m << (23 - f.mbits));
     constexpr float sub_ulp = static_cast<float>(1.0 / static_cast<double>(1u << (f.bias - 1 + static_cast<i32>(f.mbits))));
-    const float sub = (sign != 0 ? -1.0f : 1.0f) * static_cast<float>(m) * sub_ulp;
-    v = ef != 0 ? spin::detail::bit_cast<float>(normal) : sub;
+    const u32 sub = spin::detail::bit_cast<u32>(static_cast<float>(m) * sub_ulp) | (sign << 31);
+    v = ef != 0 ? normal : sub;
   }
-  return spin::detail::bit_cast<u32>(v * spin::detail::bit_cast<float>(scale_bits(scale)));
+  u32 r = spin::detail::bit_cast<u32>(spin::detail::bit_cast<float>(v) * spin::detail::bit_cast<float>(scale_bits(scale)));
+  if constexpr (E == element::fp8_e4m3) r = (code & 0x7fu) == 0x7fu ? f32_nan : r;  // S.1111.111
+  if constexpr (E == element::fp8_e5m2) {
+    const u32 m = code & 3u;
+    const u32 special = m == 0 ? ((code & 0x80u) << 24) | 0x7f800000u : f32_nan;  // S.11111.00 infinity, else NaN
+    r = (code & 0x7cu) == 0x7cu ? special : r;
+  }
+  return scale == scale_nan ? f32_nan : r;
 }
 
 /// Element code i (0 .. 31) of a block's packed codes (the wire layout's element bytes).
@@ -409,6 +427,27 @@ constexpr void decode_block(element e, const u8* block, u32* out) {
   u8 codes[block_elements] = {};
   unpack(e, block + 1, codes);
   for (u32 i = 0; i < block_elements; ++i) out[i] = decode(e, block[0], codes[i]);
+}
+
+/// encode_packed for an element type known at compile time: the same bytes, without a
+/// run-time dispatch per element (what the collectives' block reductions use).
+template <element E> constexpr void encode_packed_of(const u32* in, u8* block) {
+  u32 max_abs = 0;
+  bool special = false;
+  for (u32 i = 0; i < block_elements; ++i) {
+    const u32 a = in[i] & 0x7fffffffu;
+    special = special || a >= 0x7f800000u;
+    max_abs = a > max_abs ? a : max_abs;
+  }
+  u8 codes[block_elements] = {};
+  if (special) {
+    block[0] = scale_nan;
+  } else {
+    const i32 se = shared_exponent(E, max_abs);
+    for (u32 i = 0; i < block_elements; ++i) codes[i] = quantize_of<E>(in[i], se);
+    block[0] = static_cast<u8>(se + scale_bias);
+  }
+  pack(E, codes, block + 1);
 }
 
 /// Encodes 32 float32 values (as bits) into one block in the wire layout (`block_bytes(e)`

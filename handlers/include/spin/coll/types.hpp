@@ -251,7 +251,7 @@ template <mx::element E> struct mx_codec {
     for (u32 i = 0; i < values; ++i) out[i] = value(in, i);
   }
   static u32 value(const u8* in, u32 i) { return mx::decode_native<E>(in[0], mx::code_at(E, in + 1, i)); }
-  static void encode(const u32* in, u8* out) { mx::encode_packed(E, in, out); }
+  static void encode(const u32* in, u8* out) { mx::encode_packed_of<E>(in, out); }
 };
 template <u32 Block, u32 Bits> struct bfp_codec {
   static constexpr bfp::format f{Block, Bits};
