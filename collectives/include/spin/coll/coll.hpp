@@ -314,7 +314,8 @@ public:
   std::uint32_t size() const noexcept;  ///< members
 
   /// out = in_0 (+) in_1 (+) ... (+) in_{n-1}, element-wise, on every rank: `count` elements of
-  /// type `t` at `in` and `out` (in == out: in place). Combination order and semantics:
+  /// type `t` at `in` and `out` (in == out: in place). For a block format (MX, BFP) an element
+  /// is a block, so `count` counts blocks; the result is encode(float32 reduction) per block. Combination order and semantics:
   /// docs/collectives.md. Buffers from alloc() go to the NIC without a copy; others pass
   /// through the staging buffers. Errors: invalid_argument (null buffer with count > 0,
   /// buffers that overlap without being equal, an unknown op x dtype), not_supported (an
@@ -401,7 +402,8 @@ result<void> communicator::allreduce(std::span<const T> in, std::span<T> out, op
   return allreduce(in.data(), out.data(), in.size(), dtype_of<T>(), o, a);
 }
 
-/// Bytes of one element of `t` (0 for custom).
+/// Bytes of one element of `t` (0 for custom). A block format's element is a whole block
+/// (block_values(t) values: 33 bytes for mxfp8_e4m3, docs/collectives.md "Block formats").
 std::uint32_t elem_bytes(dtype t);
 
 } // namespace spin::coll
