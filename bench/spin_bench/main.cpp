@@ -5,6 +5,7 @@
 //   spin-bench coll [options]       nccl-tests-style allreduce tables: spin::coll's algorithms,
 //                                   Gloo and Open MPI on the same data
 //   spin-bench groups [options]     many small groups at once: call-time percentiles
+//   spin-bench reductions [options] the collectives' reduction kernels per datatype, ns per value
 //
 // Exit status: 0 when every check passed; 1 when a check failed (lost, dropped or wrongly handled
 // packets, wrong results); 2 on bad options or set-up errors. Missing an aim is reported, not an
@@ -16,6 +17,7 @@
 #include <spin/coll/coll.hpp>
 #endif
 #include "handlers.hpp"
+#include "reductions.hpp"
 
 #include <CLI/CLI.hpp>
 
@@ -101,6 +103,15 @@ int main(int argc, char** argv) {
   hc->add_option("--model-hpus", h.model_hpus, "NIC model: HPUs (PsPIN: 32)")->capture_default_str()->check(CLI::Range(1u, 4096u));
   hc->add_option("--model-ghz", h.model_ghz, "NIC model: HPU clock in GHz (PsPIN: 1)")->capture_default_str()->check(finite_number)->check(CLI::Range(0.01, 10.0));
   hc->add_option("--line-gbps", h.model_line_gbps, "NIC model: line rate in Gbit/s (PsPIN: 400)")->capture_default_str()->check(finite_number)->check(CLI::Range(0.1, 10000.0));
+
+  spin::bench::reductions_options ro;
+  CLI::App* rc = app.add_subcommand(
+      "reductions",
+      "What the collectives' sum kernels (widen, fold, narrow of spin/coll/types.hpp) cost per value on one core for every "
+      "datatype, block formats included, beside float32's in the same run; checks that narrow(widen(x)) == x.");
+  rc->add_option("--values", ro.values, "values per buffer")->capture_default_str()->check(CLI::Range(std::uint64_t{32}, std::uint64_t{1} << 28));
+  rc->add_option("--repeats", ro.repeats, "timed passes per kernel (the median is reported)")->capture_default_str()->check(CLI::Range(1u, 1000u));
+  rc->add_option("--dtype", ro.dtypes, "datatypes (default: every one with a sum; f32 always runs, as the baseline)");
 
 #if SPIN_BENCH_HAVE_COLL
   spin::bench::coll_options c;
@@ -195,6 +206,7 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   if (hc->parsed()) return spin::bench::run_handlers(h);
+  if (rc->parsed()) return spin::bench::run_reductions(ro);
 #if SPIN_BENCH_HAVE_COLL
   if (cc->parsed()) {
     c.link_latency_ns = static_cast<std::uint64_t>(link_latency_us * 1e3 + 0.5);

@@ -157,6 +157,36 @@ def main():
                   "groups.json: %d calls, %d wrong, p50 %s max %s" % (gj["calls"], gj["wrong"], gj["p50_us"], gj["max_us"]))
         rc, out, err = run([exe, "groups", "--hosts", "4", "--members", "5", "--out", gd], 60)
         check(rc == 2 and "--members" in err, "groups with more members than hosts is refused (status %d)" % rc)
+        # ---- coll --dtype: block formats and bf16 beside float32, exact, their bytes per value ----
+        td = os.path.join(d, "t")
+        rc, out, err = run([exe, "coll", "-b", "4096", "-e", "65536", "-f", "16", "--iters", "2", "--warmup", "1", "--no-plot",
+                            "--out", td, "--algorithm", "switch", "edge_ring", "--dtype", "f32", "bf16", "mxfp8_e4m3",
+                            "bfp16_16"], 600)
+        print(out[-3000:])
+        check(rc == 0, "spin-bench coll --dtype exit status %d (stderr: %s)" % (rc, err[-2000:]))
+        if rc == 0:
+            tj = json.load(open(os.path.join(td, "coll.json")))
+            check(tj["exact"] is True, "coll.json (--dtype): exact")
+            for t, eb, nv in (("f32", 4, 1), ("bf16", 2, 1), ("mxfp8_e4m3", 33, 32), ("bfp16_16", 33, 16)):
+                rows = [r for r in tj["rows"] if r["type"] == t and r["algorithm"] == "switch"]
+                check([r["values"] for r in rows] == [1024, 16384], "%s: values %s" % (t, [r["values"] for r in rows]))
+                for r in rows:
+                    check(r["count"] == (r["values"] + nv - 1) // nv and r["bytes"] == r["count"] * eb,
+                          "%s: %d values in %d elements of %d bytes" % (t, r["values"], r["count"], r["bytes"]))
+                big = rows[-1]
+                # Through the switch a value costs its share of a block plus headers, about 1.06 B for mxfp8.
+                want = {"f32": 4.0, "bf16": 2.0, "mxfp8_e4m3": 33 / 32, "bfp16_16": 33 / 16}[t]
+                per = big["sent_bytes_per_rank"] / big["values"]
+                check(want <= per <= 1.2 * want, "%s through the switch: %.3f bytes per value, want %.3f plus headers" % (t, per, want))
+        rc, out, err = run([exe, "coll", "--dtype", "mxfp9"], 60)
+        check(rc == 2 and "mxfp9" in err, "an unknown --dtype is refused (status %d, stderr %r)" % (rc, err[-300:]))
+        # ---- reductions ----
+        rc, out, err = run([exe, "reductions", "--values", "8192", "--repeats", "1"], 300)
+        print(out[-2500:])
+        check(rc == 0 and "every round trip exact" in out and "mxfp4_e2m1" in out and "bfp16_32" in out,
+              "spin-bench reductions: status %d, stdout %r" % (rc, out[-500:]))
+        rc, out, err = run([exe, "reductions", "--dtype", "nope"], 60)
+        check(rc == 2, "reductions with an unknown datatype is refused (status %d)" % rc)
         rc, out, err = run([exe, "coll", "--ranks", "1"], 60)
         check(rc == 2, "one rank is refused (status %d)" % rc)
         rc, out, err = run([exe, "coll", "--packet-bytes", "8192", "--algorithm", "switch", "--out", cd], 60)
