@@ -187,9 +187,13 @@ bool run_spin(const coll_options& o, const std::vector<std::string>& algos, cons
   }
   // The buffers come from the arena (no staging copy); the staging buffers stay small.
   co.staging_bytes = std::size_t{1} << 20;
-  // host_ring keeps its partial sums in the arena too (one more message).
+  // host_ring keeps an epoch's partial sums in the arena too: (staging_bytes / element bytes)
+  // accumulators, 4 MiB for mxfp8 (128-byte accumulators of 33-byte blocks).
   const std::uint64_t buffer = (max_bytes + 4095) / 4096 * 4096;
-  co.arena_bytes = 3 * buffer + 2 * co.staging_bytes + (std::size_t{1} << 20);
+  std::uint64_t partials = 0;
+  for (const coll_typed_data& d : data)
+    partials = std::max<std::uint64_t>(partials, co.staging_bytes / d.elem_bytes() * d.acc_bytes());
+  co.arena_bytes = 2 * buffer + 2 * co.staging_bytes + (partials + 4095) / 4096 * 4096 + (std::size_t{1} << 20);
   co.switches = fab.value().get();
   co.log = [](const std::string& line) { std::fprintf(stderr, "spin-bench coll: %s\n", line.c_str()); };
   coll::group g;

@@ -61,6 +61,7 @@ public:
     convert(sum, _want.data());
   }
   std::uint32_t elem_bytes() const { return _eb; }
+  std::uint32_t acc_bytes() const { return _ab; }
   std::uint32_t values_per_elem() const { return _nv; }
   /// Elements that hold `values` values.
   std::uint64_t count_for(std::uint64_t values) const { return (values + _nv - 1) / _nv; }

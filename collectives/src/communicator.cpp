@@ -557,6 +557,13 @@ struct communicator::impl {
       return fail(errc::invalid_argument, std::string(what) +
                                               ": input and output overlap without being in place (allgather: the input is this "
                                               "rank's block of the output; reduce-scatter: the output is this rank's block of the input)");
+    // A packet carries whole elements and, on the rings, whole accumulators: a block format's
+    // are 17 to 128 bytes, more than the smallest packets hold.
+    if (std::max(eb, ab) > o.packet_bytes)
+      return fail(errc::invalid_argument, std::string(what) + ": an element of " + name(static_cast<dtype>(s.dtype)) + " needs " +
+                                              std::to_string(std::max(eb, ab)) + " bytes of packet (element " + std::to_string(eb) +
+                                              ", accumulator " + std::to_string(ab) + "); options::packet_bytes is " +
+                                              std::to_string(o.packet_bytes));
     if (nr == 1) return local(kind, in, out, count, s);
 
     // Packets carry elements, and on the rings also accumulators (reduce-scatter's partial

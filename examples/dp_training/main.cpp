@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <atomic>
 #include <barrier>
 #include <chrono>
@@ -157,10 +158,10 @@ struct codec {
     } else if (k == kind::float32) {
       std::memcpy(wire.data(), grad.data(), n * sizeof(float));
       put(wire, n, static_cast<float>(loss));
-    } else {  // float32 values in the accumulator layout, then the reduction's own narrow step
-      std::vector<float> acc(count() * nv, 0.0f);
-      std::copy(grad.begin(), grad.end(), acc.begin());
-      acc[(count() - 1) * nv] = static_cast<float>(loss);
+    } else {  // float32 values in the accumulator layout (their bits), then the reduction's own narrow step
+      std::vector<std::uint32_t> acc(count() * nv, 0u);
+      for (std::size_t i = 0; i < n; ++i) acc[i] = std::bit_cast<std::uint32_t>(grad[i]);
+      acc[(count() - 1) * nv] = std::bit_cast<std::uint32_t>(static_cast<float>(loss));
       kern.narrow(wire.data(), acc.data(), static_cast<std::uint32_t>(count()));
     }
   }
@@ -174,10 +175,10 @@ struct codec {
       for (std::size_t i = 0; i < n; ++i) grad[i] = get<float>(wire, i) * decode_mul;
       return get<float>(wire, n);
     }
-    std::vector<float> acc(count() * nv);
+    std::vector<std::uint32_t> acc(count() * nv);
     kern.widen(acc.data(), wire.data(), static_cast<std::uint32_t>(count()));
-    for (std::size_t i = 0; i < n; ++i) grad[i] = acc[i] * decode_mul;
-    return acc[(count() - 1) * nv];
+    for (std::size_t i = 0; i < n; ++i) grad[i] = std::bit_cast<float>(acc[i]) * decode_mul;
+    return std::bit_cast<float>(acc[(count() - 1) * nv]);
   }
 
 private:

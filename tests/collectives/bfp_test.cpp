@@ -200,11 +200,15 @@ struct kernels {
   void (*widen)(void*, const void*, std::uint32_t) = nullptr;
   void (*fold)(void*, const void*, std::uint32_t) = nullptr;
   void (*narrow)(void*, const void*, std::uint32_t) = nullptr;
+  void (*widen_fold)(void*, const void*, const void*, std::uint32_t) = nullptr;  // the switch's fused first step
+  void (*fold_narrow)(void*, void*, const void*, std::uint32_t) = nullptr;     // and its fused last step
+  void (*combine)(void*, const void*, std::uint32_t) = nullptr;
 };
 kernels kernels_for(op o, dtype t) {
   kernels k;
   REQUIRE(with_standard(o, t, [&]<class R>() {
-    k = {sizeof(typename R::elem), sizeof(typename R::acc), &widen_n<R>, &fold_n<R>, &narrow_n<R>};
+    k = {sizeof(typename R::elem), sizeof(typename R::acc), &widen_n<R>, &fold_n<R>, &narrow_n<R>, &widen_fold_n<R>,
+         &fold_narrow_n<R>, &combine_n<R>};
   }));
   return k;
 }
@@ -293,6 +297,27 @@ TEST_CASE("block-format reductions: element and accumulator sizes, and encode(fl
         }
         INFO("ranks " << ranks << " blocks " << blocks);
         REQUIRE(got == want);
+        // The switch's fused steps (widen_fold for the first two, fold_narrow for the last) give
+        // the same blocks; so does combining widened accumulators (combine_n), as a ring does.
+        if (ranks >= 2) {
+          std::vector<std::uint8_t> acc2(blocks * kk.acc_bytes), fused(blocks * kk.elem_bytes);
+          if (ranks == 2) {
+            kk.widen(acc2.data(), in[0].data(), blocks);
+          } else {
+            kk.widen_fold(acc2.data(), in[0].data(), in[1].data(), blocks);
+            for (std::uint32_t r = 2; r + 1 < ranks; ++r) kk.fold(acc2.data(), in[r].data(), blocks);
+          }
+          kk.fold_narrow(fused.data(), acc2.data(), in[ranks - 1].data(), blocks);
+          REQUIRE(fused == want);
+          std::vector<std::uint8_t> a0(blocks * kk.acc_bytes), a1(blocks * kk.acc_bytes), combined(blocks * kk.elem_bytes);
+          kk.widen(a0.data(), in[0].data(), blocks);
+          for (std::uint32_t r = 1; r < ranks; ++r) {
+            kk.widen(a1.data(), in[r].data(), blocks);
+            kk.combine(a0.data(), a1.data(), blocks);
+          }
+          kk.narrow(combined.data(), a0.data(), blocks);
+          REQUIRE(combined == want);
+        }
       }
     }
   }

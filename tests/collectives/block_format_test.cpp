@@ -247,11 +247,17 @@ TEST_CASE("block formats: a sum past float32's range, and NaN inputs, give the N
   world w(emu::star(n, {}), {}, 1, test::switches::fabric);
   const dtype t = dtype::mxfp8_e5m2;
   const std::uint32_t eb = elem_bytes(t);
-  for (algorithm a : {algorithm::edge_ring, algorithm::switch_agg}) {
+  {  // each input alone decodes to a finite value
+    std::uint32_t one[32];
+    std::uint8_t b[33] = {239, 0x7b};
+    mx::decode_block(mx::element::fp8_e5m2, b, one);
+    REQUIRE(one[0] == std::bit_cast<std::uint32_t>(std::ldexp(1.75f, 127)));
+  }
+  for (algorithm a : {algorithm::edge_ring, algorithm::switch_agg, algorithm::host_ring}) {
     std::vector<bytes> in(n, bytes(2 * eb, 0)), out(n, bytes(2 * eb, 0xa5));
     for (std::uint32_t r = 0; r < n; ++r) {
-      in[r][0] = 254;   // block 0: scale 2^127 and element 0 = 57344 (E5M2 0x7b): 2^142 each, past float32 -> +inf
-      in[r][1] = 0x7b;
+      in[r][0] = 239;   // block 0: scale 2^112, element 0 = 57344 (E5M2 0x7b): 1.75 x 2^127 each, a float32;
+      in[r][1] = 0x7b;  // the sum of three is past float32's range -> +inf
       in[r][eb] = 127;  // block 1: 1.0 everywhere, but rank 1's block has the NaN scale
       for (std::uint32_t i = 1; i < eb; ++i) in[r][eb + i] = 0x3c;
     }
@@ -264,5 +270,51 @@ TEST_CASE("block formats: a sum past float32's range, and NaN inputs, give the N
       CHECK(out[r][eb] == mx::scale_nan);
       for (std::uint32_t i = 1; i < eb; ++i) CHECK(out[r][i] == 0);
     }
+    // min and max propagate a NaN block too (IEEE 754-2019 minimum and maximum).
+    if (a == algorithm::host_ring) continue;
+    for (op o : {op::min, op::max}) {
+      res = w.run([&](std::uint32_t r) { return w.comms[r]->allreduce(in[r].data(), out[r].data(), 2, t, o, a); });
+      for (std::uint32_t r = 0; r < n; ++r) {
+        INFO(name(a) << " " << name(o) << " rank " << r);
+        REQUIRE(res[r].ok());
+        CHECK(out[r][0] == 239);  // block 0: the same finite block everywhere
+        CHECK(out[r][1] == 0x7b);
+        CHECK(out[r][eb] == mx::scale_nan);
+      }
+    }
   }
+}
+
+TEST_CASE("block formats on the host ring, and through a leaf-spine network, where every block reduction goes to the root") {
+  {
+    world w(emu::star(4, {}));
+    for (dtype t : {dtype::mxfp8_e4m3, dtype::mxfp6_e2m3, dtype::bfp16_32})
+      for (std::uint64_t count : {0ull, 1ull, 5ull, 33ull, 129ull, 700ull}) check_allreduce(w, t, op::sum, count, algorithm::host_ring);
+  }
+  // Leaves l0 (h0, h1, h2) and l1 (h3, h4) under one spine. Were min or max combined at a leaf,
+  // its partial would be encoded once more, with a scale chosen from the partial: values the
+  // flat reduction keeps would round.
+  world w(test::leaf_spine({3, 2}), {}, 1, test::switches::fabric);
+  for (dtype t : {dtype::mxfp8_e4m3, dtype::mxfp4_e2m1, dtype::bfp8_16})
+    for (op o : {op::sum, op::min, op::max}) check_allreduce(w, t, o, 500, algorithm::switch_agg, false, 9);
+}
+
+TEST_CASE("a block format whose element or accumulator does not fit options::packet_bytes is refused on every rank") {
+  options o;
+  o.packet_bytes = 64;  // an mxfp8 block's float32 accumulators take 128 bytes
+  world w(emu::star(3, {}), o, 1, test::switches::fabric);
+  for (algorithm a : {algorithm::edge_ring, algorithm::switch_agg}) {
+    auto res = w.run([&](std::uint32_t r) {
+      bytes i2(10 * 33), o2(10 * 33);
+      return w.comms[r]->allreduce(i2.data(), o2.data(), 10, dtype::mxfp8_e4m3, op::sum, a);
+    });
+    for (std::uint32_t r = 0; r < 3; ++r) {
+      INFO(name(a) << " rank " << r);
+      REQUIRE_FALSE(res[r].ok());
+      CHECK(res[r].err().code == errc::invalid_argument);
+      CHECK(res[r].err().message.find("packet_bytes is 64") != std::string::npos);
+    }
+  }
+  // bfp8_16's 64-byte accumulators fit; it runs.
+  check_allreduce(w, dtype::bfp8_16, op::sum, 40, algorithm::edge_ring);
 }

@@ -56,10 +56,11 @@ constexpr u32 decode(format f, u8 exp, i32 m) {
 }
 
 /// decode by float arithmetic, for native handlers and host code: m times the power of two,
-/// one correctly rounded multiplication, so the same bits as decode (test bfp).
+/// one correctly rounded multiplication, so the same bits as decode (test bfp) in the default
+/// floating-point environment (no flush-to-zero).
 inline u32 decode_native(format f, u8 exp, i32 m) {
   if (exp == exp_nan) return mx::f32_nan;
-  const i32 e = static_cast<i32>(exp) - exp_bias - static_cast<i32>(f.bits - 2);  // -141 .. 127
+  const i32 e = static_cast<i32>(exp) - exp_bias - static_cast<i32>(f.bits - 2);  // -141 .. 121
   const u32 pow2 = e >= -126 ? static_cast<u32>(e + 127) << 23 : 1u << static_cast<u32>(e + 149);
   return spin::detail::bit_cast<u32>(static_cast<float>(m) * spin::detail::bit_cast<float>(pow2));
 }

@@ -25,8 +25,9 @@
 //     encodes the NaN scale (every element then decodes to NaN, as the spec defines for that
 //     scale), with element codes 0; the sign of a zero input is kept where the element type
 //     has a negative zero (the FP types), not in INT8.
-// Decoding gives float32 bits: exact, except that a value beyond float32's range (E5M2 and E4M3
-// elements under scales near 2^127) gives an infinity of its sign. A NaN decodes to the
+// Decoding gives float32 bits: exact, except that a value beyond float32's range (large
+// elements of any type under scales near 2^127, e.g. E2M1's 6 under 2^126) gives an infinity
+// of its sign. A NaN decodes to the
 // canonical quiet NaN 0x7fc00000.
 //
 // Wire layout of one block (block_bytes): the scale byte, then the 32 element codes packed:
@@ -381,8 +382,9 @@ constexpr u32 scale_bits(u8 scale) { return scale == 0 ? 0x00400000u : static_ca
 
 /// decode by float arithmetic, for native handlers and host code (eBPF has no floats): the
 /// element's value, exact in float32, times the scale's power of two, one correctly rounded
-/// multiplication, so the same bits as decode for every scale and code (test mx). `scale` is
-/// the block's scale byte. About ten times faster than decode: what the collectives' block
+/// multiplication, so the same bits as decode for every scale and code (test mx), in the
+/// default floating-point environment (round to nearest, no flush-to-zero: handlers and spinnic
+/// are not built with fast-math). `scale` is the block's scale byte. About ten times faster than decode: what the collectives' block
 /// reductions use.
 template <element E> inline u32 decode_native(u8 scale, u8 code) {
   constexpr format f = spec_of(E);

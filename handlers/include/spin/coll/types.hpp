@@ -21,8 +21,9 @@
 //     and order -0 below +0, which makes them commutative and associative. (The handler API's
 //     float_min/float_max atomics follow minNum/maxNum instead.)
 //   - block formats (MX, BFP): an element is a block; widen decodes it into float32 values
-//     (exactly: every MX and BFP value is a float32, except E5M2/E4M3 values under scales near
-//     2^127, which become infinities), combine works on those float32 values as above, and
+//     (exactly: every MX and BFP value is a float32, except values past float32's range, which
+//     only scales near 2^127 make and become infinities), combine works on those float32
+//     values as above, and
 //     narrow encodes the block once, choosing its scale from the float32 result (Hoefler,
 //     Khalilov et al. 2026, obstacle 2: never accumulate in the narrow type). The result is
 //     therefore encode(the float32 reduction in the fixed order), bit for bit; a block with a
