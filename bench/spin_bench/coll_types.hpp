@@ -33,8 +33,8 @@ inline std::vector<std::string> coll_type_names() {
 }
 
 inline std::optional<coll::dtype> coll_type_of(const std::string& s) {
-  for (unsigned k = 1; k < 255; ++k)
-    if (s == coll::name(static_cast<coll::dtype>(k))) return static_cast<coll::dtype>(k);
+  coll::dtype t{};
+  if (coll::dtype_named(s.c_str(), t)) return t;
   return std::nullopt;
 }
 

@@ -87,12 +87,9 @@ int run_reductions(const reductions_options& o) {
       if (coll::with_standard(coll::op::sum, static_cast<coll::dtype>(k), []<class R>() {})) types.push_back(static_cast<coll::dtype>(k));
   } else {
     for (const auto& s : o.dtypes) {
-      bool found = false;
-      for (unsigned k = 1; k < 255 && !found; ++k)
-        if (s == coll::name(static_cast<coll::dtype>(k)) && coll::with_standard(coll::op::sum, static_cast<coll::dtype>(k), []<class R>() {})) {
-          types.push_back(static_cast<coll::dtype>(k));
-          found = true;
-        }
+      coll::dtype t{};
+      const bool found = coll::dtype_named(s.c_str(), t) && coll::with_standard(coll::op::sum, t, []<class R>() {});
+      if (found) types.push_back(t);
       if (!found) {
         std::fprintf(stderr, "spin-bench reductions: unknown datatype %s\n", s.c_str());
         return 2;

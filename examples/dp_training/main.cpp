@@ -123,9 +123,8 @@ struct codec {
   static spin::coll::dtype block_type(const std::string& g) {
     if (g == "mxfp8") return spin::coll::dtype::mxfp8_e4m3;
     if (g == "bfp") return spin::coll::dtype::bfp8_16;
-    for (unsigned i = 1; i < 255; ++i)
-      if (g == spin::coll::name(static_cast<spin::coll::dtype>(i))) return static_cast<spin::coll::dtype>(i);
-    return spin::coll::dtype::custom;
+    spin::coll::dtype t = spin::coll::dtype::custom;
+    return spin::coll::dtype_named(g.c_str(), t) ? t : spin::coll::dtype::custom;
   }
   bool fixed() const { return k == kind::fixed; }
   std::string describe() const {

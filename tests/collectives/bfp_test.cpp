@@ -2,6 +2,8 @@
 // from the format's definition, its equality with MXINT8, and the block-format reductions of
 // spin/coll/types.hpp (MX and BFP): in-place kernels against the value forms, and the rule
 // result = encode(float32 reduction in order).
+#include "block_codecs.hpp"
+
 #include <spin/coll/bfp.hpp>
 #include <spin/coll/types.hpp>
 
@@ -213,24 +215,12 @@ kernels kernels_for(op o, dtype t) {
   return k;
 }
 
-constexpr dtype block_dtypes[] = {dtype::mxfp8_e4m3, dtype::mxfp8_e5m2, dtype::mxfp6_e3m2, dtype::mxfp6_e2m3, dtype::mxfp4_e2m1,
-                                  dtype::mxint8,     dtype::bfp8_16,    dtype::bfp8_32,    dtype::bfp16_16,   dtype::bfp16_32};
+using spin::coll::test::block_dtypes;
 
 // Decodes block `b` of dtype t into float32 values, with the codecs' own block functions.
 std::vector<float> decode_any(dtype t, const std::uint8_t* b) {
   std::vector<std::uint32_t> u(block_values(t));
-  switch (t) {
-  case dtype::mxfp8_e4m3: mx::decode_block(mx::element::fp8_e4m3, b, u.data()); break;
-  case dtype::mxfp8_e5m2: mx::decode_block(mx::element::fp8_e5m2, b, u.data()); break;
-  case dtype::mxfp6_e3m2: mx::decode_block(mx::element::fp6_e3m2, b, u.data()); break;
-  case dtype::mxfp6_e2m3: mx::decode_block(mx::element::fp6_e2m3, b, u.data()); break;
-  case dtype::mxfp4_e2m1: mx::decode_block(mx::element::fp4_e2m1, b, u.data()); break;
-  case dtype::mxint8: mx::decode_block(mx::element::int8, b, u.data()); break;
-  case dtype::bfp8_16: bfp::decode_block({16, 8}, b, u.data()); break;
-  case dtype::bfp8_32: bfp::decode_block({32, 8}, b, u.data()); break;
-  case dtype::bfp16_16: bfp::decode_block({16, 16}, b, u.data()); break;
-  default: bfp::decode_block({32, 16}, b, u.data()); break;
-  }
+  spin::coll::test::decode_block(t, b, u.data());
   std::vector<float> v(u.size());
   for (std::size_t i = 0; i < u.size(); ++i) v[i] = f32(u[i]);
   return v;
@@ -242,18 +232,7 @@ float ref_max(float a, float b) { return a > b ? a : b > a ? b : std::signbit(a)
 void encode_any(dtype t, const std::vector<float>& v, std::uint8_t* b) {
   std::vector<std::uint32_t> u(v.size());
   for (std::size_t i = 0; i < v.size(); ++i) u[i] = bits(v[i]);
-  switch (t) {
-  case dtype::mxfp8_e4m3: mx::encode_packed(mx::element::fp8_e4m3, u.data(), b); break;
-  case dtype::mxfp8_e5m2: mx::encode_packed(mx::element::fp8_e5m2, u.data(), b); break;
-  case dtype::mxfp6_e3m2: mx::encode_packed(mx::element::fp6_e3m2, u.data(), b); break;
-  case dtype::mxfp6_e2m3: mx::encode_packed(mx::element::fp6_e2m3, u.data(), b); break;
-  case dtype::mxfp4_e2m1: mx::encode_packed(mx::element::fp4_e2m1, u.data(), b); break;
-  case dtype::mxint8: mx::encode_packed(mx::element::int8, u.data(), b); break;
-  case dtype::bfp8_16: bfp::encode_block({16, 8}, u.data(), b); break;
-  case dtype::bfp8_32: bfp::encode_block({32, 8}, u.data(), b); break;
-  case dtype::bfp16_16: bfp::encode_block({16, 16}, u.data(), b); break;
-  default: bfp::encode_block({32, 16}, u.data(), b); break;
-  }
+  spin::coll::test::encode_block(t, u.data(), b);
 }
 
 } // namespace

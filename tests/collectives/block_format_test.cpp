@@ -4,6 +4,7 @@
 // order), bit for bit, on every rank, across runs and under loss. The reference here decodes
 // and encodes with the codecs (tested on their own against the specs by tests mx and bfp) and
 // folds in the documented order itself.
+#include "block_codecs.hpp"
 #include "coll_world.hpp"
 
 #include <spin/coll/bfp.hpp>
@@ -22,41 +23,10 @@ using spin::coll::test::world;
 
 namespace {
 
-constexpr dtype block_dtypes[] = {dtype::mxfp8_e4m3, dtype::mxfp8_e5m2, dtype::mxfp6_e3m2, dtype::mxfp6_e2m3, dtype::mxfp4_e2m1,
-                                  dtype::mxint8,     dtype::bfp8_16,    dtype::bfp8_32,    dtype::bfp16_16,   dtype::bfp16_32};
-
 using bytes = std::vector<std::uint8_t>;
-
-void decode_block(dtype t, const std::uint8_t* b, std::uint32_t* out) {
-  switch (t) {
-  case dtype::mxfp8_e4m3: mx::decode_block(mx::element::fp8_e4m3, b, out); break;
-  case dtype::mxfp8_e5m2: mx::decode_block(mx::element::fp8_e5m2, b, out); break;
-  case dtype::mxfp6_e3m2: mx::decode_block(mx::element::fp6_e3m2, b, out); break;
-  case dtype::mxfp6_e2m3: mx::decode_block(mx::element::fp6_e2m3, b, out); break;
-  case dtype::mxfp4_e2m1: mx::decode_block(mx::element::fp4_e2m1, b, out); break;
-  case dtype::mxint8: mx::decode_block(mx::element::int8, b, out); break;
-  case dtype::bfp8_16: bfp::decode_block({16, 8}, b, out); break;
-  case dtype::bfp8_32: bfp::decode_block({32, 8}, b, out); break;
-  case dtype::bfp16_16: bfp::decode_block({16, 16}, b, out); break;
-  case dtype::bfp16_32: bfp::decode_block({32, 16}, b, out); break;
-  default: FAIL("not a block format");
-  }
-}
-void encode_block(dtype t, const std::uint32_t* in, std::uint8_t* b) {
-  switch (t) {
-  case dtype::mxfp8_e4m3: mx::encode_packed(mx::element::fp8_e4m3, in, b); break;
-  case dtype::mxfp8_e5m2: mx::encode_packed(mx::element::fp8_e5m2, in, b); break;
-  case dtype::mxfp6_e3m2: mx::encode_packed(mx::element::fp6_e3m2, in, b); break;
-  case dtype::mxfp6_e2m3: mx::encode_packed(mx::element::fp6_e2m3, in, b); break;
-  case dtype::mxfp4_e2m1: mx::encode_packed(mx::element::fp4_e2m1, in, b); break;
-  case dtype::mxint8: mx::encode_packed(mx::element::int8, in, b); break;
-  case dtype::bfp8_16: bfp::encode_block({16, 8}, in, b); break;
-  case dtype::bfp8_32: bfp::encode_block({32, 8}, in, b); break;
-  case dtype::bfp16_16: bfp::encode_block({16, 16}, in, b); break;
-  case dtype::bfp16_32: bfp::encode_block({32, 16}, in, b); break;
-  default: FAIL("not a block format");
-  }
-}
+using spin::coll::test::block_dtypes;
+using spin::coll::test::decode_block;
+using spin::coll::test::encode_block;
 
 float combine(op o, float a, float b) {
   if (o == op::sum) return a + b;

@@ -323,7 +323,7 @@ constexpr i32 shared_exponent(element e, u32 max_abs) {
 
 /// Encodes one block: `in` holds 32 float32 values as bits; writes the scale byte and one code
 /// per element (unpacked, codes[i] for in[i]). Returns the scale byte.
-constexpr u8 encode_block(element e, const u32* in, u8* codes) {
+template <element E> constexpr u8 encode_block_of(const u32* in, u8* codes) {
   u32 max_abs = 0;
   bool special = false;
   for (u32 i = 0; i < block_elements; ++i) {
@@ -335,9 +335,21 @@ constexpr u8 encode_block(element e, const u32* in, u8* codes) {
     for (u32 i = 0; i < block_elements; ++i) codes[i] = 0;
     return scale_nan;
   }
-  const i32 se = shared_exponent(e, max_abs);
-  for (u32 i = 0; i < block_elements; ++i) codes[i] = quantize(e, in[i], se);
+  const i32 se = shared_exponent(E, max_abs);
+  for (u32 i = 0; i < block_elements; ++i) codes[i] = quantize_of<E>(in[i], se);
   return static_cast<u8>(se + scale_bias);
+}
+/// encode_block_of for an element type given at run time.
+constexpr u8 encode_block(element e, const u32* in, u8* codes) {
+  switch (e) {
+  case element::fp8_e4m3: return encode_block_of<element::fp8_e4m3>(in, codes);
+  case element::fp8_e5m2: return encode_block_of<element::fp8_e5m2>(in, codes);
+  case element::fp6_e3m2: return encode_block_of<element::fp6_e3m2>(in, codes);
+  case element::fp6_e2m3: return encode_block_of<element::fp6_e2m3>(in, codes);
+  case element::fp4_e2m1: return encode_block_of<element::fp4_e2m1>(in, codes);
+  case element::int8: return encode_block_of<element::int8>(in, codes);
+  }
+  return scale_nan;
 }
 
 /// Packs 32 codes into the wire layout's element bytes (block_bytes(e) - 1 of them).
@@ -434,21 +446,8 @@ constexpr void decode_block(element e, const u8* block, u32* out) {
 /// encode_packed for an element type known at compile time: the same bytes, without a
 /// run-time dispatch per element (what the collectives' block reductions use).
 template <element E> constexpr void encode_packed_of(const u32* in, u8* block) {
-  u32 max_abs = 0;
-  bool special = false;
-  for (u32 i = 0; i < block_elements; ++i) {
-    const u32 a = in[i] & 0x7fffffffu;
-    special = special || a >= 0x7f800000u;
-    max_abs = a > max_abs ? a : max_abs;
-  }
   u8 codes[block_elements] = {};
-  if (special) {
-    block[0] = scale_nan;
-  } else {
-    const i32 se = shared_exponent(E, max_abs);
-    for (u32 i = 0; i < block_elements; ++i) codes[i] = quantize_of<E>(in[i], se);
-    block[0] = static_cast<u8>(se + scale_bias);
-  }
+  block[0] = encode_block_of<E>(in, codes);
   pack(E, codes, block + 1);
 }
 

@@ -277,6 +277,7 @@ template <class Codec, class Op> struct block_ops {
     u32 bits[Codec::values];  ///< float32 values as bits
   };
   static constexpr bool in_place = true;
+  static constexpr u32 values = Codec::values;
   static void widen_into(acc& a, const elem& x) { Codec::decode(x.b, a.bits); }
   static u32 apply(u32 a, u32 b) {
     return spin::detail::bit_cast<u32>(Op::apply(spin::detail::bit_cast<float>(a), spin::detail::bit_cast<float>(b)));
@@ -505,21 +506,27 @@ template <class F> bool with_standard(op o, dtype t, F&& f) {
 
 /// Values in one element of `t`: 32 or 16 for a block format, 1 for the others (0 for an
 /// unknown id or custom).
-constexpr u32 block_values(dtype t) {
-  switch (t) {
-  case dtype::mxfp8_e4m3:
-  case dtype::mxfp8_e5m2:
-  case dtype::mxfp6_e3m2:
-  case dtype::mxfp6_e2m3:
-  case dtype::mxfp4_e2m1:
-  case dtype::mxint8:
-  case dtype::bfp8_32:
-  case dtype::bfp16_32: return 32;
-  case dtype::bfp8_16:
-  case dtype::bfp16_16: return 16;
-  case dtype::custom: return 0;
-  default: return name(t)[0] == '?' ? 0 : 1;
+inline u32 block_values(dtype t) {
+  u32 v = 0;
+  with_standard(op::sum, t, [&]<class R>() {
+    if constexpr (detail::has_in_place<R>()) v = R::values;
+    else v = 1;
+  });
+  return v;
+}
+
+/// The dtype whose name(t) is `s` (a NUL-terminated string); false when none is.
+inline bool dtype_named(const char* s, dtype& out) {
+  for (u32 k = 1; k < 255; ++k) {
+    const char* n = name(static_cast<dtype>(k));
+    u32 i = 0;
+    while (n[i] != 0 && n[i] == s[i]) ++i;
+    if (n[0] != '?' && n[i] == 0 && s[i] == 0) {
+      out = static_cast<dtype>(k);
+      return true;
+    }
   }
+  return false;
 }
 
 } // namespace spin::coll
