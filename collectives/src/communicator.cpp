@@ -521,6 +521,12 @@ struct communicator::impl {
       return fail(errc::invalid_argument, std::string(what) + ": unknown algorithm");
     }
     const bool via_switch = a == algorithm::switch_agg, via_host = a == algorithm::host_ring;
+    // Sparse windows travel in the bytes their form takes: the NICs and the switch add them,
+    // host_ring's hosts do not (its transfers carry whole elements).
+    const bool packed = s.op != static_cast<std::uint8_t>(op::custom) && compact_type(static_cast<dtype>(s.dtype));
+    if (packed && (kind != pr::coll_kind::allreduce || via_host))
+      return fail(errc::not_supported, std::string(what) + ": sparse windows (" + name(static_cast<dtype>(s.dtype)) +
+                                           ") are reduced by allreduce on edge_ring or the switch only");
     // Through a two-level tree, reductions whose result no order changes go to this rank's
     // leaf first (integers, min, max); the others to the root, whose fixed order gives the
     // edge ring's bits (docs/collectives.md, "Hierarchies").
@@ -564,13 +570,27 @@ struct communicator::impl {
                                               std::to_string(std::max(eb, ab)) + " bytes of packet (element " + std::to_string(eb) +
                                               ", accumulator " + std::to_string(ab) + "); options::packet_bytes is " +
                                               std::to_string(o.packet_bytes));
+    if (packed && count != 0) {
+      // The NICs trust their host's windows (those from the network they check): a malformed
+      // one is refused here, before any is sent.
+      const std::uint32_t vb = s.dtype == static_cast<std::uint8_t>(dtype::sparse_f32) ? 4 : 2;
+      for (std::uint64_t w = 0; w < count; ++w) {
+        const auto* win = reinterpret_cast<const std::uint8_t*>(in) + w * eb;
+        if (!sparse::valid(win, sparse::length(win, vb), vb))
+          return fail(errc::invalid_argument, std::string(what) + ": window " + std::to_string(w) + " of " +
+                                                  name(static_cast<dtype>(s.dtype)) +
+                                                  " is malformed (spin/coll/sparse.hpp: form, count, ascending offsets below " +
+                                                  std::to_string(sparse::window_values) + ")");
+      }
+    }
     if (nr == 1) return local(kind, in, out, count, s);
 
     // Packets carry elements, and on the rings also accumulators (reduce-scatter's partial
     // sums): a packet holds as many of the larger as fit. Through the switch only elements
     // travel; the switch combines a packet in parts whose accumulators fit its scratchpad.
     const std::uint32_t ring_pkt_elems = o.packet_bytes / std::max(eb, ab);
-    const std::uint32_t pkt_elems = via_switch ? o.packet_bytes / eb : ring_pkt_elems;
+    // A sparse window travels alone in its packet, in the bytes its form takes.
+    const std::uint32_t pkt_elems = packed ? 1 : via_switch ? o.packet_bytes / eb : ring_pkt_elems;
     // Every rank cuts the same epochs: they depend on options only, never on the buffers, nor
     // on the algorithm (the ring's packets are the smaller), so that every algorithm combines
     // an element in the same order (docs/collectives.md, "Combination order").

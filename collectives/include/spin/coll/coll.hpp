@@ -29,6 +29,7 @@
 
 #include <array>
 #include <chrono>
+#include <cstring>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -332,6 +333,40 @@ public:
   template <class T> result<void> allreduce(std::span<const T> in, std::span<T> out, op o,
                                             algorithm a = algorithm::automatic);
 
+  /// Sparse allreduce (docs/collectives.md, "Sparse allreduce"): every rank gives a vector of
+  /// `length` values of type t (f32, bf16 or f16) as `index.size()` pairs, strictly ascending
+  /// indices below `length` and their values at `values`; every value not given is +0. The
+  /// result is the sum of the ranks' vectors, value by value in float32 in the fixed order of
+  /// the dense allreduce (docs/collectives.md, "Combination order"), rounded to t once: bit for
+  /// bit the dense allreduce of the scattered vectors, on every rank, whatever the algorithm's
+  /// switch-overs. The vector travels in windows of sparse::window_values values, each as pairs
+  /// or dense, whichever takes fewer bytes (spin/coll/sparse.hpp); NIC handlers (edge_ring) or
+  /// the switch (switch_agg) add the windows. This form writes the dense result: `length`
+  /// values at `dense_out`. It takes options::packet_bytes of 4096 (a dense window's float32
+  /// partial sums fill a packet), and arena memory for the windows (about the dense vector's
+  /// bytes; buffers pass through the staging buffers when the arena cannot hold them).
+  /// Errors, on every rank (the ranks first agree on their arguments in a small allreduce):
+  /// invalid_argument when any rank's indices are not strictly ascending or not below
+  /// `length`, when the ranks give different lengths, datatypes or algorithms, when t is not
+  /// f32, bf16 or f16, when `length` exceeds 2^32, or when a buffer is null with pairs or a
+  /// result to give (the message names the lowest rank at fault and why); not_supported for
+  /// host_ring; those of allreduce.
+  result<void> allreduce_sparse(std::span<const std::uint32_t> index, const void* values, std::uint64_t length, dtype t,
+                                void* dense_out, algorithm a = algorithm::automatic);
+  /// The same, with the result as pairs: every index whose result is not +0 (by its bits: -0
+  /// and NaN count), ascending, in `index_out`, and their values (of t) in `values_out`.
+  result<void> allreduce_sparse(std::span<const std::uint32_t> index, const void* values, std::uint64_t length, dtype t,
+                                std::vector<std::uint32_t>& index_out, std::vector<std::byte>& values_out,
+                                algorithm a = algorithm::automatic);
+  /// Typed forms (T: float, bf16_bits, f16_bits).
+  template <class T>
+  result<void> allreduce_sparse(std::span<const std::uint32_t> index, std::span<const T> values, std::uint64_t length,
+                                std::span<T> dense_out, algorithm a = algorithm::automatic);
+  template <class T>
+  result<void> allreduce_sparse(std::span<const std::uint32_t> index, std::span<const T> values, std::uint64_t length,
+                                std::vector<std::uint32_t>& index_out, std::vector<T>& values_out,
+                                algorithm a = algorithm::automatic);
+
   /// Allreduce with a reduction from add_reduction (elements of r.elem_bytes).
   result<void> allreduce(const void* in, void* out, std::uint64_t count, const custom_op& r,
                          algorithm a = algorithm::automatic);
@@ -400,6 +435,27 @@ template <class T>
 result<void> communicator::allreduce(std::span<const T> in, std::span<T> out, op o, algorithm a) {
   if (in.size() != out.size()) return fail(errc::invalid_argument, "allreduce: input and output sizes differ");
   return allreduce(in.data(), out.data(), in.size(), dtype_of<T>(), o, a);
+}
+
+template <class T>
+result<void> communicator::allreduce_sparse(std::span<const std::uint32_t> index, std::span<const T> values,
+                                            std::uint64_t length, std::span<T> dense_out, algorithm a) {
+  if (index.size() != values.size()) return fail(errc::invalid_argument, "allreduce_sparse: index and value counts differ");
+  if (dense_out.size() != length) return fail(errc::invalid_argument, "allreduce_sparse: the output does not hold length values");
+  return allreduce_sparse(index, values.data(), length, dtype_of<T>(), dense_out.data(), a);
+}
+
+template <class T>
+result<void> communicator::allreduce_sparse(std::span<const std::uint32_t> index, std::span<const T> values,
+                                            std::uint64_t length, std::vector<std::uint32_t>& index_out,
+                                            std::vector<T>& values_out, algorithm a) {
+  if (index.size() != values.size()) return fail(errc::invalid_argument, "allreduce_sparse: index and value counts differ");
+  std::vector<std::byte> raw;
+  auto r = allreduce_sparse(index, values.data(), length, dtype_of<T>(), index_out, raw, a);
+  if (!r.ok()) return r;
+  values_out.resize(raw.size() / sizeof(T));
+  if (!raw.empty()) std::memcpy(values_out.data(), raw.data(), raw.size());
+  return r;
 }
 
 /// Bytes of one element of `t` (0 for custom). A block format's element is a whole block

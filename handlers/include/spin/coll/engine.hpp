@@ -152,6 +152,80 @@ template <class Red> struct engine {
       *acc = sizeof(typename R::acc);
     }
   };
+  // Compact reductions (is_compact: sparse windows) send an element or accumulator in fewer
+  // bytes than its size; n is then 1 (a window fills its packet). The others send n x size.
+  struct compact_fn {
+    bool* c;
+    template <class R> void operator()() const { *c = detail::is_compact<R>(); }
+  };
+  struct elem_len_fn {
+    const void* el;
+    u32 n;
+    u32* len;
+    template <class R> void operator()() const {
+      if constexpr (detail::is_compact<R>()) *len = R::elem_length(*static_cast<const typename R::elem*>(el));  // <= sizeof(elem)
+      else *len = n * static_cast<u32>(sizeof(typename R::elem));
+    }
+  };
+  struct valid_fn {
+    bool acc;
+    const u8* data;
+    u64 len;
+    u32 n;
+    bool* ok;
+    template <class R> void operator()() const {
+      if constexpr (detail::is_compact<R>())
+        *ok = n == 1 && data != nullptr && (acc ? R::acc_valid(data, len) : R::elem_valid(data, len));
+      else
+        *ok = len == u64{n} * (acc ? sizeof(typename R::acc) : sizeof(typename R::elem));
+    }
+  };
+  struct pack_fn {
+    u8* out;
+    const void* acc;
+    u32* len;
+    template <class R> void operator()() const {
+      if constexpr (detail::is_compact<R>()) *len = R::pack_acc(out, *static_cast<const typename R::acc*>(acc));
+    }
+  };
+  struct unpack_fn {
+    void* acc;
+    const u8* in;
+    template <class R> void operator()() const {
+      if constexpr (detail::is_compact<R>()) R::unpack_acc(*static_cast<typename R::acc*>(acc), in);
+    }
+  };
+  static bool compact(const params& p) {
+    bool c = false;
+    Red::dispatch(p.op, p.dtype, compact_fn{&c});
+    return c;
+  }
+  /// Bytes of the n elements at `el` as they travel.
+  static u32 elem_len(const params& p, const void* el, u32 n) {
+    u32 len = n * p.elem_bytes;
+    Red::dispatch(p.op, p.dtype, elem_len_fn{el, n, &len});
+    return len;
+  }
+  /// Whether the packet being handled carries n well-formed elements (`acc`: accumulators)
+  /// of reduction (o, t) and nothing else.
+  static bool wire_ok(spin::ctx* ctx, u8 o, u8 t, bool acc, u32 n) {
+    bool ok = false;
+    const u64 len = ctx->packet.size();
+    Red::dispatch(o, t, valid_fn{acc, ctx->payload<u8>(0, len), len, n, &ok});
+    return ok;
+  }
+  /// Sends the n accumulators at `acc` to member `to`: packed into `spare` (a packet's worth of
+  /// scratchpad) when the reduction is compact.
+  static void send_acc(spin::ctx* ctx, state* s, u32 to, u32 kind, u32 epoch, u32 aux, u32 n, const u8* acc, u8* spare,
+                       const params& p) {
+    if (!compact(p)) {
+      send(ctx, s, to, kind, epoch, aux, n, acc, n * p.acc_bytes, p);
+      return;
+    }
+    u32 len = 0;
+    Red::dispatch(p.op, p.dtype, pack_fn{spare, acc, &len});
+    send(ctx, s, to, kind, epoch, aux, n, spare, len, p);
+  }
 
   // ---- the edge ring (engine/edge_ring.hpp) -----------------------------------------------------
   /// Sends the first packet of packet `pkt` of this rank's chunk. A repeat (`again`) carries

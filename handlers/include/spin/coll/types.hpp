@@ -32,6 +32,7 @@
 
 #include <spin/coll/bfp.hpp>
 #include <spin/coll/mx.hpp>
+#include <spin/coll/sparse.hpp>
 #include <spin/handler.hpp>
 
 namespace spin::coll {
@@ -58,6 +59,12 @@ enum class dtype : u8 {
   bfp8_32 = 16,     ///< 32 8-bit mantissas (33 bytes; the same bits as mxint8)
   bfp16_16 = 17,    ///< 16 16-bit mantissas (33 bytes)
   bfp16_32 = 18,    ///< 32 16-bit mantissas (65 bytes)
+  // Sparse windows (spin/coll/sparse.hpp, docs/collectives.md "Sparse allreduce"): one element
+  // is a window of sparse::window_values values in pairs or dense form, sent in as many bytes as
+  // its form takes; sum only, float32 accumulators. allreduce_sparse uses them.
+  sparse_f32 = 19,   ///< float32 values (a window: at most 4084 bytes)
+  sparse_bf16 = 20,  ///< bfloat16 values (at most 2044 bytes)
+  sparse_f16 = 21,   ///< float16 values (at most 2044 bytes)
   custom = 255,  ///< a user reduction's own element type
 };
 
@@ -91,6 +98,9 @@ constexpr const char* name(dtype t) {
   case dtype::bfp8_32: return "bfp8_32";
   case dtype::bfp16_16: return "bfp16_16";
   case dtype::bfp16_32: return "bfp16_32";
+  case dtype::sparse_f32: return "sparse_f32";
+  case dtype::sparse_bf16: return "sparse_bf16";
+  case dtype::sparse_f16: return "sparse_f16";
   case dtype::custom: return "custom";
   }
   return "?";
@@ -318,9 +328,190 @@ template <class R> constexpr bool has_in_place() {
   if constexpr (requires { R::in_place; }) return R::in_place;
   return false;
 }
+/// A reduction whose elements and accumulators travel in fewer bytes than their size
+/// (sum_sparse): the engine asks it for their lengths and checks them with it.
+template <class R> constexpr bool is_compact() {
+  if constexpr (requires { R::compact; }) return R::compact;
+  return false;
+}
 } // namespace detail
 
 /// Element-wise sum, min and max of block formats, on the float32 values of the blocks.
+/// Sum of sparse windows (spin/coll/sparse.hpp) of values V (sparse_value_f32, _bf16, _f16).
+/// The accumulator is the dense window of float32 sums in handler memory; an element (and, on
+/// the wire, an accumulator: pack_acc) takes the form with fewer bytes. Every value a window
+/// does not list is +0 and is added as +0, so the result is the dense sum of the scattered
+/// vectors bit for bit (fixed order, float32, rounded to V once at the end).
+template <class V> struct sum_sparse {
+  static constexpr u32 W = sparse::window_values;
+  static constexpr u32 vb = V::bytes;
+  struct elem {
+    u8 b[sparse::dense_bytes(vb)];
+  };
+  struct acc {
+    u32 head;     ///< unused in memory (the packed form's head on the wire)
+    u32 bits[W];  ///< float32 values as bits
+  };
+  static constexpr bool in_place = true;
+  static constexpr bool compact = true;
+  static constexpr u32 values = W;
+
+  static u32 raw(const u8* p, u32 k) {
+    if constexpr (vb == 4) {
+      u32 v;
+      __builtin_memcpy(&v, p + 4 * k, 4);
+      return v;
+    } else {
+      return sparse::load16(p + 2 * k);
+    }
+  }
+  static void put(u8* p, u32 k, u32 v) {
+    if constexpr (vb == 4) __builtin_memcpy(p + 4 * k, &v, 4);
+    else sparse::store16(p + 2 * k, static_cast<u16>(v));
+  }
+  static u32 add(u32 a, u32 b) {
+    return spin::detail::bit_cast<u32>(spin::detail::bit_cast<float>(a) + spin::detail::bit_cast<float>(b));
+  }
+  /// Writes the window whose values are vals[0..W) (bits of `bytes` bytes each, already in the
+  /// wire type) at `out` in its smaller form; returns its length.
+  template <u32 Bytes, class Get> static u32 encode(u8* out, Get get) {
+    u32 n = 0;
+    for (u32 i = 0; i < W; ++i) n += get(i) != 0 ? 1u : 0u;
+    if (!sparse::pairs_smaller(n, Bytes)) {
+      sparse::store16(out, static_cast<u16>(W));
+      sparse::store16(out + 2, sparse::form_dense);
+      u8* d = out + sparse::head_bytes;
+      for (u32 i = 0; i < W; ++i) {
+        const u32 v = get(i);
+        if constexpr (Bytes == 4) __builtin_memcpy(d + 4 * i, &v, 4);
+        else sparse::store16(d + 2 * i, static_cast<u16>(v));
+      }
+      return sparse::dense_bytes(Bytes);
+    }
+    sparse::store16(out, static_cast<u16>(n));
+    sparse::store16(out + 2, sparse::form_pairs);
+    u8* off = out + sparse::head_bytes;
+    u8* val = off + sparse::offset_bytes(n);
+    if ((n & 1) != 0) sparse::store16(off + 2 * n, 0);  // the padding, defined
+    u32 k = 0;
+    for (u32 i = 0; i < W; ++i) {
+      const u32 v = get(i);
+      if (v == 0) continue;
+      sparse::store16(off + 2 * k, static_cast<u16>(i));
+      if constexpr (Bytes == 4) __builtin_memcpy(val + 4 * k, &v, 4);
+      else sparse::store16(val + 2 * k, static_cast<u16>(v));
+      ++k;
+    }
+    return sparse::pairs_bytes(n, Bytes);
+  }
+  /// a[i] = a[i] + x_i for every i (x_i = +0 where x lists none), x's values widened by `wid`.
+  template <u32 Bytes, class Widen> static void add_window(u32* a, const u8* x, Widen wid) {
+    if (sparse::form_of(x) == sparse::form_dense) {
+      const u8* d = sparse::dense_values(x);
+      for (u32 i = 0; i < W; ++i) a[i] = add(a[i], wid(Bytes == 4 ? raw4(d, i) : sparse::load16(d + 2 * i)));
+      return;
+    }
+    const u32 n = pairs_in(x, Bytes);
+    const u8* off = sparse::offsets(x);
+    const u8* val = off + sparse::offset_bytes(n);
+    u32 k = 0, next = n > 0 ? sparse::load16(off) : W;
+    for (u32 i = 0; i < W; ++i) {
+      u32 v = 0;
+      if (i == next) {
+        v = wid(Bytes == 4 ? raw4(val, k) : sparse::load16(val + 2 * k));
+        ++k;
+        next = k < n ? sparse::load16(off + 2 * k) : W;
+      }
+      a[i] = add(a[i], v);
+    }
+  }
+  // Pairs of window x to read: its count, but never past the window's bytes (windows from the
+  // network are checked before they get here; a host's are not).
+  static u32 pairs_in(const u8* x, u32 bytes) {
+    const u32 n = sparse::count_of(x), most = sparse::max_pairs(bytes);
+    return n < most ? n : most;
+  }
+  static u32 raw4(const u8* p, u32 k) {
+    u32 v;
+    __builtin_memcpy(&v, p + 4 * k, 4);
+    return v;
+  }
+  template <u32 Bytes, class Widen> static void set_window(u32* a, const u8* x, Widen wid) {
+    if (sparse::form_of(x) == sparse::form_dense) {
+      const u8* d = sparse::dense_values(x);
+      for (u32 i = 0; i < W; ++i) a[i] = wid(Bytes == 4 ? raw4(d, i) : sparse::load16(d + 2 * i));
+      return;
+    }
+    for (u32 i = 0; i < W; ++i) a[i] = 0;
+    const u32 n = pairs_in(x, Bytes);
+    const u8* off = sparse::offsets(x);
+    const u8* val = off + sparse::offset_bytes(n);
+    for (u32 k = 0; k < n; ++k) {
+      const u32 i = sparse::load16(off + 2 * k);
+      if (i < W) a[i] = wid(Bytes == 4 ? raw4(val, k) : sparse::load16(val + 2 * k));
+    }
+  }
+
+  static void widen_into(acc& a, const elem& x) {
+    set_window<vb>(a.bits, x.b, [](u32 v) { return V::widen(v); });
+  }
+  static void fold_into(acc& a, const elem& x) {
+    add_window<vb>(a.bits, x.b, [](u32 v) { return V::widen(v); });
+  }
+  static void combine_into(acc& a, const acc& b) {
+    for (u32 i = 0; i < W; ++i) a.bits[i] = add(a.bits[i], b.bits[i]);
+  }
+  static void narrow_into(elem& e, const acc& a) {
+    encode<vb>(e.b, [&a](u32 i) { return V::narrow(a.bits[i]); });
+  }
+  static acc widen(elem x) {
+    acc a;
+    widen_into(a, x);
+    return a;
+  }
+  static acc combine(acc a, acc b) {
+    combine_into(a, b);
+    return a;
+  }
+  static elem narrow(acc a) {
+    elem e;
+    narrow_into(e, a);
+    return e;
+  }
+  // ---- the wire form (engine: compact reductions) ----
+  /// Bytes of element `e` as it travels.
+  static u32 elem_length(const elem& e) { return sparse::length(e.b, vb); }
+  static bool elem_valid(const u8* p, u64 len) { return sparse::valid(p, len, vb); }
+  static bool acc_valid(const u8* p, u64 len) { return sparse::valid(p, len, 4); }
+  /// Writes accumulator `a` at `out` in its smaller form (float32 values, bits kept); returns
+  /// its length.
+  static u32 pack_acc(u8* out, const acc& a) {
+    return encode<4>(out, [&a](u32 i) { return a.bits[i]; });
+  }
+  /// The accumulator that packed window `in` (valid) stands for.
+  static void unpack_acc(acc& a, const u8* in) {
+    set_window<4>(a.bits, in, [](u32 v) { return v; });
+  }
+};
+
+/// Value types of sparse windows: their bytes, widening to float32 bits (exact) and narrowing
+/// from them (rounding once; a NaN becomes the type's canonical NaN).
+struct sparse_value_f32 {
+  static constexpr u32 bytes = 4;
+  static u32 widen(u32 v) { return v; }
+  static u32 narrow(u32 a) { return (a & 0x7fffffffu) > 0x7f800000u ? 0x7fc00000u : a; }
+};
+struct sparse_value_bf16 {
+  static constexpr u32 bytes = 2;
+  static u32 widen(u32 v) { return bf16_to_f32_bits(static_cast<u16>(v)); }
+  static u32 narrow(u32 a) { return f32_to_bf16_bits(a); }
+};
+struct sparse_value_f16 {
+  static constexpr u32 bytes = 2;
+  static u32 widen(u32 v) { return f16_to_f32_bits(static_cast<u16>(v)); }
+  static u32 narrow(u32 a) { return f32_to_f16_bits(a); }
+};
+
 template <class Codec> struct sum_block : detail::block_ops<Codec, detail::add_op> {};
 template <class Codec> struct min_block : detail::block_ops<Codec, detail::min_op> {};
 template <class Codec> struct max_block : detail::block_ops<Codec, detail::max_op> {};
@@ -500,6 +691,14 @@ template <class F> bool with_standard(op o, dtype t, F&& f) {
     default: return pick(bfp_codec<32, 16>{});
     }
   }
+  case dtype::sparse_f32:
+  case dtype::sparse_bf16:
+  case dtype::sparse_f16:
+    if (o != op::sum) return false;
+    if (t == dtype::sparse_f32) f.template operator()<sum_sparse<sparse_value_f32>>();
+    else if (t == dtype::sparse_bf16) f.template operator()<sum_sparse<sparse_value_bf16>>();
+    else f.template operator()<sum_sparse<sparse_value_f16>>();
+    return true;
   default: return false;
   }
 }
@@ -513,6 +712,13 @@ inline u32 block_values(dtype t) {
     else v = 1;
   });
   return v;
+}
+
+/// Whether elements of `t` travel in fewer bytes than their size (sparse windows).
+inline bool compact_type(dtype t) {
+  bool c = false;
+  with_standard(op::sum, t, [&]<class R>() { c = detail::is_compact<R>(); });
+  return c;
 }
 
 /// The dtype whose name(t) is `s` (a NUL-terminated string); false when none is.

@@ -20,7 +20,7 @@ void engine<Red>::originate(spin::ctx* ctx, state* s, bank* b, const roles& r, u
   }
   if (r.reduces()) {
     Red::dispatch(p.op, p.dtype, widen_fn{acc, el, n});
-    send(ctx, s, r.succ_of(s->me), k_rs, b->epoch, static_cast<u32>(pkt), n, acc, n * p.acc_bytes, p);
+    send_acc(ctx, s, r.succ_of(s->me), k_rs, b->epoch, static_cast<u32>(pkt), n, acc, el, p);
     return;
   }
   // Allgather and broadcast: the origin holds its own block too.
@@ -32,11 +32,11 @@ void engine<Red>::originate(spin::ctx* ctx, state* s, bank* b, const roles& r, u
     add(&b->results, 1);
     add(&b->progress, 1);
   }
+  const u32 len = elem_len(p, el, n);
   if (r.multicast())
-    send_to_rank(ctx, s, b->d.switch_rank, k_mcast, b->epoch, static_cast<u32>(pkt), n, el, n * p.elem_bytes, p);
+    send_to_rank(ctx, s, b->d.switch_rank, k_mcast, b->epoch, static_cast<u32>(pkt), n, el, len, p);
   else
-    send(ctx, s, r.succ_of(s->me), k_ag, b->epoch, static_cast<u32>(pkt), n, el, n * p.elem_bytes, p,
-         again ? ring_again : 0);
+    send(ctx, s, r.succ_of(s->me), k_ag, b->epoch, static_cast<u32>(pkt), n, el, len, p, again ? ring_again : 0);
 }
 
 template <class Red>
@@ -69,8 +69,10 @@ bool engine<Red>::data_packet(spin::ctx* ctx, state* s, u32 from, bool acc, pin&
   if (out.pkt >= out.r.g.total) return drop(s, dr_malformed), false;
   out.c = out.r.g.chunk_of(out.pkt);
   out.n = static_cast<u32>(out.r.g.packet_len(out.c, out.pkt));
-  const u64 bytes = acc ? out.b->d.p.acc_bytes : out.b->d.p.elem_bytes;
-  if (ctx->coll.elem_count != out.n || ctx->packet.size() != u64{out.n} * bytes) return drop(s, dr_malformed), false;
+  const params& p = out.b->d.p;
+  if (ctx->coll.elem_count != out.n || ctx->coll.op != p.op || ctx->coll.dtype != p.dtype ||
+      !wire_ok(ctx, p.op, p.dtype, acc, out.n))
+    return drop(s, dr_malformed), false;
   return true;
 }
 
@@ -98,26 +100,30 @@ ret engine<Red>::on_rs(spin::ctx* ctx, state* s) {
     if (r.kind == coll_kind::reduce_scatter) send_ctl(ctx, s, r.succ_of(s->me), k_ack, b->epoch, p, static_cast<u32>(pkt));
     return drop(s, dr_duplicate), ret::drop;
   }
-  u8* acc = ctx->payload<u8>(0, u64{n} * p.acc_bytes);
+  // A compact reduction's accumulators arrive packed: unpack them into the scratchpad.
+  const bool packed = compact(p);
+  u8* acc = packed ? ctx->scratchpad<u8>(max_packet_bytes, max_packet_bytes) : ctx->payload<u8>(0, u64{n} * p.acc_bytes);
   u8* el = ctx->scratchpad<u8>(0, max_packet_bytes);
   if (acc == nullptr || el == nullptr) return drop(s, dr_malformed), ret::drop;
+  if (packed) Red::dispatch(p.op, p.dtype, unpack_fn{acc, ctx->payload<u8>(0, ctx->packet.size())});
   const u64 lo = r.g.packet_lo(c, pkt);
   if (ctx->dma_from_host(el, addr(b->d.in, r.g, c, lo, p.elem_bytes), u64{n} * p.elem_bytes) != errc::ok)
     return drop(s, dr_dma), ret::drop;
   Red::dispatch(p.op, p.dtype, fold_fn{acc, el, n});
   if (!owner) {
-    send(ctx, s, r.succ_of(s->me), k_rs, b->epoch, static_cast<u32>(pkt), n, acc, n * p.acc_bytes, p);
+    send_acc(ctx, s, r.succ_of(s->me), k_rs, b->epoch, static_cast<u32>(pkt), n, acc, el, p);
     return ret::success;
   }
   // The owner: round once, keep the result, then pass it on (allreduce) or acknowledge it.
   Red::dispatch(p.op, p.dtype, narrow_fn{el, acc, n});
-  if (ctx->dma_to_host(addr(b->d.out, r.g, c, lo, p.elem_bytes), el, u64{n} * p.elem_bytes) != errc::ok)
+  const u32 len = elem_len(p, el, n);
+  if (ctx->dma_to_host(addr(b->d.out, r.g, c, lo, p.elem_bytes), el, len) != errc::ok)
     return drop(s, dr_dma), ret::drop;
   if (!set_bit(b->held, pkt)) return drop(s, dr_duplicate), ret::drop;
   add(&b->results, 1);
   add(&b->progress, 1);
   if (r.kind == coll_kind::allreduce)
-    send(ctx, s, r.succ_of(s->me), k_ag, b->epoch, static_cast<u32>(pkt), n, el, n * p.elem_bytes, p);
+    send(ctx, s, r.succ_of(s->me), k_ag, b->epoch, static_cast<u32>(pkt), n, el, len, p);
   else
     send_ctl(ctx, s, r.succ_of(s->me), k_ack, b->epoch, p, static_cast<u32>(pkt));
   check_complete(ctx, s, b, r);
@@ -136,17 +142,18 @@ ret engine<Red>::on_ag(spin::ctx* ctx, state* s) {
   const u32 n = d.n;
   if (!r.gathers() || r.owner(c) == s->me) return drop(s, dr_malformed), ret::drop;
   const bool last = r.last(c) == s->me;
-  const u8* el = ctx->payload<u8>(0, u64{n} * p.elem_bytes);
+  const u32 len = static_cast<u32>(ctx->packet.size());  // checked by data_packet
+  const u8* el = ctx->payload<u8>(0, len);
   if (el == nullptr) return drop(s, dr_malformed), ret::drop;
   if (test_bit(b->held, pkt)) {
     if (last && r.acks_results()) send_ctl(ctx, s, r.succ_of(s->me), k_ack, b->epoch, p, static_cast<u32>(pkt));
     else if (!last && (ctx->coll.slot & ring_again) != 0)
-      send(ctx, s, r.succ_of(s->me), k_ag, b->epoch, static_cast<u32>(pkt), n, el, n * p.elem_bytes, p, ring_again);
+      send(ctx, s, r.succ_of(s->me), k_ag, b->epoch, static_cast<u32>(pkt), n, el, len, p, ring_again);
     return drop(s, dr_duplicate), ret::drop;
   }
   const u64 lo = r.g.packet_lo(c, pkt);
   // Data first, then the bit: a NACK served from the host copy never reads a half-written result.
-  if (ctx->dma_to_host(addr(b->d.out, r.g, c, lo, p.elem_bytes), el, u64{n} * p.elem_bytes) != errc::ok)
+  if (ctx->dma_to_host(addr(b->d.out, r.g, c, lo, p.elem_bytes), el, len) != errc::ok)
     return drop(s, dr_dma), ret::drop;
   if (!set_bit(b->held, pkt)) return drop(s, dr_duplicate), ret::drop;
   add(&b->results, 1);
@@ -156,7 +163,7 @@ ret engine<Red>::on_ag(spin::ctx* ctx, state* s) {
   } else if (!last) {
     // A new message id: ctx->forward would keep the sender's, which may collide with this
     // NIC's own ids at the next rank (its duplicate filter keys on source and id).
-    send(ctx, s, r.succ_of(s->me), k_ag, b->epoch, static_cast<u32>(pkt), n, el, n * p.elem_bytes, p);
+    send(ctx, s, r.succ_of(s->me), k_ag, b->epoch, static_cast<u32>(pkt), n, el, len, p);
   } else if (r.acks_results()) {
     send_ctl(ctx, s, r.succ_of(s->me), k_ack, b->epoch, p, static_cast<u32>(pkt));
   }
@@ -221,7 +228,7 @@ ret engine<Red>::on_nack(spin::ctx* ctx, state* s) {
       const u64 lo = r.g.packet_lo(c, pkt);
       if (ctx->dma_from_host(el, addr(b->d.out, r.g, c, lo, p.elem_bytes), u64{n} * p.elem_bytes) != errc::ok)
         return drop(s, dr_dma), ret::drop;
-      if (send(ctx, s, requester, k_ag, b->epoch, static_cast<u32>(pkt), n, el, n * p.elem_bytes, p) != errc::ok)
+      if (send(ctx, s, requester, k_ag, b->epoch, static_cast<u32>(pkt), n, el, elem_len(p, el, n), p) != errc::ok)
         return ret::success;  // transmit queue full: the next tick asks again
       --budget;
     }

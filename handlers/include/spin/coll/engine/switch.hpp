@@ -38,10 +38,13 @@ ret engine<Red>::on_up(spin::ctx* ctx, state* s, bool from_leaf) {
   const u32 slot = ctx->coll.slot & 0x7fffu, shadow = static_cast<u32>(ctx->coll.slot >> 15);
   u32 eb = 0, ab = 0;
   if (!Red::dispatch(ctx->coll.op, ctx->coll.dtype, size_fn{&eb, &ab}) || slot >= s->slots || c >= max_ranks ||
-      ctx->packet.size() != u64{n} * eb || u64{n} * eb > s->slot_bytes || ab > max_packet_bytes)
+      !wire_ok(ctx, ctx->coll.op, ctx->coll.dtype, false, n) || u64{n} * eb > s->slot_bytes || ab > max_packet_bytes)
     return drop(s, dr_malformed), ret::drop;
   slot_hdr* h = slot_at(ctx, s, slot, shadow);
-  const u8* in = ctx->payload<u8>(0, u64{n} * eb);
+  // A compact reduction's elements arrive in fewer bytes than n x eb (wire_ok checked them);
+  // they are kept and read as they came.
+  const u32 in_len = static_cast<u32>(ctx->packet.size());
+  const u8* in = ctx->payload<u8>(0, in_len);
   u8* mine = slot_data(ctx, s, slot, shadow, sender, s->slot_bytes);
   u8* result = slot_data(ctx, s, slot, shadow, s->nranks, s->slot_bytes);
   if (h == nullptr || (in == nullptr && n > 0) || mine == nullptr || result == nullptr) return drop(s, dr_malformed), ret::drop;
@@ -77,18 +80,19 @@ ret engine<Red>::on_up(spin::ctx* ctx, state* s, bool from_leaf) {
     ctx->unlock(lk);
     // The sender lost the result: send it again. A leaf without the root's result yet sends
     // its partial up again instead (the root answers it the same way).
+    const params hp = h_params(ctx);
     if (complete && leaf && !final)
-      send_to_rank(ctx, s, s->parent, k_up2, epoch, ctx->coll.aux, n, result, n * eb, h_params(ctx), ctx->coll.slot);
+      send_to_rank(ctx, s, s->parent, k_up2, epoch, ctx->coll.aux, n, result, elem_len(hp, result, n), hp, ctx->coll.slot);
     else if (complete)
-      send_to_rank(ctx, s, who[sender], from_leaf ? k_down2 : k_down, epoch, ctx->coll.aux, n, result, n * eb,
-                   h_params(ctx), ctx->coll.slot);
+      send_to_rank(ctx, s, who[sender], from_leaf ? k_down2 : k_down, epoch, ctx->coll.aux, n, result, elem_len(hp, result, n),
+                   hp, ctx->coll.slot);
     return drop(s, dr_duplicate), ret::drop;
   }
   h->bits[sender >> 6] |= bit;
   bool done = ++h->count == n_in;
   // The contribution that completes the slot is read from its packet; the others wait in
   // the slot.
-  if (!done) for (u64 i = 0; i < u64{n} * eb; ++i) mine[i] = in[i];
+  if (!done) for (u64 i = 0; i < in_len; ++i) mine[i] = in[i];
   if (done) {
     u8* acc = ctx->scratchpad<u8>(max_packet_bytes, max_packet_bytes);
     if (acc == nullptr) {
@@ -131,10 +135,13 @@ ret engine<Red>::on_up(spin::ctx* ctx, state* s, bool from_leaf) {
   ctx->unlock(lk);
   // Multicast (or, at a leaf, up to the root). The copy cannot be reused before every member
   // has this result (see above).
-  if (done && leaf) {
-    send_to_rank(ctx, s, s->parent, k_up2, epoch, ctx->coll.aux, n, result, n * eb, h_params(ctx), ctx->coll.slot);
-  } else if (done) {
-    send_all(ctx, s, who, n_in, from_leaf ? k_down2 : k_down, epoch, ctx->coll.aux, n, result, n * eb, h_params(ctx), ctx->coll.slot);
+  if (done) {
+    const params hp = h_params(ctx);
+    const u32 len = elem_len(hp, result, n);
+    if (leaf)
+      send_to_rank(ctx, s, s->parent, k_up2, epoch, ctx->coll.aux, n, result, len, hp, ctx->coll.slot);
+    else
+      send_all(ctx, s, who, n_in, from_leaf ? k_down2 : k_down, epoch, ctx->coll.aux, n, result, len, hp, ctx->coll.slot);
   }
   return ret::success;
 }
@@ -146,10 +153,11 @@ ret engine<Red>::on_down2(spin::ctx* ctx, state* s) {
   const u32 slot = ctx->coll.slot & 0x7fffu, shadow = static_cast<u32>(ctx->coll.slot >> 15);
   u32 eb = 0, ab = 0;
   if (!Red::dispatch(ctx->coll.op, ctx->coll.dtype, size_fn{&eb, &ab}) || slot >= s->slots ||
-      ctx->packet.size() != u64{n} * eb || u64{n} * eb > s->slot_bytes)
+      !wire_ok(ctx, ctx->coll.op, ctx->coll.dtype, false, n) || u64{n} * eb > s->slot_bytes)
     return drop(s, dr_malformed), ret::drop;
   slot_hdr* h = slot_at(ctx, s, slot, shadow);
-  const u8* in = ctx->payload<u8>(0, u64{n} * eb);
+  const u32 in_len = static_cast<u32>(ctx->packet.size());
+  const u8* in = ctx->payload<u8>(0, in_len);
   u8* result = slot_data(ctx, s, slot, shadow, s->nranks, s->slot_bytes);
   if (h == nullptr || (in == nullptr && n > 0) || result == nullptr) return drop(s, dr_malformed), ret::drop;
   const u64 lk = slot_off(s, slot, shadow);
@@ -157,12 +165,12 @@ ret engine<Red>::on_down2(spin::ctx* ctx, state* s) {
   const bool fresh = h->used != 0 && h->complete != 0 && h->final == 0 && h->epoch == ctx->coll.epoch && h->pkt == j &&
                      h->nelems == n;
   if (fresh) {
-    for (u64 i = 0; i < u64{n} * eb; ++i) result[i] = in[i];
+    for (u64 i = 0; i < in_len; ++i) result[i] = in[i];
     h->final = 1;
   }
   ctx->unlock(lk);
   if (!fresh) return drop(s, dr_duplicate), ret::drop;
-  send_all(ctx, s, s->members, s->nranks, k_down, ctx->coll.epoch, ctx->coll.aux, n, result, n * eb, h_params(ctx), ctx->coll.slot);
+  send_all(ctx, s, s->members, s->nranks, k_down, ctx->coll.epoch, ctx->coll.aux, n, result, in_len, h_params(ctx), ctx->coll.slot);
   return ret::success;
 }
 

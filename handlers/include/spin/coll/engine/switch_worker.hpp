@@ -18,7 +18,7 @@ void engine<Red>::originate_up(spin::ctx* ctx, state* s, bank* b, const roles& r
     return;
   }
   const u32 slot = static_cast<u32>(spin::rem(j, u64{r.slots})), shadow = shadow_of(s, r, j);
-  send_to_rank(ctx, s, b->d.switch_rank, k_up, b->epoch, switch_aux(c, j), n, el, n * p.elem_bytes, p,
+  send_to_rank(ctx, s, b->d.switch_rank, k_up, b->epoch, switch_aux(c, j), n, el, elem_len(p, el, n), p,
                switch_slot(slot, shadow));
   // The highest packet sent so far bounds what repair resends.
   u64 hi = load_acq(&b->next_orig);
@@ -56,11 +56,13 @@ ret engine<Red>::on_down(spin::ctx* ctx, state* s) {
   const u64 j = ctx->coll.aux & 0xffffu, c = ctx->coll.aux >> 16;
   if (j >= r.g.total || r.g.chunk_of(j) != c) return drop(s, dr_malformed), ret::drop;
   const u32 n = static_cast<u32>(r.g.packet_len(c, j));
-  if (ctx->coll.elem_count != n || ctx->packet.size() != u64{n} * p.elem_bytes) return drop(s, dr_malformed), ret::drop;
+  if (ctx->coll.elem_count != n || ctx->coll.op != p.op || ctx->coll.dtype != p.dtype || !wire_ok(ctx, p.op, p.dtype, false, n))
+    return drop(s, dr_malformed), ret::drop;
   if (test_bit(b->held, j)) return drop(s, dr_duplicate), ret::drop;
-  const u8* el = ctx->payload<u8>(0, u64{n} * p.elem_bytes);
+  const u32 len = static_cast<u32>(ctx->packet.size());  // checked
+  const u8* el = ctx->payload<u8>(0, len);
   if (el == nullptr) return drop(s, dr_malformed), ret::drop;
-  if (ctx->dma_to_host(addr(b->d.out, r.g, c, r.g.packet_lo(c, j), p.elem_bytes), el, u64{n} * p.elem_bytes) != errc::ok)
+  if (ctx->dma_to_host(addr(b->d.out, r.g, c, r.g.packet_lo(c, j), p.elem_bytes), el, len) != errc::ok)
     return drop(s, dr_dma), ret::drop;
   if (!set_bit(b->held, j)) return drop(s, dr_duplicate), ret::drop;
   add(&b->results, 1);
@@ -82,7 +84,6 @@ ret engine<Red>::on_mdown(spin::ctx* ctx, state* s) {
   const params& p = b->d.p;
   const roles& r = d.r;
   const u64 pkt = d.pkt, c = d.c;
-  const u32 n = d.n;
   if (!r.multicast()) return drop(s, dr_stranger), ret::drop;
   if (r.owner(c) == s->me) {  // this rank's own packet came back
     delivered(ctx, s, b, r, pkt);
@@ -90,9 +91,10 @@ ret engine<Red>::on_mdown(spin::ctx* ctx, state* s) {
     return ret::success;
   }
   if (test_bit(b->held, pkt)) return drop(s, dr_duplicate), ret::drop;
-  const u8* el = ctx->payload<u8>(0, u64{n} * p.elem_bytes);
+  const u32 len = static_cast<u32>(ctx->packet.size());  // checked
+  const u8* el = ctx->payload<u8>(0, len);
   if (el == nullptr) return drop(s, dr_malformed), ret::drop;
-  if (ctx->dma_to_host(addr(b->d.out, r.g, c, r.g.packet_lo(c, pkt), p.elem_bytes), el, u64{n} * p.elem_bytes) != errc::ok)
+  if (ctx->dma_to_host(addr(b->d.out, r.g, c, r.g.packet_lo(c, pkt), p.elem_bytes), el, len) != errc::ok)
     return drop(s, dr_dma), ret::drop;
   if (!set_bit(b->held, pkt)) return drop(s, dr_duplicate), ret::drop;
   add(&b->results, 1);

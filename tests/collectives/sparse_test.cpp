@@ -1,0 +1,326 @@
+// Sparse allreduce (communicator::allreduce_sparse, spin/coll/sparse.hpp, docs/collectives.md
+// "Sparse allreduce"): the result is the float32 sum of the ranks' scattered vectors (absent
+// values are +0) in the fixed order (window w of chunk c summed from rank c+1 around to rank
+// c), rounded to the value type once; bit for bit on every rank, on the edge ring and through
+// the switch, across runs and under loss; bad arguments give a clear error on every rank. The
+// reference here scatters the pairs and adds in that order itself.
+#include "coll_world.hpp"
+
+#include <spin/coll/sparse.hpp>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+using namespace spin;
+using namespace spin::coll;
+using spin::coll::test::world;
+
+namespace {
+
+constexpr std::uint32_t W = sparse::window_values;
+
+// One rank's pairs; values as raw bits of the value type (low 16 bits for bf16 and f16).
+struct pairs {
+  std::vector<std::uint32_t> index;
+  std::vector<std::uint32_t> bits;
+};
+
+std::uint32_t vbytes(dtype t) { return t == dtype::f32 ? 4 : 2; }
+
+std::uint32_t widen(dtype t, std::uint32_t v) {
+  if (t == dtype::f32) return v;
+  if (t == dtype::bf16) return bf16_to_f32_bits(static_cast<std::uint16_t>(v));
+  return f16_to_f32_bits(static_cast<std::uint16_t>(v));
+}
+std::uint32_t narrow(dtype t, std::uint32_t a) {
+  if (t == dtype::f32) return (a & 0x7fffffffu) > 0x7f800000u ? 0x7fc00000u : a;
+  if (t == dtype::bf16) return f32_to_bf16_bits(a);
+  return f32_to_f16_bits(a);
+}
+std::uint32_t from_float(dtype t, float f) { return narrow(t, std::bit_cast<std::uint32_t>(f)); }
+
+std::vector<std::byte> raw_values(dtype t, const pairs& p) {
+  const std::uint32_t vb = vbytes(t);
+  std::vector<std::byte> out(p.bits.size() * vb);
+  for (std::size_t k = 0; k < p.bits.size(); ++k) {
+    if (vb == 4) std::memcpy(out.data() + 4 * k, &p.bits[k], 4);
+    else {
+      const auto h = static_cast<std::uint16_t>(p.bits[k]);
+      std::memcpy(out.data() + 2 * k, &h, 2);
+    }
+  }
+  return out;
+}
+
+// The result, value by value as raw bits of t, in the documented order.
+std::vector<std::uint32_t> reference(dtype t, const std::vector<pairs>& in, std::uint64_t length) {
+  const auto n = static_cast<std::uint32_t>(in.size());
+  std::vector<std::vector<float>> dense(n, std::vector<float>(length, 0.0f));
+  for (std::uint32_t r = 0; r < n; ++r)
+    for (std::size_t k = 0; k < in[r].index.size(); ++k) dense[r][in[r].index[k]] = std::bit_cast<float>(widen(t, in[r].bits[k]));
+  std::vector<std::uint32_t> out(length);
+  const std::uint64_t nw = (length + W - 1) / W, base = nw / n, extra = nw % n;
+  for (std::uint64_t c = 0, lo = 0; c < n; ++c) {
+    const std::uint64_t len = base + (c < extra ? 1 : 0);
+    for (std::uint64_t i = lo * W; i < std::min<std::uint64_t>((lo + len) * W, length); ++i) {
+      float acc = dense[(c + 1) % n][i];
+      for (std::uint32_t k = 2; k <= n; ++k) acc = acc + dense[(c + k) % n][i];
+      out[i] = narrow(t, std::bit_cast<std::uint32_t>(acc));
+    }
+    lo += len;
+  }
+  return out;
+}
+
+// Rank r's pairs over `length`: each index with probability `density` (all of them at 1), values
+// of a spread of binades and signs, with some -0 and explicit +0 values; `shared` makes every
+// rank pick the same indices.
+pairs make_pairs(dtype t, std::uint32_t r, std::uint64_t length, double density, bool shared, std::uint64_t seed) {
+  std::mt19937_64 pick(seed * 7919 + (shared ? 0 : r + 1)), val(seed * 104729 + r);
+  std::uniform_real_distribution<double> u(0, 1);
+  pairs p;
+  for (std::uint64_t i = 0; i < length; ++i) {
+    if (density < 1 && u(pick) >= density) continue;
+    const double x = u(val);
+    float f;
+    if (x < 0.03) f = -0.0f;
+    else if (x < 0.05) f = 0.0f;
+    else f = std::ldexp(static_cast<float>(u(val) * 2 - 1), static_cast<int>(u(val) * 24) - 12);
+    p.index.push_back(static_cast<std::uint32_t>(i));
+    p.bits.push_back(from_float(t, f));
+  }
+  return p;
+}
+
+void check(world& w, dtype t, const std::vector<pairs>& in, std::uint64_t length, algorithm a, const std::string& what) {
+  const std::uint32_t n = w.size(), vb = vbytes(t);
+  const auto want = reference(t, in, length);
+  std::vector<std::vector<std::byte>> vals(n), dense(n, std::vector<std::byte>(length * vb, std::byte{0xa5}));
+  for (std::uint32_t r = 0; r < n; ++r) vals[r] = raw_values(t, in[r]);
+  auto res = w.run([&](std::uint32_t r) {
+    return w.comms[r]->allreduce_sparse(in[r].index, vals[r].data(), length, t, dense[r].data(), a);
+  });
+  std::vector<std::vector<std::uint32_t>> idx(n);
+  std::vector<std::vector<std::byte>> pv(n);
+  auto res2 = w.run([&](std::uint32_t r) {
+    return w.comms[r]->allreduce_sparse(in[r].index, vals[r].data(), length, t, idx[r], pv[r], a);
+  });
+  for (std::uint32_t r = 0; r < n; ++r) {
+    INFO(what << ": ranks " << n << " rank " << r << " " << std::string(name(t)) << " length " << length << " "
+              << std::string(name(a)));
+    if (!res[r].ok()) {
+      auto k = w.comms[r]->engine_counters();
+      if (k.ok()) {
+        std::string d;
+        for (std::uint32_t i = 0; i < proto::dr_count; ++i) d += std::to_string(k.value().drops[i]) + " ";
+        MESSAGE("drops by reason: " << d);
+      }
+    }
+    REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+    REQUIRE_MESSAGE(res2[r].ok(), res2[r].err().message);
+    long long bad = -1;
+    for (std::uint64_t i = 0; i < length && bad < 0; ++i) {
+      std::uint32_t got = 0;
+      std::memcpy(&got, dense[r].data() + i * vb, vb);
+      if (got != want[i]) bad = static_cast<long long>(i);
+    }
+    REQUIRE_MESSAGE(bad < 0, "first wrong value " << bad << " of the dense result");
+    // Pairs: every index whose result is not +0, ascending, with its value.
+    std::vector<std::uint32_t> wi, wv;
+    for (std::uint64_t i = 0; i < length; ++i)
+      if (want[i] != 0) {
+        wi.push_back(static_cast<std::uint32_t>(i));
+        wv.push_back(want[i]);
+      }
+    REQUIRE(idx[r] == wi);
+    REQUIRE(pv[r].size() == wv.size() * vb);
+    for (std::size_t k = 0; k < wv.size(); ++k) {
+      std::uint32_t got = 0;
+      std::memcpy(&got, pv[r].data() + k * vb, vb);
+      REQUIRE(got == wv[k]);
+    }
+  }
+}
+
+void check_random(world& w, dtype t, std::uint64_t length, double density, algorithm a, std::uint64_t seed, bool shared = false) {
+  std::vector<pairs> in;
+  for (std::uint32_t r = 0; r < w.size(); ++r) in.push_back(make_pairs(t, r, length, density, shared, seed));
+  check(w, t, in, length, a, "density " + std::to_string(density) + (shared ? " shared" : ""));
+}
+
+std::uint64_t link_bytes(world& w) {
+  std::uint64_t b = 0;
+  for (const auto& l : w.cluster->stats().links) b += l.stats.bytes_in;
+  return b;
+}
+
+} // namespace
+
+TEST_CASE("sparse windows: sizes, the switch-over point and validation") {
+  CHECK(elem_bytes(dtype::sparse_f32) == 4 + 4 * W);
+  CHECK(elem_bytes(dtype::sparse_bf16) == 4 + 2 * W);
+  CHECK(elem_bytes(dtype::sparse_f16) == 4 + 2 * W);
+  CHECK(compact_type(dtype::sparse_f32));
+  CHECK(!compact_type(dtype::f32));
+  CHECK(!compact_type(dtype::mxfp8_e4m3));
+  // Dense once pairs would take as many bytes: 2/3 of the window for 4-byte values, 1/2 for 2.
+  CHECK(sparse::max_pairs(4) == 679);
+  CHECK(sparse::max_pairs(2) == 509);
+  CHECK(sparse::pairs_bytes(679, 4) < sparse::dense_bytes(4));
+  CHECK(sparse::pairs_bytes(680, 4) >= sparse::dense_bytes(4));
+  std::uint8_t w[8] = {};
+  sparse::store16(w, 1);
+  sparse::store16(w + 2, sparse::form_pairs);
+  sparse::store16(w + 4, 7);
+  CHECK(sparse::valid(w, sparse::pairs_bytes(1, 2), 2));
+  CHECK(!sparse::valid(w, sparse::pairs_bytes(1, 2) + 1, 2));  // longer than its form
+  sparse::store16(w + 4, W);                                    // offset past the window
+  CHECK(!sparse::valid(w, sparse::pairs_bytes(1, 2), 2));
+  sparse::store16(w + 2, 7);  // unknown form
+  CHECK(!sparse::valid(w, sparse::pairs_bytes(1, 2), 2));
+  std::uint8_t two[12] = {};
+  sparse::store16(two, 2);
+  sparse::store16(two + 4, 5);
+  sparse::store16(two + 6, 5);  // offsets not strictly ascending
+  CHECK(!sparse::valid(two, sparse::pairs_bytes(2, 2), 2));
+  sparse::store16(two + 6, 6);
+  CHECK(sparse::valid(two, sparse::pairs_bytes(2, 2), 2));
+}
+
+TEST_CASE("sparse allreduce: the float32 sum in the fixed order, dense and as pairs, edge ring and switch, ranks 1 to 8") {
+  options o;
+  o.switch_slots = 4;  // few slots: every slot is reused, both shadow copies
+  for (std::uint32_t n : {1u, 2u, 3u, 4u, 8u}) {
+    world w(emu::star(n, {}), o, 1, test::switches::fabric);
+    for (algorithm a : {algorithm::edge_ring, algorithm::switch_agg}) {
+      for (std::uint64_t length : {0ull, 1ull, W - 1ull, 1ull * W, W + 1ull, 1ull * n * W + 5})
+        check_random(w, dtype::f32, length, 0.01, a, length + n);
+      for (dtype t : {dtype::f32, dtype::bf16, dtype::f16})
+        for (double d : {0.0, 0.001, 0.05, 0.4, 0.6, 1.0}) check_random(w, t, 3 * W + 17, d, a, 11);
+      // Every rank on the same indices (no fill-in), and disjoint ones (fill-in n-fold).
+      check_random(w, dtype::f32, 4 * W, 0.3, a, 5, true);
+      std::vector<pairs> disjoint(n);
+      for (std::uint32_t r = 0; r < n; ++r)
+        for (std::uint32_t i = r; i < 2 * W; i += n) {
+          disjoint[r].index.push_back(i);
+          disjoint[r].bits.push_back(from_float(dtype::bf16, static_cast<float>(i % 7) - 3.5f));
+        }
+      check(w, dtype::bf16, disjoint, 2 * W + 3, a, "disjoint");
+    }
+  }
+}
+
+TEST_CASE("sparse allreduce: windows turn dense where the union fills in, and the wire carries the smaller form") {
+  const std::uint32_t n = 4;
+  world w(emu::star(n, {}), {}, 1, test::switches::fabric);
+  const std::uint64_t length = 64 * W;
+  for (algorithm a : {algorithm::edge_ring, algorithm::switch_agg}) {
+    std::vector<pairs> in;
+    for (std::uint32_t r = 0; r < n; ++r) in.push_back(make_pairs(dtype::f32, r, length, 0.001, false, 3));
+    const std::uint64_t before = link_bytes(w);
+    std::vector<std::vector<std::byte>> vals(n), out(n, std::vector<std::byte>(length * 4));
+    for (std::uint32_t r = 0; r < n; ++r) vals[r] = raw_values(dtype::f32, in[r]);
+    auto res = w.run([&](std::uint32_t r) {
+      return w.comms[r]->allreduce_sparse(in[r].index, vals[r].data(), length, dtype::f32, out[r].data(), a);
+    });
+    for (auto& x : res) REQUIRE_MESSAGE(x.ok(), x.err().message);
+    const std::uint64_t sparse_bytes = link_bytes(w) - before;
+    // The same vector, dense.
+    std::vector<std::vector<float>> dense(n, std::vector<float>(length, 0.0f));
+    for (std::uint32_t r = 0; r < n; ++r)
+      for (std::size_t k = 0; k < in[r].index.size(); ++k) dense[r][in[r].index[k]] = std::bit_cast<float>(in[r].bits[k]);
+    const std::uint64_t before_dense = link_bytes(w);
+    auto res2 = w.run([&](std::uint32_t r) {
+      return w.comms[r]->allreduce(dense[r].data(), dense[r].data(), length, dtype::f32, op::sum, a);
+    });
+    for (auto& x : res2) REQUIRE_MESSAGE(x.ok(), x.err().message);
+    const std::uint64_t dense_bytes = link_bytes(w) - before_dense;
+    INFO(name(a) << ": sparse " << sparse_bytes << " bytes, dense " << dense_bytes);
+    // At 0.1% density about one pair per window and rank: frame and packet heads dominate.
+    CHECK(sparse_bytes * 10 < dense_bytes);
+  }
+  // Dense inputs: every window goes dense, and costs its 4-byte head more than float32.
+  for (algorithm a : {algorithm::edge_ring, algorithm::switch_agg}) check_random(w, dtype::f32, 8 * W, 1.0, a, 9);
+}
+
+TEST_CASE("sparse allreduce: identical on every rank, across runs and under loss, duplication and reordering") {
+  const std::uint32_t n = 4;
+  for (double loss : {0.0, 0.02}) {
+    options o;
+    o.repair_interval = std::chrono::microseconds(1000);
+    o.switch_slots = 8;
+    world w(emu::star(n, test::lossy(loss, 23, 0.05)), o, 1, test::switches::fabric);
+    for (int run = 0; run < 2; ++run)
+      for (algorithm a : {algorithm::edge_ring, algorithm::switch_agg})
+        for (double d : {0.002, 0.3, 0.9}) check_random(w, dtype::bf16, 20 * W + 1, d, a, 31);
+    if (loss > 0) {
+      std::uint64_t lost = 0;
+      for (const auto& l : w.cluster->stats().links) lost += l.stats.dropped_loss;
+      CHECK(lost > 0);
+    }
+  }
+}
+
+TEST_CASE("sparse allreduce: bad arguments give a clear error on every rank, and the communicator goes on") {
+  const std::uint32_t n = 3;
+  world w(emu::star(n, {}), {}, 1, test::switches::fabric);
+  const std::uint64_t length = 5000;
+  auto run = [&](const std::vector<std::vector<std::uint32_t>>& idx, const std::vector<std::uint64_t>& len,
+                 const std::vector<dtype>& t, algorithm a) {
+    std::vector<std::vector<float>> out(n, std::vector<float>(length + 10));
+    std::vector<std::vector<float>> vals(n);
+    for (std::uint32_t r = 0; r < n; ++r) vals[r].assign(idx[r].size(), 1.0f);
+    return w.run([&](std::uint32_t r) {
+      return w.comms[r]->allreduce_sparse(idx[r], vals[r].data(), len[r], t[r], out[r].data(), a);
+    });
+  };
+  const std::vector<std::uint32_t> good = {1, 5, 4000};
+  const std::vector<std::uint64_t> same_len(n, length);
+  const std::vector<dtype> f32s(n, dtype::f32);
+  auto expect_all = [&](const std::vector<result<void>>& res, errc code, const std::string& text) {
+    for (std::uint32_t r = 0; r < n; ++r) {
+      INFO("rank " << r << ", expected: " << text);
+      REQUIRE(!res[r].ok());
+      CHECK(res[r].err().code == code);
+      CHECK_MESSAGE(res[r].err().message.find(text) != std::string::npos, res[r].err().message);
+    }
+  };
+  for (algorithm a : {algorithm::edge_ring, algorithm::switch_agg}) {
+    expect_all(run({good, {1, 7, 3}, good}, same_len, f32s, a), errc::invalid_argument, "rank 1's arguments are refused: its indices are not strictly ascending");
+    expect_all(run({good, good, {2, 2}}, same_len, f32s, a), errc::invalid_argument, "rank 2's arguments are refused: its indices are not strictly ascending");
+    expect_all(run({good, {3, 5000}, {9, 6000}}, same_len, f32s, a), errc::invalid_argument, "rank 1's arguments are refused: an index is not below length");
+    expect_all(run({good, good, good}, {length, length, length + 1}, f32s, a), errc::invalid_argument, "different lengths");
+    expect_all(run({good, good, good}, same_len, {dtype::f32, dtype::bf16, dtype::f32}, a), errc::invalid_argument,
+               "different datatypes");
+    expect_all(run({good, good, good}, same_len, {dtype::i32, dtype::i32, dtype::i32}, a), errc::invalid_argument,
+               "rank 0's arguments are refused: its datatype is not f32, bf16 or f16");
+    // The faulting rank's own message says where.
+    auto res = run({good, {1, 7, 3}, good}, same_len, f32s, a);
+    CHECK(res[1].err().message.find("index[2] = 3 is not above index[1] = 7") != std::string::npos);
+    // Then a good call.
+    std::vector<pairs> in(n);
+    for (std::uint32_t r = 0; r < n; ++r) in[r].index = good, in[r].bits.assign(3, 0x3f800000u);
+    check(w, dtype::f32, in, length, a, "after errors");
+  }
+  expect_all(run({good, good, good}, same_len, f32s, algorithm::host_ring), errc::not_supported, "host_ring");
+  // The windows themselves, given to allreduce directly: a malformed one is refused.
+  {
+    std::vector<std::uint32_t> win(elem_bytes(dtype::sparse_f32) / 4, 0);
+    auto* b = reinterpret_cast<std::uint8_t*>(win.data());
+    sparse::store16(b, 2);
+    sparse::store16(b + 4, 9);
+    sparse::store16(b + 6, 3);
+    auto r = w.comms[0]->allreduce(win.data(), win.data(), 1, dtype::sparse_f32, op::sum, algorithm::edge_ring);
+    REQUIRE(!r.ok());
+    CHECK(r.err().code == errc::invalid_argument);
+    CHECK(r.err().message.find("window 0 of sparse_f32 is malformed") != std::string::npos);
+    auto r2 = w.comms[0]->reduce_scatter(win.data(), win.data(), 1, dtype::sparse_f32, op::sum, algorithm::edge_ring);
+    CHECK(r2.err().code == errc::not_supported);
+  }
+}
