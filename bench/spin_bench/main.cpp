@@ -6,6 +6,7 @@
 //                                   Gloo and Open MPI on the same data
 //   spin-bench groups [options]     many small groups at once: call-time percentiles
 //   spin-bench reductions [options] the collectives' reduction kernels per datatype, ns per value
+//   spin-bench sparse [options]     sparse allreduce per ranks, density and type, beside dense float32 and bfloat16
 //
 // Exit status: 0 when every check passed; 1 when a check failed (lost, dropped or wrongly handled
 // packets, wrong results); 2 on bad options or set-up errors. Missing an aim is reported, not an
@@ -18,6 +19,9 @@
 #endif
 #include "handlers.hpp"
 #include "reductions.hpp"
+#if SPIN_BENCH_HAVE_COLL
+#include "sparse.hpp"
+#endif
 
 #include <CLI/CLI.hpp>
 
@@ -198,6 +202,22 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0u, 1024u));
   add_repair_options(gc, gr.repair_min_us, gr.repair_max_ms);
   gc->add_option("--out", gr.out_dir, "directory for groups.json")->capture_default_str();
+
+  spin::bench::sparse_options sp;
+  CLI::App* sc = app.add_subcommand(
+      "sparse",
+      "spin::coll's sparse allreduce (allreduce_sparse) on an emulated cluster per rank count, algorithm, value type and density, "
+      "beside the dense float32 and bfloat16 allreduces of the same vectors: time, bytes each rank's NIC sent, the union's "
+      "density, the error against the exact float64 sum, exactness. Writes sparse.csv to --out.");
+  sc->add_option("-n,--ranks", sp.ranks, "rank counts (repeatable)")->capture_default_str()->check(CLI::Range(2u, 64u));
+  sc->add_option("--density", sp.densities, "fractions of each rank's vector given as pairs (repeatable)")
+      ->capture_default_str()->check(CLI::Range(1e-9, 1.0));
+  sc->add_option("--algorithm", sp.algorithms, "switch, edge_ring (repeatable)")->capture_default_str();
+  sc->add_option("--dtype", sp.dtypes, "value types: f32, bf16, f16 (repeatable)")->capture_default_str();
+  sc->add_option("--values", sp.values, "length of the vector")->capture_default_str()->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 30));
+  sc->add_option("--iters", sp.iters, "timed calls per row (after one warm-up)")->capture_default_str()->check(CLI::Range(1u, 1000u));
+  sc->add_option("--lcores", sp.lcores, "lcores of the emulated cluster (0: every CPU)")->capture_default_str();
+  sc->add_option("--out", sp.out_dir, "directory for sparse.csv")->capture_default_str();
 #endif
 
   try {
@@ -213,6 +233,7 @@ int main(int argc, char** argv) {
     return spin::bench::run_coll(c);
   }
   if (gc->parsed()) return spin::bench::run_groups(gr);
+  if (sc->parsed()) return spin::bench::run_sparse(sp);
 #endif
   return 2;
 }

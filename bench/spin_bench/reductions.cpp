@@ -84,14 +84,17 @@ int run_reductions(const reductions_options& o) {
   std::vector<coll::dtype> types;
   if (o.dtypes.empty()) {
     for (unsigned k = 1; k < 255; ++k)
-      if (coll::with_standard(coll::op::sum, static_cast<coll::dtype>(k), []<class R>() {})) types.push_back(static_cast<coll::dtype>(k));
+      if (coll::with_standard(coll::op::sum, static_cast<coll::dtype>(k), []<class R>() {}) &&
+          !coll::compact_type(static_cast<coll::dtype>(k)))  // sparse windows: spin-bench sparse
+        types.push_back(static_cast<coll::dtype>(k));
   } else {
     for (const auto& s : o.dtypes) {
       coll::dtype t{};
-      const bool found = coll::dtype_named(s.c_str(), t) && coll::with_standard(coll::op::sum, t, []<class R>() {});
+      const bool found = coll::dtype_named(s.c_str(), t) && coll::with_standard(coll::op::sum, t, []<class R>() {}) &&
+                         !coll::compact_type(t);
       if (found) types.push_back(t);
       if (!found) {
-        std::fprintf(stderr, "spin-bench reductions: unknown datatype %s\n", s.c_str());
+        std::fprintf(stderr, "spin-bench reductions: unknown datatype %s (sparse windows: spin-bench sparse)\n", s.c_str());
         return 2;
       }
     }

@@ -337,9 +337,9 @@ public:
   /// `length` values of type t (f32, bf16 or f16) as `index.size()` pairs, strictly ascending
   /// indices below `length` and their values at `values`; every value not given is +0. The
   /// result is the sum of the ranks' vectors, value by value in float32 in the fixed order of
-  /// the dense allreduce (docs/collectives.md, "Combination order"), rounded to t once: bit for
-  /// bit the dense allreduce of the scattered vectors, on every rank, whatever the algorithm's
-  /// switch-overs. The vector travels in windows of sparse::window_values values, each as pairs
+  /// an allreduce of its windows (docs/collectives.md, "Combination order": window w of chunk c
+  /// is added from rank c+1 around to rank c), rounded to t once: the same bits on every rank,
+  /// in every run, with either algorithm, whatever form each window took. The vector travels in windows of sparse::window_values values, each as pairs
   /// or dense, whichever takes fewer bytes (spin/coll/sparse.hpp); NIC handlers (edge_ring) or
   /// the switch (switch_agg) add the windows. This form writes the dense result: `length`
   /// values at `dense_out`. It takes options::packet_bytes of 4096 (a dense window's float32

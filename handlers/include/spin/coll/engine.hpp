@@ -207,11 +207,12 @@ template <class Red> struct engine {
     return len;
   }
   /// Whether the packet being handled carries n well-formed elements (`acc`: accumulators)
-  /// of reduction (o, t) and nothing else.
-  static bool wire_ok(spin::ctx* ctx, u8 o, u8 t, bool acc, u32 n) {
+  /// of reduction (o, t) and nothing else; without a reduction (allgather, broadcast), n of
+  /// `size` bytes each.
+  static bool wire_ok(spin::ctx* ctx, u8 o, u8 t, bool acc, u32 n, u32 size) {
     bool ok = false;
     const u64 len = ctx->packet.size();
-    Red::dispatch(o, t, valid_fn{acc, ctx->payload<u8>(0, len), len, n, &ok});
+    if (!Red::dispatch(o, t, valid_fn{acc, ctx->payload<u8>(0, len), len, n, &ok})) ok = len == u64{n} * size;
     return ok;
   }
   /// Sends the n accumulators at `acc` to member `to`: packed into `spare` (a packet's worth of

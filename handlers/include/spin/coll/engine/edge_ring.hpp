@@ -71,7 +71,7 @@ bool engine<Red>::data_packet(spin::ctx* ctx, state* s, u32 from, bool acc, pin&
   out.n = static_cast<u32>(out.r.g.packet_len(out.c, out.pkt));
   const params& p = out.b->d.p;
   if (ctx->coll.elem_count != out.n || ctx->coll.op != p.op || ctx->coll.dtype != p.dtype ||
-      !wire_ok(ctx, p.op, p.dtype, acc, out.n))
+      !wire_ok(ctx, p.op, p.dtype, acc, out.n, acc ? p.acc_bytes : p.elem_bytes))
     return drop(s, dr_malformed), false;
   return true;
 }

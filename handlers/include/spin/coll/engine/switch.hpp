@@ -38,7 +38,7 @@ ret engine<Red>::on_up(spin::ctx* ctx, state* s, bool from_leaf) {
   const u32 slot = ctx->coll.slot & 0x7fffu, shadow = static_cast<u32>(ctx->coll.slot >> 15);
   u32 eb = 0, ab = 0;
   if (!Red::dispatch(ctx->coll.op, ctx->coll.dtype, size_fn{&eb, &ab}) || slot >= s->slots || c >= max_ranks ||
-      !wire_ok(ctx, ctx->coll.op, ctx->coll.dtype, false, n) || u64{n} * eb > s->slot_bytes || ab > max_packet_bytes)
+      !wire_ok(ctx, ctx->coll.op, ctx->coll.dtype, false, n, eb) || u64{n} * eb > s->slot_bytes || ab > max_packet_bytes)
     return drop(s, dr_malformed), ret::drop;
   slot_hdr* h = slot_at(ctx, s, slot, shadow);
   // A compact reduction's elements arrive in fewer bytes than n x eb (wire_ok checked them);
@@ -153,7 +153,7 @@ ret engine<Red>::on_down2(spin::ctx* ctx, state* s) {
   const u32 slot = ctx->coll.slot & 0x7fffu, shadow = static_cast<u32>(ctx->coll.slot >> 15);
   u32 eb = 0, ab = 0;
   if (!Red::dispatch(ctx->coll.op, ctx->coll.dtype, size_fn{&eb, &ab}) || slot >= s->slots ||
-      !wire_ok(ctx, ctx->coll.op, ctx->coll.dtype, false, n) || u64{n} * eb > s->slot_bytes)
+      !wire_ok(ctx, ctx->coll.op, ctx->coll.dtype, false, n, eb) || u64{n} * eb > s->slot_bytes)
     return drop(s, dr_malformed), ret::drop;
   slot_hdr* h = slot_at(ctx, s, slot, shadow);
   const u32 in_len = static_cast<u32>(ctx->packet.size());

@@ -56,7 +56,7 @@ ret engine<Red>::on_down(spin::ctx* ctx, state* s) {
   const u64 j = ctx->coll.aux & 0xffffu, c = ctx->coll.aux >> 16;
   if (j >= r.g.total || r.g.chunk_of(j) != c) return drop(s, dr_malformed), ret::drop;
   const u32 n = static_cast<u32>(r.g.packet_len(c, j));
-  if (ctx->coll.elem_count != n || ctx->coll.op != p.op || ctx->coll.dtype != p.dtype || !wire_ok(ctx, p.op, p.dtype, false, n))
+  if (ctx->coll.elem_count != n || ctx->coll.op != p.op || ctx->coll.dtype != p.dtype || !wire_ok(ctx, p.op, p.dtype, false, n, p.elem_bytes))
     return drop(s, dr_malformed), ret::drop;
   if (test_bit(b->held, j)) return drop(s, dr_duplicate), ret::drop;
   const u32 len = static_cast<u32>(ctx->packet.size());  // checked
