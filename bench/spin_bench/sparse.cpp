@@ -182,30 +182,34 @@ bool run_ranks(const sparse_options& o, std::uint32_t n, std::vector<row>& rows)
             rw.error, [&] { tx0 = tx_bytes(); });
         rw.sent_per_rank = static_cast<double>(tx_bytes() - tx0) / n / o.iters;
         if (rw.error.empty()) {
-          // Exactness (the documented order) and the error against the float64 sum.
-          const std::uint64_t base = nw / n, extra = nw % n;
+          // Exactness (the documented order: epochs of `seg` windows, each cut into n chunks,
+          // window w of chunk c summed from rank c+1 around) and the error against the float64 sum.
+          const std::uint64_t seg = std::min<std::uint64_t>(65536 - n, co.staging_bytes / coll::elem_bytes(coll::window_type_of(t)));
           double max_err = 0, max_sum = 0;
           std::uint64_t nnz = 0;
-          for (std::uint64_t c = 0, lo = 0; c < n; ++c) {
-            const std::uint64_t len = base + (c < extra ? 1 : 0);
-            for (std::uint64_t i = lo * W; i < std::min<std::uint64_t>((lo + len) * W, L); ++i) {
-              float acc = x[(c + 1) % n][i];
-              double exact = x[(c + 1) % n][i];
-              for (std::uint32_t k = 2; k <= n; ++k) {
-                acc = acc + x[(c + k) % n][i];
-                exact += x[(c + k) % n][i];
+          for (std::uint64_t e0 = 0; e0 < nw; e0 += seg) {
+            const std::uint64_t m = std::min(seg, nw - e0), base = m / n, extra = m % n;
+            for (std::uint64_t c = 0, lo = e0; c < n; ++c) {
+              const std::uint64_t len = base + (c < extra ? 1 : 0);
+              for (std::uint64_t i = lo * W; i < std::min<std::uint64_t>((lo + len) * W, L); ++i) {
+                float acc = x[(c + 1) % n][i];
+                double exact = x[(c + 1) % n][i];
+                for (std::uint32_t k = 2; k <= n; ++k) {
+                  acc = acc + x[(c + k) % n][i];
+                  exact += x[(c + k) % n][i];
+                }
+                const std::uint32_t want = narrow(t, acc);
+                nnz += want != 0;
+                for (std::uint32_t r = 0; r < n; ++r) {
+                  std::uint32_t got = 0;
+                  std::memcpy(&got, out[r].data() + i * vb, vb);
+                  rw.wrong += got != want;
+                }
+                max_err = std::max(max_err, std::fabs(static_cast<double>(widen(t, want)) - exact));
+                max_sum = std::max(max_sum, std::fabs(exact));
               }
-              const std::uint32_t want = narrow(t, acc);
-              nnz += want != 0;
-              for (std::uint32_t r = 0; r < n; ++r) {
-                std::uint32_t got = 0;
-                std::memcpy(&got, out[r].data() + i * vb, vb);
-                rw.wrong += got != want;
-              }
-              max_err = std::max(max_err, std::fabs(static_cast<double>(widen(t, want)) - exact));
-              max_sum = std::max(max_sum, std::fabs(exact));
+              lo += len;
             }
-            lo += len;
           }
           rw.max_err = max_sum > 0 ? max_err / max_sum : 0;
           rw.union_density = static_cast<double>(nnz) / static_cast<double>(L);

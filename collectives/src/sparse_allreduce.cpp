@@ -38,15 +38,6 @@ const char* why(fault f) {
   return "?";
 }
 
-dtype window_type(dtype t) {
-  switch (t) {
-  case dtype::f32: return dtype::sparse_f32;
-  case dtype::bf16: return dtype::sparse_bf16;
-  case dtype::f16: return dtype::sparse_f16;
-  default: return dtype::custom;
-  }
-}
-
 std::uint32_t value_bits(const std::byte* v, std::uint32_t vb, std::uint64_t k) {
   if (vb == 4) {
     std::uint32_t x;
@@ -123,7 +114,7 @@ static result<void> sparse_run(communicator& c, std::span<const std::uint32_t> i
   //    shows; the fault word names the lowest rank at fault.
   fault f = fault::none;
   std::string detail;
-  const dtype wt = window_type(t);
+  const dtype wt = window_type_of(t);
   if (wt == dtype::custom) f = fault::bad_type;
   else if (length > (std::uint64_t{1} << 32)) f = fault::too_long;
   else if ((!index.empty() && (values == nullptr || index.data() == nullptr)) || (length > 0 && out_null)) f = fault::null_buffer;

@@ -41,11 +41,15 @@ constexpr u32 pairs_bytes(u32 count, u32 vb) { return head_bytes + offset_bytes(
 constexpr u32 dense_bytes(u32 vb) { return head_bytes + window_values * vb; }
 /// The most pairs a window of `vb`-byte values carries (more take fewer bytes dense): 679 for
 /// 4-byte values, 509 for 2-byte ones.
-constexpr u32 max_pairs(u32 vb) {
+constexpr u32 max_pairs_search(u32 vb) {
   u32 n = 0;
   while (pairs_bytes(n + 1, vb) < dense_bytes(vb)) ++n;
   return n;
 }
+inline constexpr u32 max_pairs_4 = max_pairs_search(4);
+inline constexpr u32 max_pairs_2 = max_pairs_search(2);
+/// (Constants for the value sizes in use: handlers call this per packet.)
+constexpr u32 max_pairs(u32 vb) { return vb == 4 ? max_pairs_4 : vb == 2 ? max_pairs_2 : max_pairs_search(vb); }
 /// Whether `count` listed values of `vb` bytes take fewer bytes as pairs than dense.
 constexpr bool pairs_smaller(u32 count, u32 vb) { return pairs_bytes(count, vb) < dense_bytes(vb); }
 
