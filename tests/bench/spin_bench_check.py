@@ -187,6 +187,32 @@ def main():
               "spin-bench reductions: status %d, stdout %r" % (rc, out[-500:]))
         rc, out, err = run([exe, "reductions", "--dtype", "nope"], 60)
         check(rc == 2, "reductions with an unknown datatype is refused (status %d)" % rc)
+        # ---- sparse ----
+        sd = os.path.join(d, "sparse")
+        rc, out, err = run([exe, "sparse", "-n", "3", "--density", "0.001", "--density", "0.5", "--values", "30000",
+                            "--iters", "1", "--out", sd], 600)
+        print(out[-3000:])
+        check(rc == 0 and "every result exact" in out, "spin-bench sparse: status %d, stdout %r, stderr %r" % (rc, out[-800:], err[-500:]))
+        try:
+            srows = list(csv.DictReader(open(os.path.join(sd, "sparse.csv"))))
+        except OSError as e:
+            srows = []
+            check(False, "sparse.csv: %s" % e)
+        # 2 algorithms x 2 types x 2 densities, and dense f32 and bf16 per algorithm.
+        check(len(srows) == 12, "sparse.csv has %d rows, want 12" % len(srows))
+        byrow = {(r["algorithm"], r["type"], r["density"]): r for r in srows}
+        for a in ("switch", "edge_ring"):
+            dense = byrow.get((a, "dense f32", "-1"))
+            low = byrow.get((a, "f32", "0.001"))
+            if dense is None or low is None:
+                check(False, "sparse.csv lacks the %s rows" % a)
+                continue
+            # 0.1% density: a few pairs per window, so the NICs send a small share of dense float32's bytes.
+            check(float(low["sent_bytes_per_rank"]) < 0.1 * float(dense["sent_bytes_per_rank"]),
+                  "%s at 0.1%%: %s bytes per rank against dense %s" % (a, low["sent_bytes_per_rank"], dense["sent_bytes_per_rank"]))
+            check(int(low["wrong"]) == 0 and float(low["max_rel_error"]) < 1e-5, "%s: sparse f32 row %r" % (a, low))
+        rc, out, err = run([exe, "sparse", "--dtype", "mxfp8_e4m3"], 60)
+        check(rc == 2 and "mxfp8_e4m3" in err, "sparse refuses a value type it has no windows for (status %d)" % rc)
         rc, out, err = run([exe, "coll", "--ranks", "1"], 60)
         check(rc == 2, "one rank is refused (status %d)" % rc)
         rc, out, err = run([exe, "coll", "--packet-bytes", "8192", "--algorithm", "switch", "--out", cd], 60)
