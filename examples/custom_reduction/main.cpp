@@ -60,7 +60,11 @@ int main(int argc, char** argv) {
   app.add_option("--count", opt.count, "complex numbers per rank")->check(CLI::Range(0, 1 << 24))->capture_default_str();
   app.add_option("--iterations", opt.iterations, "allreduce calls")->check(CLI::Range(1, 1000))->capture_default_str();
   app.add_option("--package", opt.package, "complex_prod package built by spinc")->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // --help is a ParseError with exit code 0; bad arguments: 2
+  }
   if (opt.package.empty()) return cannot_run("--package is required (this build has no spinc)");
 
   // ---- init: EAL, the cluster (a ring of hosts, a star for one or two), the package ----

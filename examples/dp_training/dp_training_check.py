@@ -2,7 +2,7 @@
 """The short dp_training run (a slice of Fashion-MNIST, one epoch) and the checks on its summary.
 
 Usage: dp_training_check.py DP_TRAINING ALGORITHM OUT_DIR [EXTRA DP_TRAINING ARGUMENTS]
-       dp_training_check.py DP_TRAINING data-errors OUT_DIR
+       dp_training_check.py DP_TRAINING data-errors OUT_DIR  (damaged data and bad arguments)
 The program itself checks that the ranks hold bitwise-identical parameters and that they equal
 single-process training's (exit status 1 otherwise); this script also checks that accuracy is
 clearly above chance and that the traffic figures are what the algorithm promises.
@@ -37,14 +37,31 @@ def data_errors(binary, out):
             for f in FILES:
                 shutil.copy(DATA + "/" + f, d + "/" + f)
             damage(d)
-        run = subprocess.run([binary, "--data", d, "--out", out + "/unused"], stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, timeout=120)
-        print(f"[{name}] exit {run.returncode}: {run.stdout.strip()}")
-        if run.returncode != 2:
-            failures.append(f"{name}: exit status {run.returncode}, want 2")
-        for w in want:
-            if w not in run.stdout:
-                failures.append(f"{name}: the message does not say '{w}'")
+        failures += expect_exit_2(name, [binary, "--data", d, "--out", out + "/unused"], want)
+    # Bad arguments: exit status 2 and a message naming the option, before any data is read.
+    bad = {
+        "topk-zero": (["--sparsify", "topk:0"], ["--sparsify", "0 < P <= 100"]),
+        "topk-form": (["--sparsify", "top1%"], ["--sparsify", "want topk:P"]),
+        "topk-host-ring": (["--sparsify", "topk:1", "--algorithm", "host_ring"], ["--sparsify needs NIC or switch handlers"]),
+        "topk-block": (["--sparsify", "topk:1", "--gradients", "mxfp8"], ["sparse windows carry f32, bf16 or f16"]),
+        "topk-fixed": (["--sparsify", "topk:1", "--aggregation", "fixed"], ["not --aggregation fixed"]),
+        "gradients-int": (["--gradients", "i32"], ["--gradients", "not a gradient datatype"]),
+        "ranks-range": (["--ranks", "0"], ["--ranks"]),
+    }
+    for name, (args, want) in bad.items():
+        failures += expect_exit_2(name, [binary, "--data", out + "/missing"] + args + ["--out", out + "/unused"], want)
+    return failures
+
+
+def expect_exit_2(name, cmd, want):
+    run = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    print(f"[{name}] exit {run.returncode}: {run.stdout.strip()}")
+    failures = []
+    if run.returncode != 2:
+        failures.append(f"{name}: exit status {run.returncode}, want 2")
+    for w in want:
+        if w not in run.stdout:
+            failures.append(f"{name}: the message does not say '{w}'")
     return failures
 
 
@@ -86,6 +103,26 @@ if s["single_process_reference"] != "equal":
 e = s["epochs"][0]
 steps = s["config"]["steps_per_epoch"]
 wire = s["config"]["wire_bytes_per_step"]
+if e["float32_payload_bytes_per_host"] != (s["config"]["parameters"] + 1) * 4 * steps:
+    failures.append("the float32 payload is not (parameters + 1) x 4 x steps")
+if "--sparsify" in extra:
+    # Each step's windows: every window's head (and at most 2 bytes of padding), and at most k + 1
+    # pairs of a 2-byte offset and a value. What a host sends (frame headers, the ring's partial
+    # sums with their fill-in, each window in a packet of its own) stays far below float32's.
+    k, vb = s["config"]["topk_per_rank"], (4 if s["config"]["gradients"] == "f32" else 2)
+    windows = -(-(s["config"]["parameters"] + 1) // 1020)
+    bound = steps * ((k + 1) * (2 + vb) + windows * 6)
+    payload, f32 = e["payload_bytes_per_host"], e["float32_payload_bytes_per_host"]
+    print(f"sparse: windows {payload} bytes per host (at most {bound}), sent {e['bytes_sent_per_host']}, float32 {f32}")
+    if not 0 < payload <= bound:
+        failures.append(f"sparse windows of {payload} bytes per host, want at most {bound}")
+    dense = f32 if algo == "switch" else 2 * (ranks - 1) * f32 // ranks  # what float32 sends by this algorithm
+    if not e["bytes_sent_per_host"] < 0.1 * dense:
+        failures.append(f"a host sent {e['bytes_sent_per_host']} bytes, not below 0.1 x float32's {dense} by {algo}")
+    for f in failures:
+        print("FAIL:", f)
+    print("dp_training_check:", "ok" if not failures else f"{len(failures)} failures")
+    sys.exit(1 if failures else 0)
 if "--gradients" not in extra and wire != (s["config"]["parameters"] + 1) * 4:
     failures.append(f"{wire} bytes per step on the wire, want (parameters + 1) x 4")
 if "--gradients" in extra:  # a block format: a block per 32 (or 16) values, and the loss's block

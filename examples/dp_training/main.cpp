@@ -10,13 +10,15 @@
 // Gradients travel as 32-bit fixed point by default, as SwitchML does (Sapio et al., NSDI
 // 2021, section 4.3): integer sums do not depend on any order, so training is deterministic and
 // the program checks that its parameters equal those of a single process that trains on the
-// same data in the same order. --aggregation float sends float32 instead, and --gradients a
-// block format (OCP MX or block floating point: about a quarter of float32's bytes); the ranks
-// still agree bit for bit, and with single-process training that sums in spin::coll's fixed
-// combination order (block formats: in float32, encoded once).
+// same data in the same order. --aggregation float sends float32 instead, --gradients bf16, f16
+// or a block format (OCP MX or block floating point: about a quarter of float32's bytes), and
+// --sparsify topk:P only the largest P% of each rank's gradient, with error feedback, through
+// allreduce_sparse; the ranks still agree bit for bit, and with single-process training that
+// sums in spin::coll's fixed combination order (in float32, rounded or encoded once).
 //
 //   dp_training [--ranks 4] [--epochs 3] [--model mlp|softmax] [--algorithm switch|edge_ring|host_ring]
-//               [--aggregation fixed|float] [--gradients mxfp8|mxint8|bfp] [--data DIR] [--out DIR] ... (--help lists them)
+//               [--aggregation fixed|float] [--gradients bf16|mxfp8|mxint8|bfp|...] [--sparsify topk:P]
+//               [--data DIR] [--out DIR] ... (--help lists them)
 //
 // Output: progress, a line per epoch, the checks; DIR/dp_training.json (summary),
 // DIR/dp_training.png (loss and accuracy curves; needs gnuplot) and DIR/dp_training.dat.
@@ -63,7 +65,9 @@ struct config {
   std::string algorithm = "switch";
   std::string aggregation = "fixed";
   std::uint32_t fixed_bits = 16;  // fixed point: gradient x 2^fixed_bits
-  std::string gradients;          // a block format for the gradients ("" : --aggregation decides)
+  std::string gradients;          // the gradients' datatype ("" : --aggregation decides)
+  std::string sparsify;           // "topk:P" ("": dense)
+  double topk_percent = 0;        // P of --sparsify topk:P
   std::uint32_t train_limit = 0, test_limit = 0;
   std::string data = dp::default_data_dir;
   std::string out = "dp_training-out";
@@ -89,12 +93,12 @@ std::vector<std::uint32_t> epoch_order(std::uint32_t n, std::uint64_t seed, std:
 }
 
 // ---- gradients on the wire ----
-// One rank's message: its summed gradient, then its summed loss. Fixed point and float32: one
-// more element; a block format (--gradients): the gradient in blocks (the last one padded
-// with zeros), then a block of its own for the loss, whose size would otherwise set the scale
-// of the gradients that share its block.
+// One rank's message: its summed gradient, then its summed loss. Fixed point, float32, bf16 and
+// f16: one more element; a block format (--gradients): the gradient in blocks (the last one
+// padded with zeros), then a block of its own for the loss, whose size would otherwise set the
+// scale of the gradients that share its block.
 struct codec {
-  enum class kind { fixed, float32, block } k = kind::fixed;
+  enum class kind { fixed, float32, narrowed } k = kind::fixed;
   spin::coll::dtype t = spin::coll::dtype::i32;  // the wire's datatype
   std::size_t n = 0;                             // parameters
   std::uint32_t eb = 4, nv = 1;                  // element bytes, values per element
@@ -104,10 +108,10 @@ struct codec {
   float decode_mul = 0;         // wire sum -> mean gradient
 
   codec(const config& c, std::size_t params) : n(params) {
-    if (!c.gradients.empty()) {
-      k = kind::block;
-      t = block_type(c.gradients);
-    } else if (c.aggregation == "float") {
+    if (!c.gradients.empty() && gradient_type(c.gradients) != spin::coll::dtype::f32) {
+      k = kind::narrowed;
+      t = gradient_type(c.gradients);
+    } else if (c.aggregation == "float" || !c.gradients.empty()) {
       k = kind::float32;
       t = spin::coll::dtype::f32;
     }
@@ -119,21 +123,27 @@ struct codec {
     const float per_batch = 1.0f / static_cast<float>(std::uint64_t{c.ranks} * c.batch);
     decode_mul = k == kind::fixed ? per_batch / scale : per_batch;
   }
-  /// "mxfp8" (OCP MXFP8 E4M3), "mxint8", "bfp" (bfp8_16), or a block datatype's own name.
-  static spin::coll::dtype block_type(const std::string& g) {
-    if (g == "mxfp8") return spin::coll::dtype::mxfp8_e4m3;
-    if (g == "bfp") return spin::coll::dtype::bfp8_16;
-    spin::coll::dtype t = spin::coll::dtype::custom;
-    return spin::coll::dtype_named(g.c_str(), t) ? t : spin::coll::dtype::custom;
+  /// "mxfp8" (OCP MXFP8 E4M3), "bfp" (bfp8_16), or a datatype's own name (f32, bf16, f16,
+  /// mxint8, mxfp4_e2m1, ...); custom when it names none that sums in float32 accumulators.
+  static spin::coll::dtype gradient_type(const std::string& g) {
+    using spin::coll::dtype;
+    dtype t = dtype::custom;
+    if (g == "mxfp8") t = dtype::mxfp8_e4m3;
+    else if (g == "bfp") t = dtype::bfp8_16;
+    else if (!spin::coll::dtype_named(g.c_str(), t)) return dtype::custom;
+    const bool float_acc = t == dtype::f32 || t == dtype::bf16 || t == dtype::f16 ||
+                           (spin::coll::block_values(t) > 1 && !spin::coll::compact_type(t));
+    return float_acc ? t : dtype::custom;
   }
   bool fixed() const { return k == kind::fixed; }
   std::string describe() const {
     if (k == kind::fixed) return "int32 fixed-point (2^" + std::to_string(static_cast<int>(std::log2(scale))) + ")";
     if (k == kind::float32) return "float32";
+    if (nv == 1) return spin::coll::name(t);
     return std::string(spin::coll::name(t)) + " blocks (" + std::to_string(nv) + " values in " + std::to_string(eb) + " bytes)";
   }
   /// Elements on the wire, and their bytes.
-  std::size_t count() const { return k == kind::block ? (n + nv - 1) / nv + 1 : n + 1; }
+  std::size_t count() const { return (n + nv - 1) / nv + 1; }
   std::size_t bytes() const { return count() * eb; }
 
   // Fixed point: round to nearest, saturate (counted).
@@ -189,13 +199,122 @@ private:
   }
 };
 
+// ---- sparsified gradients (--sparsify topk:P) ----
+// Each step a rank sends the k entries of largest magnitude (k = P% of the parameters, at least
+// one; ties go to the lower index) of its gradient plus the error it held back in earlier steps,
+// and keeps back what it did not send (error feedback: Stich, Cordonnier and Jaggi, "Sparsified
+// SGD with Memory", NeurIPS 2018, algorithm 1; Lin et al., "Deep Gradient Compression", ICLR
+// 2018, section 3), then its loss at index n. allreduce_sparse adds the ranks' pairs (their union
+// holds up to N x k entries) and hands every rank the dense sum.
+struct sparsifier {
+  spin::coll::dtype t = spin::coll::dtype::f32;  // the values' datatype: f32, bf16 or f16
+  std::size_t n = 0, k = 0;                      // parameters, entries sent per step
+  std::uint32_t vb = 4;                          // bytes per value
+  float decode_mul = 0;                          // summed gradient -> mean gradient
+  std::vector<float> memory;                     // what earlier steps held back (n values)
+  std::vector<std::uint32_t> index;              // this step's pairs: ascending indices ...
+  std::vector<std::byte> values;                 // ... and their values, of t
+  std::vector<std::byte> dense;                  // the sum: n + 1 values of t
+  std::uint64_t window_bytes = 0;                // bytes of this step's sparse windows
+
+  sparsifier(const config& c, std::size_t params, spin::coll::dtype vt)
+      : t(vt), n(params), memory(params, 0.0f), _order(params) {
+    k = std::clamp<std::size_t>(static_cast<std::size_t>(std::ceil(c.topk_percent / 100.0 * static_cast<double>(n))), 1, n);
+    vb = t == spin::coll::dtype::f32 ? 4 : 2;
+    dense.resize((n + 1) * vb);
+    decode_mul = 1.0f / static_cast<float>(std::uint64_t{c.ranks} * c.batch);
+  }
+  std::string describe() const {
+    char b[160];
+    std::snprintf(b, sizeof b, "top-%zu of %zu sparse %s (%g%%, error feedback)", k, n, spin::coll::name(t),
+                  100.0 * static_cast<double>(k) / static_cast<double>(n));
+    return b;
+  }
+  // Float32 bits -> t's bits (rounded once), and back (exact).
+  std::uint32_t narrow(float f) const {
+    const auto b = std::bit_cast<std::uint32_t>(f);
+    if (t == spin::coll::dtype::bf16) return spin::coll::sparse_value_bf16::narrow(b);
+    if (t == spin::coll::dtype::f16) return spin::coll::sparse_value_f16::narrow(b);
+    return spin::coll::sparse_value_f32::narrow(b);
+  }
+  float widen(std::uint32_t v) const {
+    if (t == spin::coll::dtype::bf16) return std::bit_cast<float>(spin::coll::sparse_value_bf16::widen(v));
+    if (t == spin::coll::dtype::f16) return std::bit_cast<float>(spin::coll::sparse_value_f16::widen(v));
+    return std::bit_cast<float>(v);
+  }
+  std::uint32_t value(const std::vector<std::byte>& v, std::size_t i) const {
+    std::uint32_t x = 0;
+    std::memcpy(&x, v.data() + i * vb, vb);  // little-endian: the low bytes
+    return x;
+  }
+  // This step's pairs from the rank's gradient and loss; updates the memory.
+  void select(std::span<const float> grad, double loss) {
+    for (std::size_t i = 0; i < n; ++i) memory[i] += grad[i];
+    for (std::size_t i = 0; i < n; ++i) _order[i] = static_cast<std::uint32_t>(i);
+    const auto mag = [this](std::uint32_t i) { return std::bit_cast<std::uint32_t>(memory[i]) & 0x7fffffffu; };
+    std::nth_element(_order.begin(), _order.begin() + static_cast<std::ptrdiff_t>(k), _order.end(), [&](std::uint32_t a, std::uint32_t b) {
+      const auto ma = mag(a), mb = mag(b);
+      return ma != mb ? ma > mb : a < b;
+    });
+    std::sort(_order.begin(), _order.begin() + static_cast<std::ptrdiff_t>(k));
+    index.assign(_order.begin(), _order.begin() + static_cast<std::ptrdiff_t>(k));
+    index.push_back(static_cast<std::uint32_t>(n));
+    values.resize(index.size() * vb);
+    for (std::size_t j = 0; j < k; ++j) {
+      const std::uint32_t i = index[j], v = narrow(memory[i]);
+      memory[i] -= widen(v);
+      std::memcpy(values.data() + j * vb, &v, vb);
+    }
+    const std::uint32_t l = narrow(static_cast<float>(loss));
+    std::memcpy(values.data() + k * vb, &l, vb);
+    // The windows as they travel: a value whose bits are +0 is not listed.
+    window_bytes = 0;
+    namespace sp = spin::coll::sparse;
+    for (std::size_t j = 0, w = 0, listed = 0; w * sp::window_values < n + 1; ++w, listed = 0) {
+      for (; j < index.size() && index[j] < (w + 1) * sp::window_values; ++j) listed += value(values, j) != 0 ? 1 : 0;
+      window_bytes += sp::window_bytes(static_cast<std::uint32_t>(listed), vb);
+    }
+  }
+  // The dense sum -> the mean gradient; returns the summed loss of all ranks.
+  double decode(std::span<float> grad) const {
+    for (std::size_t i = 0; i < n; ++i) grad[i] = widen(value(dense, i)) * decode_mul;
+    return widen(value(dense, n));
+  }
+
+private:
+  std::vector<std::uint32_t> _order;
+};
+
+// The sum of the ranks' pairs as allreduce_sparse adds them (docs/collectives.md, "Sparse
+// allreduce"): each rank's values scattered into a float32 vector (+0 elsewhere), window w of
+// chunk c added from rank c+1 around to rank c, rounded to t once; written to s[0].dense.
+void sparse_sum_in_order(std::vector<sparsifier>& s) {
+  const auto ranks = static_cast<std::uint32_t>(s.size());
+  const std::size_t len = s[0].n + 1, W = spin::coll::sparse::window_values;
+  std::vector<std::vector<float>> v(ranks, std::vector<float>(len, 0.0f));
+  for (std::uint32_t r = 0; r < ranks; ++r)
+    for (std::size_t j = 0; j < s[r].index.size(); ++j) v[r][s[r].index[j]] = s[r].widen(s[r].value(s[r].values, j));
+  const std::size_t nw = (len + W - 1) / W, base = nw / ranks, extra = nw % ranks;
+  for (std::size_t c = 0, lo = 0; c < ranks; ++c) {
+    const std::size_t windows = base + (c < extra ? 1 : 0);
+    for (std::size_t i = lo * W; i < std::min(len, (lo + windows) * W); ++i) {
+      float acc = v[(c + 1) % ranks][i];
+      for (std::uint32_t r = 2; r <= ranks; ++r) acc = acc + v[(c + r) % ranks][i];
+      const std::uint32_t bits = s[0].narrow(acc);
+      std::memcpy(s[0].dense.data() + i * s[0].vb, &bits, s[0].vb);
+    }
+    lo += windows;
+  }
+}
+
 // ---- what the run records ----
 struct epoch_record {
   std::uint32_t epoch = 0;
   double train_loss = 0, test_loss = 0, test_accuracy = 0, seconds = 0;
   std::uint64_t bytes_sent_per_host = 0;  // frames the host NIC sent (mean over hosts)
   std::uint64_t payload_per_host = 0;     // gradient bytes each host contributed (S per step)
-  std::uint64_t ring_payload_per_host = 0;  // 2(N-1)/N x S per step
+  std::uint64_t ring_payload_per_host = 0;  // 2(N-1)/N x S per step (dense gradients)
+  std::uint64_t float32_payload_per_host = 0;  // what float32 gradients would have been
 };
 struct curve_point {
   double epoch = 0;  // fractional
@@ -219,6 +338,9 @@ std::vector<float> train_reference(const config& c, const dp::dataset& d, const 
   dp::model m(d.train.pixels_per_image(), c.model == "mlp" ? c.hidden : 0, 10, c.seed);
   const std::size_t n = m.size();
   std::vector<float> grad(n), mean(n);
+  std::vector<sparsifier> sparse;  // --sparsify: each rank's error feedback
+  if (!c.sparsify.empty())
+    for (std::uint32_t r = 0; r < c.ranks; ++r) sparse.emplace_back(c, n, cd.t);
   std::vector<std::vector<std::byte>> wire(c.ranks, std::vector<std::byte>(cd.bytes()));
   std::vector<std::byte> sum(cd.bytes());
   std::vector<std::byte> acc(cd.count() * cd.kern.acc_bytes);
@@ -230,7 +352,14 @@ std::vector<float> train_reference(const config& c, const dp::dataset& d, const 
         std::fill(grad.begin(), grad.end(), 0.0f);
         const std::span<const std::uint32_t> idx(order.data() + (std::size_t{s} * c.ranks + r) * c.batch, c.batch);
         const double loss = m.accumulate(d.train, idx, grad);
-        cd.encode(grad, loss, wire[r], saturated);
+        if (!sparse.empty()) sparse[r].select(grad, loss);
+        else cd.encode(grad, loss, wire[r], saturated);
+      }
+      if (!sparse.empty()) {
+        sparse_sum_in_order(sparse);
+        sparse[0].decode(mean);
+        m.step(mean, c.lr);
+        continue;
       }
       // The sum in spin::coll's combination order (docs/collectives.md): the count is cut into
       // one chunk per rank, and an element of chunk k is folded from rank k+1 around to rank k
@@ -274,13 +403,25 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"fixed", "float"}))
       ->capture_default_str();
   app.add_option("--gradients", c.gradients,
-                 "send the gradients in a block format: mxfp8 (OCP MXFP8 E4M3), mxint8, bfp (8-bit mantissas, blocks of 16) "
-                 "or any block datatype's name (mxfp4_e2m1, bfp16_32, ...); sums are float32 and encoded once "
-                 "(overrides --aggregation)")
-      ->check([](const std::string& g) {
-        const auto t = codec::block_type(g);
-        return t != spin::coll::dtype::custom && spin::coll::block_values(t) > 1 ? std::string()
-                                                                                 : "not a block format: " + g;
+                     "the gradients' datatype: f32, bf16, f16, or a block format: mxfp8 (OCP MXFP8 E4M3), mxint8, bfp "
+                     "(8-bit mantissas, blocks of 16) or any block datatype's name (mxfp4_e2m1, bfp16_32, ...); sums are "
+                     "float32, rounded or encoded once (overrides --aggregation)")
+          ->check([](const std::string& g) {
+            return codec::gradient_type(g) != spin::coll::dtype::custom
+                       ? std::string()
+                       : "not a gradient datatype (f32, bf16, f16 or a block format): " + g;
+          });
+  app.add_option("--sparsify", c.sparsify,
+                 "topk:P: each rank sends only the P% of its gradient entries of largest magnitude (0 < P <= 100), "
+                 "keeps the rest for later steps (error feedback), and the ranks add them with allreduce_sparse; the "
+                 "values travel as --gradients (f32, bf16 or f16; default f32)")
+      ->check([&c](const std::string& v) {
+        char* end = nullptr;
+        const double p = v.rfind("topk:", 0) == 0 ? std::strtod(v.c_str() + 5, &end) : 0;
+        if (end == nullptr || end == v.c_str() + 5 || *end != 0 || !(p > 0 && p <= 100))
+          return std::string("want topk:P with 0 < P <= 100 (a percent of the parameters), not ") + v;
+        c.topk_percent = p;
+        return std::string();
       });
   app.add_option("--fixed-bits", c.fixed_bits, "fractional bits of the fixed-point gradients")->check(CLI::Range(4, 24))->capture_default_str();
   app.add_option("--train-limit", c.train_limit, "use the first N training images (0: all 60000)")->capture_default_str();
@@ -300,7 +441,21 @@ int main(int argc, char** argv) {
                "skip the single-process comparison (which sums in spin::coll's combination order, so float32 and block "
                "formats compare bit for bit too)");
   app.add_option("--min-accuracy", c.min_accuracy, "exit status 1 when the final test accuracy is lower")->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // --help is a ParseError with exit code 0; bad arguments: 2
+  }
+  if (!c.sparsify.empty()) {
+    if (app.count("--aggregation") > 0 && c.aggregation == "fixed")
+      return cannot_run("--sparsify sends float values (f32, bf16 or f16 by --gradients), not --aggregation fixed");
+    if (c.algorithm == "host_ring")
+      return cannot_run("--sparsify needs NIC or switch handlers to add the sparse windows: --algorithm switch or edge_ring");
+    const auto t = c.gradients.empty() ? spin::coll::dtype::f32 : codec::gradient_type(c.gradients);
+    if (t != spin::coll::dtype::f32 && t != spin::coll::dtype::bf16 && t != spin::coll::dtype::f16)
+      return cannot_run("--sparsify: sparse windows carry f32, bf16 or f16 values, not --gradients " + c.gradients);
+    c.aggregation = "float";
+  }
   const bool tty = ::isatty(1) != 0;
 
   // ---- data ----
@@ -359,14 +514,20 @@ int main(int argc, char** argv) {
   for (std::uint32_t r = 0; r < c.ranks; ++r) replicas.emplace_back(d.train.pixels_per_image(), hidden, 10, c.seed);
   const std::size_t n_params = replicas[0].size();
   const codec cd(c, n_params);
-  const std::uint64_t wire_bytes = cd.bytes();
+  const bool sparse = !c.sparsify.empty();
+  std::vector<sparsifier> sparsifiers;
+  if (sparse)
+    for (std::uint32_t r = 0; r < c.ranks; ++r) sparsifiers.emplace_back(c, n_params, cd.t);
+  std::vector<std::atomic<std::uint64_t>> window_bytes(c.ranks);  // --sparsify: bytes of each rank's windows
   const std::uint64_t f32_bytes = (n_params + 1) * 4;
+  const std::uint64_t wire_bytes = sparse ? 0 : cd.bytes();  // sparse: it varies (the epoch lines give it)
   std::printf("dp_training: %u hosts + 1 switch (emulated), %s (%zu parameters), %u epochs of %u steps x %u images, "
               "allreduce by %s, %s gradients (%s per step)\n",
               c.ranks, c.model == "mlp" ? ("mlp " + std::to_string(c.hidden) + " hidden").c_str() : "softmax regression",
               n_params, c.epochs, steps, global_batch, c.algorithm.c_str(),
-              cd.describe().c_str(), mb(wire_bytes).c_str());
-  if (wire_bytes != f32_bytes)
+              sparse ? sparsifiers[0].describe().c_str() : cd.describe().c_str(),
+              sparse ? ("float32 would be " + mb(f32_bytes)).c_str() : mb(wire_bytes).c_str());
+  if (!sparse && wire_bytes != f32_bytes)
     std::printf("dp_training: %s of gradients per step against %s in float32 (%.3f x)\n", mb(wire_bytes).c_str(),
                 mb(f32_bytes).c_str(), static_cast<double>(wire_bytes) / static_cast<double>(f32_bytes));
   std::fflush(stdout);
@@ -405,13 +566,27 @@ int main(int argc, char** argv) {
       tx_before[r] = now;
     }
     er.bytes_sent_per_host = sent / c.ranks;
-    er.payload_per_host = wire_bytes * steps;
-    er.ring_payload_per_host = c.ranks > 1 ? 2 * (c.ranks - 1) * wire_bytes * steps / c.ranks : 0;
+    er.float32_payload_per_host = f32_bytes * steps;
+    if (sparse) {
+      std::uint64_t windows = 0;
+      for (auto& w : window_bytes) windows += w.exchange(0);
+      er.payload_per_host = windows / c.ranks;
+    } else {
+      er.payload_per_host = wire_bytes * steps;
+      er.ring_payload_per_host = c.ranks > 1 ? 2 * (c.ranks - 1) * wire_bytes * steps / c.ranks : 0;
+    }
     records.push_back(er);
-    std::printf("%sepoch %u/%u  loss %.4f  test loss %.4f  test accuracy %.4f  %.1f s  sent per host %s (payload %s; a ring "
-                "would send %s)\n",
+    char payload[160];
+    if (sparse)
+      std::snprintf(payload, sizeof payload, "its sparse windows %s, %.3f x float32's %s", mb(er.payload_per_host).c_str(),
+                    static_cast<double>(er.payload_per_host) / static_cast<double>(er.float32_payload_per_host),
+                    mb(er.float32_payload_per_host).c_str());
+    else
+      std::snprintf(payload, sizeof payload, "payload %s; a ring would send %s", mb(er.payload_per_host).c_str(),
+                    mb(er.ring_payload_per_host).c_str());
+    std::printf("%sepoch %u/%u  loss %.4f  test loss %.4f  test accuracy %.4f  %.1f s  sent per host %s (%s)\n",
                 tty ? "\r\033[K" : "", er.epoch, c.epochs, er.train_loss, er.test_loss, er.test_accuracy, er.seconds,
-                mb(er.bytes_sent_per_host).c_str(), mb(er.payload_per_host).c_str(), mb(er.ring_payload_per_host).c_str());
+                mb(er.bytes_sent_per_host).c_str(), payload);
     std::fflush(stdout);
     epoch_loss = 0;
     ++epoch_now;
@@ -430,15 +605,23 @@ int main(int argc, char** argv) {
         std::fill(grad.begin(), grad.end(), 0.0f);
         const std::span<const std::uint32_t> idx(order.data() + (std::size_t{s} * c.ranks + r) * c.batch, c.batch);
         const double loss = m.accumulate(d.train, idx, grad);
-        cd.encode(grad, loss, wire, sat);
-        auto res = comms[r]->allreduce(wire.data(), wire.data(), cd.count(), cd.t, spin::coll::op::sum, algo);
+        spin::result<void> res;
+        if (sparse) {
+          auto& sp = sparsifiers[r];
+          sp.select(grad, loss);
+          window_bytes[r] += sp.window_bytes;
+          res = comms[r]->allreduce_sparse(sp.index, sp.values.data(), n_params + 1, sp.t, sp.dense.data(), algo);
+        } else {
+          cd.encode(grad, loss, wire, sat);
+          res = comms[r]->allreduce(wire.data(), wire.data(), cd.count(), cd.t, spin::coll::op::sum, algo);
+        }
         if (!res) {
           std::lock_guard<std::mutex> l(failure_m);
-          if (!failed) failure = "rank " + std::to_string(r) + ": allreduce: " + res.err().message;
+          if (!failed) failure = "rank " + std::to_string(r) + (sparse ? ": allreduce_sparse: " : ": allreduce: ") + res.err().message;
           failed = true;
           break;
         }
-        const double total_loss = cd.decode(wire, mean);
+        const double total_loss = sparse ? sparsifiers[r].decode(mean) : cd.decode(wire, mean);
         m.step(mean, c.lr);
         if (r == 0) {
           epoch_loss += total_loss;
@@ -527,7 +710,8 @@ int main(int argc, char** argv) {
   nlohmann::json j;
   j["config"] = {{"ranks", c.ranks}, {"epochs", c.epochs}, {"batch_per_rank", c.batch}, {"lr", c.lr}, {"model", c.model},
                  {"hidden", hidden}, {"parameters", n_params}, {"algorithm", c.algorithm}, {"aggregation", c.aggregation},
-                 {"gradients", c.gradients.empty() ? (cd.fixed() ? "int32" : "f32") : spin::coll::name(cd.t)},
+                 {"gradients", cd.fixed() ? "int32" : spin::coll::name(cd.t)},
+                 {"sparsify", c.sparsify}, {"topk_per_rank", sparse ? sparsifiers[0].k : 0},
                  {"wire_bytes_per_step", wire_bytes}, {"float32_bytes_per_step", f32_bytes},
                  {"fixed_bits", c.fixed_bits}, {"train_images", d.train.count}, {"test_images", d.test.count},
                  {"steps_per_epoch", steps}, {"seed", c.seed}, {"loss_rate", c.loss_rate},
@@ -536,7 +720,8 @@ int main(int argc, char** argv) {
     j["epochs"].push_back({{"epoch", er.epoch}, {"train_loss", er.train_loss}, {"test_loss", er.test_loss},
                            {"test_accuracy", er.test_accuracy}, {"seconds", er.seconds},
                            {"bytes_sent_per_host", er.bytes_sent_per_host}, {"payload_bytes_per_host", er.payload_per_host},
-                           {"ring_payload_bytes_per_host", er.ring_payload_per_host}});
+                           {"ring_payload_bytes_per_host", er.ring_payload_per_host},
+                           {"float32_payload_bytes_per_host", er.float32_payload_per_host}});
   j["initial_test_accuracy"] = initial.accuracy;
   j["final_test_accuracy"] = final_acc;
   j["train_seconds"] = train_seconds;

@@ -80,7 +80,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(4u, 8192u));
   app.add_option("--seed", o.seed, "seed of the data and of the arrival order");
   app.add_option("--json", o.json, "write the NIC statistics as JSON to this file");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // --help is a ParseError with exit code 0; bad arguments: 2
+  }
   if (o.packet_bytes % 4 != 0) {
     std::fprintf(stderr, "stream_reduce: --packet-bytes must be a multiple of 4\n");
     return 2;

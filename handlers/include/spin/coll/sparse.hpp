@@ -52,6 +52,8 @@ inline constexpr u32 max_pairs_2 = max_pairs_search(2);
 constexpr u32 max_pairs(u32 vb) { return vb == 4 ? max_pairs_4 : vb == 2 ? max_pairs_2 : max_pairs_search(vb); }
 /// Whether `count` listed values of `vb` bytes take fewer bytes as pairs than dense.
 constexpr bool pairs_smaller(u32 count, u32 vb) { return pairs_bytes(count, vb) < dense_bytes(vb); }
+/// Bytes of a window that lists `count` values of `vb` bytes, in the smaller form.
+constexpr u32 window_bytes(u32 count, u32 vb) { return pairs_smaller(count, vb) ? pairs_bytes(count, vb) : dense_bytes(vb); }
 
 inline u16 load16(const u8* p) {
   u16 v;
