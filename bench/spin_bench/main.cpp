@@ -213,7 +213,7 @@ int main(int argc, char** argv) {
   sc->add_option("--density", sp.densities, "fractions of each rank's vector given as pairs (repeatable)")
       ->capture_default_str()->check(CLI::Range(1e-9, 1.0));
   sc->add_option("--algorithm", sp.algorithms, "switch, edge_ring (repeatable)")->capture_default_str();
-  sc->add_option("--dtype", sp.dtypes, "value types: f32, bf16, f16 (repeatable)")->capture_default_str();
+  sc->add_option("--dtype", sp.dtypes, "value types: f32, bf16, f16, or an MX type (float32 values that travel as MX codes: mxfp8_e4m3, mxint8, ...) (repeatable)")->capture_default_str();
   sc->add_option("--values", sp.values, "length of the vector")->capture_default_str()->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 30));
   sc->add_option("--iters", sp.iters, "timed calls per row (after one warm-up)")->capture_default_str()->check(CLI::Range(1u, 1000u));
   sc->add_option("--lcores", sp.lcores, "lcores of the emulated cluster (0: every CPU)")->capture_default_str();

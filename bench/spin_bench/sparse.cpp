@@ -57,6 +57,24 @@ float widen(coll::dtype t, std::uint32_t v) {
   return std::bit_cast<float>(coll::f16_to_f32_bits(static_cast<std::uint16_t>(v)));
 }
 
+// MX value types: float32 values in and out; the windows carry MX codes in blocks of 32 (the
+// last block of a window holds 28 values and is encoded as though padded with +0).
+bool mx_type(coll::dtype t) {
+  coll::mx::element e{};
+  return coll::mx_element_of(t, e);
+}
+// v (whole windows) -> what those windows of MX values stand for (sparse::mx_round_trip).
+void mx_round_trip(coll::dtype t, std::vector<float>& v) {
+  coll::mx::element e{};
+  coll::mx_element_of(t, e);
+  std::uint32_t bits[W];
+  for (std::size_t w = 0; w < v.size(); w += W) {
+    std::memcpy(bits, v.data() + w, sizeof bits);
+    coll::sparse::mx_round_trip(e, bits);
+    std::memcpy(v.data() + w, bits, sizeof bits);
+  }
+}
+
 // Runs `call(r)` on every rank at once, 1 warm-up and `iters` timed times; the mean of the
 // slowest rank's time per call, in ms, or the first error.
 double timed(std::uint32_t n, std::uint32_t iters, const std::function<std::string(std::uint32_t)>& call, std::string& error,
@@ -148,7 +166,8 @@ bool run_ranks(const sparse_options& o, std::uint32_t n, std::vector<row>& rows)
     for (const std::string& tn : o.dtypes) {
       coll::dtype t{};
       coll::dtype_named(tn.c_str(), t);
-      const std::uint32_t vb = t == coll::dtype::f32 ? 4 : 2;
+      const bool mx = mx_type(t);
+      const std::uint32_t vb = t == coll::dtype::f32 || mx ? 4 : 2;
       for (double d : o.densities) {
         row rw;
         rw.ranks = n;
@@ -157,19 +176,20 @@ bool run_ranks(const sparse_options& o, std::uint32_t n, std::vector<row>& rows)
         rw.density = d;
         std::vector<std::vector<std::uint32_t>> idx(n);
         std::vector<std::vector<std::byte>> vals(n);
-        std::vector<std::vector<float>> x(n, std::vector<float>(L, 0.0f));  // the scattered vectors, widened
+        std::vector<std::vector<float>> x(n, std::vector<float>(nw * W, 0.0f));  // the scattered vectors, widened (MX: decoded)
         for (std::uint32_t r = 0; r < n; ++r) {
           std::mt19937_64 rng(1000 * r + static_cast<std::uint64_t>(d * 1e6) + 7);
           std::uniform_real_distribution<double> u(0, 1);
           for (std::uint64_t i = 0; i < L; ++i) {
             if (u(rng) >= d) continue;
             const float f = static_cast<float>(std::ldexp(u(rng) * 2 - 1, static_cast<int>(rng() % 17) - 12));
-            const std::uint32_t v = narrow(t, f);
+            const std::uint32_t v = mx ? std::bit_cast<std::uint32_t>(f) : narrow(t, f);
             idx[r].push_back(static_cast<std::uint32_t>(i));
             vals[r].resize(vals[r].size() + vb);
             std::memcpy(vals[r].data() + vals[r].size() - vb, &v, vb);  // little endian: the low bytes
-            x[r][i] = widen(t, v);
+            x[r][i] = mx ? f : widen(t, v);
           }
+          if (mx) mx_round_trip(t, x[r]);
         }
         std::vector<std::vector<std::byte>> out(n, std::vector<std::byte>(L * vb));
         std::uint64_t tx0 = 0;
@@ -187,29 +207,36 @@ bool run_ranks(const sparse_options& o, std::uint32_t n, std::vector<row>& rows)
           const std::uint64_t seg = std::min<std::uint64_t>(65536 - n, co.staging_bytes / coll::elem_bytes(coll::window_type_of(t)));
           double max_err = 0, max_sum = 0;
           std::uint64_t nnz = 0;
+          std::vector<float> sum(nw * W, 0.0f);
+          std::vector<double> exact(nw * W, 0.0);
           for (std::uint64_t e0 = 0; e0 < nw; e0 += seg) {
             const std::uint64_t m = std::min(seg, nw - e0), base = m / n, extra = m % n;
             for (std::uint64_t c = 0, lo = e0; c < n; ++c) {
               const std::uint64_t len = base + (c < extra ? 1 : 0);
-              for (std::uint64_t i = lo * W; i < std::min<std::uint64_t>((lo + len) * W, L); ++i) {
+              for (std::uint64_t i = lo * W; i < (lo + len) * W; ++i) {
                 float acc = x[(c + 1) % n][i];
-                double exact = x[(c + 1) % n][i];
+                double ex = x[(c + 1) % n][i];
                 for (std::uint32_t k = 2; k <= n; ++k) {
                   acc = acc + x[(c + k) % n][i];
-                  exact += x[(c + k) % n][i];
+                  ex += x[(c + k) % n][i];
                 }
-                const std::uint32_t want = narrow(t, acc);
-                nnz += want != 0;
-                for (std::uint32_t r = 0; r < n; ++r) {
-                  std::uint32_t got = 0;
-                  std::memcpy(&got, out[r].data() + i * vb, vb);
-                  rw.wrong += got != want;
-                }
-                max_err = std::max(max_err, std::fabs(static_cast<double>(widen(t, want)) - exact));
-                max_sum = std::max(max_sum, std::fabs(exact));
+                sum[i] = acc;
+                exact[i] = ex;
               }
               lo += len;
             }
+          }
+          if (mx) mx_round_trip(t, sum);  // encoded once, handed back decoded
+          for (std::uint64_t i = 0; i < L; ++i) {
+            const std::uint32_t want = mx ? std::bit_cast<std::uint32_t>(sum[i]) : narrow(t, sum[i]);
+            nnz += want != 0;
+            for (std::uint32_t r = 0; r < n; ++r) {
+              std::uint32_t got = 0;
+              std::memcpy(&got, out[r].data() + i * vb, vb);
+              rw.wrong += got != want;
+            }
+            max_err = std::max(max_err, std::fabs(static_cast<double>(mx ? sum[i] : widen(t, want)) - exact[i]));
+            max_sum = std::max(max_sum, std::fabs(exact[i]));
           }
           rw.max_err = max_sum > 0 ? max_err / max_sum : 0;
           rw.union_density = static_cast<double>(nnz) / static_cast<double>(L);
@@ -275,11 +302,15 @@ int run_sparse(const sparse_options& o) {
       std::fprintf(stderr, "spin-bench sparse: unknown algorithm %s (switch, edge_ring)\n", a.c_str());
       return 2;
     }
-  for (const auto& t : o.dtypes)
-    if (t != "f32" && t != "bf16" && t != "f16") {
-      std::fprintf(stderr, "spin-bench sparse: unknown value type %s (f32, bf16, f16)\n", t.c_str());
+  for (const auto& t : o.dtypes) {
+    coll::dtype d{};
+    if (!coll::dtype_named(t.c_str(), d) || coll::window_type_of(d) == coll::dtype::custom) {
+      std::fprintf(stderr, "spin-bench sparse: unknown value type %s (f32, bf16, f16, or an MX type: mxfp8_e4m3, mxfp8_e5m2, "
+                           "mxfp6_e3m2, mxfp6_e2m3, mxfp4_e2m1, mxint8)\n",
+                   t.c_str());
       return 2;
     }
+  }
   if (o.ranks.empty() || o.densities.empty() || o.algorithms.empty() || o.dtypes.empty()) {
     std::fprintf(stderr, "spin-bench sparse: nothing to run\n");
     return 2;

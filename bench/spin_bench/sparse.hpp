@@ -15,7 +15,7 @@ struct sparse_options {
   std::vector<std::uint32_t> ranks{2, 4, 8, 16};
   std::vector<double> densities{0.001, 0.01, 0.1, 0.5};  ///< of each rank's vector (fraction of values given)
   std::vector<std::string> algorithms{"switch", "edge_ring"};
-  std::vector<std::string> dtypes{"f32", "bf16"};  ///< value types: f32, bf16, f16
+  std::vector<std::string> dtypes{"f32", "bf16", "mxfp8_e4m3"};  ///< value types: f32, bf16, f16, MX types
   std::uint64_t values = std::uint64_t{1} << 22;   ///< length of the vector
   std::uint32_t iters = 3;                         ///< timed calls per row (after one warm-up call)
   std::uint32_t lcores = 0;                        ///< lcores of the emulated cluster; 0: every CPU

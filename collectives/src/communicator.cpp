@@ -573,14 +573,13 @@ struct communicator::impl {
     if (packed && count != 0) {
       // The NICs trust their host's windows (those from the network they check): a malformed
       // one is refused here, before any is sent.
-      const std::uint32_t vb = s.dtype == static_cast<std::uint8_t>(dtype::sparse_f32) ? 4 : 2;
       for (std::uint64_t w = 0; w < count; ++w) {
         const auto* win = reinterpret_cast<const std::uint8_t*>(in) + w * eb;
-        if (!sparse::valid(win, sparse::length(win, vb), vb))
+        if (!compact_elem_ok(static_cast<dtype>(s.dtype), win))
           return fail(errc::invalid_argument, std::string(what) + ": window " + std::to_string(w) + " of " +
                                                   name(static_cast<dtype>(s.dtype)) +
                                                   " is malformed (spin/coll/sparse.hpp: form, count, ascending offsets below " +
-                                                  std::to_string(sparse::window_values) + ")");
+                                                  std::to_string(sparse::window_values) + ", MX windows: each in a listed block)");
       }
     }
     if (nr == 1) return local(kind, in, out, count, s);

@@ -10,6 +10,8 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 namespace spin::coll {
 namespace {
@@ -32,7 +34,7 @@ const char* why(fault f) {
   case fault::not_ascending: return "its indices are not strictly ascending";
   case fault::out_of_range: return "an index is not below length";
   case fault::null_buffer: return "a null buffer with pairs or a result to give";
-  case fault::bad_type: return "its datatype is not f32, bf16 or f16";
+  case fault::bad_type: return "its datatype is not f32, bf16, f16 or an MX type";
   case fault::too_long: return "length exceeds 2^32 (indices are 32-bit)";
   }
   return "?";
@@ -102,6 +104,16 @@ struct window_buffer {
   window_buffer& operator=(const window_buffer&) = delete;
 };
 
+// Calls f.template operator()<R>(acc) with the reduction R of MX window type wt and a float32
+// window of scratch (one per thread: a window's accumulator is 4 KiB).
+template <class F> void with_mx_windows(dtype wt, F&& f) {
+  thread_local sum_sparse<sparse_value_f32>::acc acc;
+  with_standard(op::sum, wt, [&]<class R>() {
+    if constexpr (detail::is_compact<R>() && std::is_same_v<typename R::acc, sum_sparse<sparse_value_f32>::acc>)
+      f.template operator()<R>(acc);
+  });
+}
+
 } // namespace
 
 // Agreement, windows, allreduce; `read` takes the result windows.
@@ -152,8 +164,11 @@ static result<void> sparse_run(communicator& c, std::span<const std::uint32_t> i
   if (a == algorithm::host_ring)
     return fail(errc::not_supported, what + ": host_ring carries no sparse windows (edge_ring or switch add them in handlers)");
 
-  // 2. The windows.
-  const std::uint32_t vb = t == dtype::f32 ? 4 : 2, eb = elem_bytes(wt);
+  // 2. The windows. MX values (float32 in the caller's buffers): each window's values are
+  //    scattered into a float32 window and encoded by the reduction itself, each block's scale
+  //    chosen from this rank's values.
+  const bool mx_values = block_values(t) > 1;
+  const std::uint32_t vb = t == dtype::f32 || mx_values ? 4 : 2, eb = elem_bytes(wt);
   const std::uint64_t nw = (length + W - 1) / W;
   window_buffer buf(c, static_cast<std::size_t>(nw * eb));
   const auto* vals = static_cast<const std::byte*>(values);
@@ -162,12 +177,30 @@ static result<void> sparse_run(communicator& c, std::span<const std::uint32_t> i
     const std::uint64_t base = w * W, end = base + W;
     const std::uint64_t p0 = k;
     while (k < index.size() && index[k] < end) ++k;
-    encode_window(buf.data + w * eb, base, index.data(), vals, p0, k, vb);
+    if (!mx_values) {
+      encode_window(buf.data + w * eb, base, index.data(), vals, p0, k, vb);
+      continue;
+    }
+    with_mx_windows(wt, [&]<class R>(typename R::acc& acc) {
+      for (std::uint32_t i = 0; i < W; ++i) acc.bits[i] = 0;
+      for (std::uint64_t j = p0; j < k; ++j) acc.bits[index[j] - base] = value_bits(vals, 4, j);
+      R::narrow_into(*reinterpret_cast<typename R::elem*>(buf.data + w * eb), acc);
+    });
   }
   // 3. The sum, in place.
   if (auto r = c.allreduce(buf.data, buf.data, nw, wt, op::sum, a); !r.ok()) return r;
-  // 4. The result.
-  for (std::uint64_t w = 0; w < nw; ++w) read(w, buf.data + w * eb, vb);
+  // 4. The result. MX windows: decoded into float32 (exact), read as float32 windows.
+  if (!mx_values) {
+    for (std::uint64_t w = 0; w < nw; ++w) read(w, buf.data + w * eb, vb);
+    return {};
+  }
+  std::vector<std::uint8_t> f32_window(sp::dense_bytes(4));
+  for (std::uint64_t w = 0; w < nw; ++w)
+    with_mx_windows(wt, [&]<class R>(typename R::acc& acc) {
+      R::widen_into(acc, *reinterpret_cast<const typename R::elem*>(buf.data + w * eb));
+      sum_sparse<sparse_value_f32>::pack_acc(f32_window.data(), acc);
+      read(w, f32_window.data(), 4);
+    });
   return {};
 }
 

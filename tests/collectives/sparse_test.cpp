@@ -12,6 +12,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <set>
 #include <string>
@@ -153,6 +154,87 @@ void check_random(world& w, dtype t, std::uint64_t length, double density, algor
   for (std::uint32_t r = 0; r < w.size(); ++r) in.push_back(make_pairs(t, r, length, density, shared, seed));
   check(w, t, in, length, a, "density " + std::to_string(density) + (shared ? " shared" : ""));
 }
+
+// ---- MX values (windows of sparse_mx*: float32 values in and out) ----
+// The reference: each rank's window blocks of 32 (the last one of a window: 28 values and four
+// +0) encoded from its float32 values and decoded with mx.hpp's run-time codec, the decoded
+// values added in the fixed order, the sums encoded and decoded once.
+void mx_round_trip(mx::element e, std::uint32_t* v32) {
+  std::uint8_t codes[32];
+  const std::uint8_t scale = mx::encode_block(e, v32, codes);
+  for (std::uint32_t i = 0; i < 32; ++i) v32[i] = mx::decode(e, scale, codes[i]);
+}
+void mx_round_trip_windows(mx::element e, std::vector<std::uint32_t>& v) {  // v: whole windows
+  for (std::size_t w = 0; w < v.size(); w += W)
+    for (std::uint32_t j = 0; j < sparse::mx_blocks; ++j) {
+      std::uint32_t b[32] = {};
+      for (std::uint32_t i = 0; i < 32 && j * 32 + i < W; ++i) b[i] = v[w + j * 32 + i];
+      mx_round_trip(e, b);
+      for (std::uint32_t i = 0; i < 32 && j * 32 + i < W; ++i) v[w + j * 32 + i] = b[i];
+    }
+}
+std::vector<std::uint32_t> reference_mx(mx::element e, const std::vector<pairs>& in, std::uint64_t length) {
+  const auto n = static_cast<std::uint32_t>(in.size());
+  const std::uint64_t nw = (length + W - 1) / W, padded = nw * W;
+  std::vector<std::vector<std::uint32_t>> dense(n, std::vector<std::uint32_t>(padded, 0));
+  for (std::uint32_t r = 0; r < n; ++r) {
+    for (std::size_t k = 0; k < in[r].index.size(); ++k) dense[r][in[r].index[k]] = in[r].bits[k];
+    mx_round_trip_windows(e, dense[r]);
+  }
+  std::vector<std::uint32_t> sum(padded);
+  const std::uint64_t base = nw / n, extra = nw % n;
+  for (std::uint64_t c = 0, lo = 0; c < n; ++c) {
+    const std::uint64_t len = base + (c < extra ? 1 : 0);
+    for (std::uint64_t i = lo * W; i < (lo + len) * W; ++i) {
+      float acc = std::bit_cast<float>(dense[(c + 1) % n][i]);
+      for (std::uint32_t k = 2; k <= n; ++k) acc = acc + std::bit_cast<float>(dense[(c + k) % n][i]);
+      sum[i] = std::bit_cast<std::uint32_t>(acc);
+    }
+    lo += len;
+  }
+  mx_round_trip_windows(e, sum);
+  sum.resize(length);
+  return sum;
+}
+
+// Both forms of the call; float32 values in and out, compared bit for bit on every rank.
+void check_mx(world& w, dtype t, const std::vector<pairs>& in, std::uint64_t length, algorithm a, const std::string& what) {
+  const std::uint32_t n = w.size();
+  mx::element e{};
+  REQUIRE(mx_element_of(t, e));
+  const auto want = reference_mx(e, in, length);
+  std::vector<std::vector<std::uint32_t>> dense(n, std::vector<std::uint32_t>(length, 0xa5a5a5a5u)), idx(n);
+  std::vector<std::vector<std::byte>> pv(n);
+  auto res = w.run([&](std::uint32_t r) {
+    return w.comms[r]->allreduce_sparse(in[r].index, in[r].bits.data(), length, t, dense[r].data(), a);
+  });
+  auto res2 = w.run([&](std::uint32_t r) {
+    return w.comms[r]->allreduce_sparse(in[r].index, in[r].bits.data(), length, t, idx[r], pv[r], a);
+  });
+  for (std::uint32_t r = 0; r < n; ++r) {
+    INFO(what << ": ranks " << n << " rank " << r << " " << std::string(name(t)) << " length " << length << " "
+              << std::string(name(a)));
+    REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+    REQUIRE_MESSAGE(res2[r].ok(), res2[r].err().message);
+    long long bad = -1;
+    for (std::uint64_t i = 0; i < length && bad < 0; ++i)
+      if (dense[r][i] != want[i]) bad = static_cast<long long>(i);
+    REQUIRE_MESSAGE(bad < 0, "first wrong value " << bad << " of the dense result: " << std::hex
+                                                  << (bad < 0 ? 0 : dense[r][bad]) << " want " << (bad < 0 ? 0 : want[bad]));
+    std::vector<std::uint32_t> wi, wv;
+    for (std::uint64_t i = 0; i < length; ++i)
+      if (want[i] != 0) {
+        wi.push_back(static_cast<std::uint32_t>(i));
+        wv.push_back(want[i]);
+      }
+    REQUIRE(idx[r] == wi);
+    REQUIRE(pv[r].size() == wv.size() * 4);
+    REQUIRE(std::memcmp(pv[r].data(), wv.data(), pv[r].size()) == 0);
+  }
+}
+
+constexpr dtype mx_types[] = {dtype::mxfp8_e4m3, dtype::mxfp8_e5m2, dtype::mxfp6_e3m2,
+                              dtype::mxfp6_e2m3, dtype::mxfp4_e2m1, dtype::mxint8};
 
 std::uint64_t link_bytes(world& w) {
   std::uint64_t b = 0;
@@ -299,7 +381,7 @@ TEST_CASE("sparse allreduce: bad arguments give a clear error on every rank, and
     expect_all(run({good, good, good}, same_len, {dtype::f32, dtype::bf16, dtype::f32}, a), errc::invalid_argument,
                "different datatypes");
     expect_all(run({good, good, good}, same_len, {dtype::i32, dtype::i32, dtype::i32}, a), errc::invalid_argument,
-               "rank 0's arguments are refused: its datatype is not f32, bf16 or f16");
+               "rank 0's arguments are refused: its datatype is not f32, bf16, f16 or an MX type");
     // The faulting rank's own message says where.
     auto res = run({good, {1, 7, 3}, good}, same_len, f32s, a);
     CHECK(res[1].err().message.find("index[2] = 3 is not above index[1] = 7") != std::string::npos);
@@ -323,4 +405,151 @@ TEST_CASE("sparse allreduce: bad arguments give a clear error on every rank, and
     auto r2 = w.comms[0]->reduce_scatter(win.data(), win.data(), 1, dtype::sparse_f32, op::sum, algorithm::edge_ring);
     CHECK(r2.err().code == errc::not_supported);
   }
+}
+
+TEST_CASE("MX sparse windows: sizes, the switch-over point and validation") {
+  CHECK(elem_bytes(dtype::sparse_mxfp8_e4m3) == 4 + 32 + 1024);
+  CHECK(elem_bytes(dtype::sparse_mxint8) == 1060);
+  CHECK(elem_bytes(dtype::sparse_mxfp6_e2m3) == 4 + 32 + 768);
+  CHECK(elem_bytes(dtype::sparse_mxfp4_e2m1) == 4 + 32 + 512);
+  for (dtype t : mx_types) {
+    CHECK(compact_type(window_type_of(t)));
+    CHECK(block_values(window_type_of(t)) == W);
+  }
+  // Pairs cost 3 bytes a code (and a scale byte a listed block): with every block listed fp8
+  // turns dense past 339 codes, fp6 past 254, fp4 past 168.
+  CHECK(sparse::mx_max_pairs(32, 8) == 339);
+  CHECK(sparse::mx_max_pairs(32, 6) == 254);
+  CHECK(sparse::mx_max_pairs(32, 4) == 168);
+  CHECK(sparse::mx_pairs_bytes(339, 32) < sparse::mx_dense_bytes(8));
+  CHECK(sparse::mx_pairs_bytes(340, 32) >= sparse::mx_dense_bytes(8));
+  CHECK(sparse::mx_pairs_bytes(0, 0) == 8);  // an empty window
+  std::uint8_t w[20] = {};
+  sparse::store16(w, 1);
+  sparse::store16(w + 2, sparse::form_pairs);
+  sparse::store32(w + 4, 1u << 3);  // block 3 listed
+  w[8] = 127;                        // its scale
+  sparse::store16(w + 12, 3 * 32 + 5);
+  w[16] = 0x38;                      // its code
+  CHECK(sparse::mx_pairs_bytes(1, 1) == 17);  // head, mask, a scale and an offset each padded to 4, a code
+  CHECK(sparse::mx_valid(w, 17, 8));
+  CHECK(sparse::mx_length(w, 8) == 17);
+  CHECK(!sparse::mx_valid(w, 18, 8));  // longer than its form
+  sparse::store16(w + 12, 2 * 32 + 5);  // an offset in a block that is not listed
+  CHECK(!sparse::mx_valid(w, 17, 8));
+  sparse::store16(w + 12, W);  // past the window
+  CHECK(!sparse::mx_valid(w, 17, 8));
+  sparse::store16(w + 12, 3 * 32 + 5);
+  CHECK(sparse::mx_valid(w, 17, 8));
+  sparse::store16(w + 2, 3);  // unknown form
+  CHECK(!sparse::mx_valid(w, 17, 8));
+  sparse::store16(w + 2, sparse::form_pairs);
+  sparse::store16(w, 400);  // more codes than a pairs window may hold
+  CHECK(!sparse::mx_valid(w, sparse::mx_pairs_bytes(400, 1), 8));
+  // Every window the reduction writes is valid and as long as elem_length says, and a pairs
+  // window holds no code 0: the forms of random float32 windows at several densities.
+  with_standard(op::sum, dtype::sparse_mxfp6_e3m2, [&]<class R>() {
+    if constexpr (requires { R::element; }) {
+      std::mt19937 g(5);
+      for (double d : {0.0, 0.001, 0.02, 0.1, 0.2, 0.3, 1.0}) {
+        typename R::acc a{};
+        for (std::uint32_t i = 0; i < W; ++i)
+          a.bits[i] = std::uniform_real_distribution<double>(0, 1)(g) < d
+                          ? std::bit_cast<std::uint32_t>(std::ldexp(static_cast<float>(g() % 200) - 100.0f, static_cast<int>(g() % 30) - 15))
+                          : 0u;
+        typename R::elem e;
+        R::narrow_into(e, a);
+        INFO("density " << d);
+        CHECK(sparse::mx_valid(e.b, R::elem_length(e), R::bits));
+        CHECK(compact_elem_ok(dtype::sparse_mxfp6_e3m2, e.b));
+        if (sparse::form_of(e.b) == sparse::form_pairs)
+          for (std::uint32_t k = 0; k < sparse::count_of(e.b); ++k) CHECK(sparse::mx_codes(e.b)[k] != 0);
+      }
+    }
+  });
+}
+
+TEST_CASE("MX sparse allreduce: the dense MX encoding of the float32 sum of the decoded inputs, every element type") {
+  options o;
+  o.switch_slots = 4;
+  for (std::uint32_t n : {1u, 3u, 4u}) {
+    world w(emu::star(n, {}), o, 1, test::switches::fabric);
+    for (algorithm a : {algorithm::edge_ring, algorithm::switch_agg})
+      for (dtype t : mx_types) {
+        if (n == 3 && t != dtype::mxfp8_e4m3 && t != dtype::mxfp4_e2m1) continue;
+        for (double d : {0.0, 0.001, 0.05, 0.3, 1.0}) {
+          std::vector<pairs> in;
+          for (std::uint32_t r = 0; r < n; ++r) in.push_back(make_pairs(dtype::f32, r, 3 * W + 17, d, false, 41));
+          check_mx(w, t, in, 3 * W + 17, a, "density " + std::to_string(d));
+        }
+      }
+    // Lengths around windows and blocks; every rank on the same indices.
+    for (std::uint64_t length : {1ull, 31ull, 33ull, W - 1ull, 1ull * W, W + 1ull}) {
+      std::vector<pairs> in;
+      for (std::uint32_t r = 0; r < n; ++r) in.push_back(make_pairs(dtype::f32, r, length, 0.2, true, length));
+      check_mx(w, dtype::mxfp8_e5m2, in, length, algorithm::switch_agg, "shared indices");
+    }
+  }
+}
+
+TEST_CASE("MX sparse allreduce: NaN and infinity make their block NaN, -0 and underflow keep their meaning") {
+  const std::uint32_t n = 3;
+  world w(emu::star(n, {}), {}, 1, test::switches::fabric);
+  for (algorithm a : {algorithm::edge_ring, algorithm::switch_agg})
+    for (dtype t : {dtype::mxfp8_e4m3, dtype::mxint8}) {
+      std::vector<pairs> in(n);
+      auto put = [&](std::uint32_t r, std::uint32_t i, float f) {
+        in[r].index.push_back(i);
+        in[r].bits.push_back(std::bit_cast<std::uint32_t>(f));
+      };
+      put(0, 3, 1.0f);
+      put(0, 40, std::numeric_limits<float>::quiet_NaN());  // block 1 of window 0: NaN
+      put(1, 70, std::numeric_limits<float>::infinity());   // block 2: NaN (MX has no infinity but E5M2's)
+      put(1, 100, -0.0f);                                   // alone in block 3: -0 on one rank
+      put(2, 130, 1e30f);                                   // block 4: 1e-30 underflows to code 0 beside it
+      put(2, 131, 1e-30f);
+      put(0, W + 999, -2.5f);  // the last block of window 1 (28 values)
+      check_mx(w, t, in, 2 * W, a, "special values");
+    }
+}
+
+TEST_CASE("MX sparse allreduce: under loss, duplication and reordering; fewer bytes than float32 windows where values are not rare") {
+  const std::uint32_t n = 4;
+  options o;
+  o.repair_interval = std::chrono::microseconds(1000);
+  o.switch_slots = 8;
+  world w(emu::star(n, test::lossy(0.02, 29, 0.05)), o, 1, test::switches::fabric);
+  for (algorithm a : {algorithm::edge_ring, algorithm::switch_agg})
+    for (double d : {0.002, 0.3}) {
+      std::vector<pairs> in;
+      for (std::uint32_t r = 0; r < n; ++r) in.push_back(make_pairs(dtype::f32, r, 12 * W + 1, d, false, 17));
+      check_mx(w, dtype::mxfp8_e4m3, in, 12 * W + 1, a, "lossy");
+    }
+  world clean(emu::star(n, {}), {}, 1, test::switches::fabric);
+  const std::uint64_t length = 32 * W;
+  std::vector<pairs> in;
+  for (std::uint32_t r = 0; r < n; ++r) in.push_back(make_pairs(dtype::f32, r, length, 0.1, false, 3));
+  for (algorithm a : {algorithm::edge_ring, algorithm::switch_agg}) {
+    std::uint64_t bytes[2] = {};
+    for (int k = 0; k < 2; ++k) {
+      const dtype t = k == 0 ? dtype::f32 : dtype::mxfp8_e4m3;
+      std::vector<std::vector<float>> out(n, std::vector<float>(length));
+      const std::uint64_t before = link_bytes(clean);
+      auto res = clean.run([&](std::uint32_t r) {
+        return clean.comms[r]->allreduce_sparse(in[r].index, in[r].bits.data(), length, t, out[r].data(), a);
+      });
+      for (auto& x : res) REQUIRE_MESSAGE(x.ok(), x.err().message);
+      bytes[k] = link_bytes(clean) - before;
+    }
+    INFO(name(a) << ": float32 windows " << bytes[0] << " bytes, MXFP8 windows " << bytes[1]);
+    CHECK(bytes[1] * 10 < bytes[0] * 7);
+  }
+  // A malformed MX window given to allreduce directly is refused before anything is sent.
+  std::vector<std::uint8_t> win(elem_bytes(dtype::sparse_mxfp8_e4m3), 0);
+  sparse::store16(win.data(), 1);
+  sparse::store32(win.data() + 4, 1u);       // block 0 listed
+  sparse::store16(win.data() + 12, 64 + 1);  // an offset in block 2
+  auto r = clean.comms[0]->allreduce(win.data(), win.data(), 1, dtype::sparse_mxfp8_e4m3, op::sum, algorithm::switch_agg);
+  REQUIRE(!r.ok());
+  CHECK(r.err().message.find("window 0 of sparse_mxfp8_e4m3 is malformed") != std::string::npos);
 }

@@ -339,16 +339,23 @@ public:
   /// result is the sum of the ranks' vectors, value by value in float32 in the fixed order of
   /// an allreduce of its windows (docs/collectives.md, "Combination order": window w of chunk c
   /// is added from rank c+1 around to rank c), rounded to t once: the same bits on every rank,
-  /// in every run, with either algorithm, whatever form each window took. The vector travels in windows of sparse::window_values values, each as pairs
-  /// or dense, whichever takes fewer bytes (spin/coll/sparse.hpp); NIC handlers (edge_ring) or
-  /// the switch (switch_agg) add the windows. This form writes the dense result: `length`
-  /// values at `dense_out`. It takes options::packet_bytes of 4096 (a dense window's float32
+  /// in every run, with either algorithm, whatever form each window took. The vector travels
+  /// in windows of sparse::window_values values, each as pairs or dense, whichever takes fewer
+  /// bytes (spin/coll/sparse.hpp); NIC handlers (edge_ring) or the switch (switch_agg) add the
+  /// windows.
+  /// With t an OCP MX type (mxfp8_e4m3, mxfp8_e5m2, mxfp6_e3m2, mxfp6_e2m3, mxfp4_e2m1, mxint8)
+  /// values and results are float32 and the windows carry MX codes: each rank's values are
+  /// encoded in blocks of 32 of its window (scales from its own values), decoded exactly where
+  /// they are added, and the float32 sum is encoded once and handed back decoded (exact in
+  /// float32): the result equals decoding the dense MX encoding of the float32 sum of the
+  /// decoded inputs, bit for bit. This form writes the dense result: `length` values at
+  /// `dense_out`. It takes options::packet_bytes of 4096 (a dense window's float32
   /// partial sums fill a packet), and arena memory for the windows (about the dense vector's
   /// bytes; buffers pass through the staging buffers when the arena cannot hold them).
   /// Errors, on every rank (the ranks first agree on their arguments in a small allreduce):
   /// invalid_argument when any rank's indices are not strictly ascending or not below
   /// `length`, when the ranks give different lengths, datatypes or algorithms, when t is not
-  /// f32, bf16 or f16, when `length` exceeds 2^32, or when a buffer is null with pairs or a
+  /// f32, bf16, f16 or an MX type, when `length` exceeds 2^32, or when a buffer is null with pairs or a
   /// result to give (the message names the lowest rank at fault and why); not_supported for
   /// host_ring; those of allreduce.
   result<void> allreduce_sparse(std::span<const std::uint32_t> index, const void* values, std::uint64_t length, dtype t,

@@ -21,6 +21,7 @@
 // each window (0.1% of a 4084-byte dense window).
 #pragma once
 
+#include <spin/coll/mx.hpp>
 #include <spin/handler.hpp>
 
 namespace spin::coll::sparse {
@@ -95,5 +96,104 @@ inline bool valid(const u8* w, u64 len, u32 vb) {
 inline const u8* offsets(const u8* w) { return w + head_bytes; }
 inline const u8* pair_values(const u8* w) { return w + head_bytes + offset_bytes(count_of(w)); }
 inline const u8* dense_values(const u8* w) { return w + head_bytes; }
+
+// ---- windows of MX values (OCP MX v1.0 element types, spin/coll/mx.hpp) --------------------
+// The window's values form mx_blocks blocks of 32 consecutive values, each with an E8M0 scale
+// (the last block holds 28 values, as though padded with four zeros, which leave its scale as
+// it is). Two forms, whichever has fewer bytes:
+//   pairs: head{count, form_pairs}, a u32 mask (bit j: block j is listed), the listed blocks'
+//          scales in block order (padded to 4), count u16 offsets (strictly ascending, each in
+//          a listed block; padded to 4), then count codes, one byte each (the code in the low
+//          bits);
+//   dense: head{window_values, form_dense}, the mx_blocks scales, then every block's 32 codes
+//          packed as in an MX block (mx::pack; the last block's four padding codes are 0).
+// Value i of block j is mx::decode(scale_j, code_i). The pairs form lists exactly the codes that
+// are not 0 and the blocks that hold one or whose scale is NaN (all of whose values are NaN); a
+// value it does not list has code 0 (its block listed) or is +0 (its block not listed), which is
+// what code 0 stands for under any scale but NaN. Both forms therefore stand for the same
+// values. With one byte per listed code (and every block listed), fp8 and int8 windows turn
+// dense past a third of their values (339 of 1020), fp6 past a quarter (254), fp4 past a sixth
+// (168). An empty window takes 8 bytes, one value 17.
+
+/// Blocks of 32 values in a window (the last one holds window_values - 31 x 32 = 28).
+inline constexpr u32 mx_blocks = (window_values + mx::block_elements - 1) / mx::block_elements;
+/// Bytes of the codes of a dense window of `bits`-bit codes.
+constexpr u32 mx_code_bytes(u32 bits) { return mx_blocks * mx::block_elements * bits / 8; }
+/// Bytes of a dense window of `bits`-bit codes: 1060 for fp8 and int8, 804 for fp6, 548 for fp4.
+constexpr u32 mx_dense_bytes(u32 bits) { return head_bytes + mx_blocks + mx_code_bytes(bits); }
+/// Bytes of a pairs-form window with `count` codes in `blocks` listed blocks.
+constexpr u32 mx_pairs_bytes(u32 count, u32 blocks) { return head_bytes + 4 + ((blocks + 3) & ~3u) + offset_bytes(count) + count; }
+/// Whether `count` codes in `blocks` listed blocks take fewer bytes as pairs than dense.
+constexpr bool mx_pairs_smaller(u32 count, u32 blocks, u32 bits) { return mx_pairs_bytes(count, blocks) < mx_dense_bytes(bits); }
+
+inline u32 load32(const u8* p) {
+  u32 v;
+  __builtin_memcpy(&v, p, 4);
+  return v;
+}
+inline void store32(u8* p, u32 v) { __builtin_memcpy(p, &v, 4); }
+/// Set bits of v (eBPF has no popcount instruction; neither do the handlers need one).
+constexpr u32 ones(u32 v) {
+  v = v - ((v >> 1) & 0x55555555u);
+  v = (v & 0x33333333u) + ((v >> 2) & 0x33333333u);
+  return (((v + (v >> 4)) & 0x0f0f0f0fu) * 0x01010101u) >> 24;
+}
+/// The block mask of a pairs-form MX window.
+inline u32 mx_mask(const u8* w) { return load32(w + head_bytes); }
+/// The listed scales of a pairs-form MX window, then its offsets and codes.
+inline const u8* mx_scales(const u8* w) { return w + head_bytes + 4; }
+inline const u8* mx_offsets(const u8* w) { return w + head_bytes + 4 + ((ones(mx_mask(w)) + 3) & ~3u); }
+inline const u8* mx_codes(const u8* w) { return mx_offsets(w) + offset_bytes(count_of(w)); }
+/// The most codes a pairs-form window with `blocks` listed blocks can carry and stay smaller.
+constexpr u32 mx_max_pairs(u32 blocks, u32 bits) {
+  u32 n = 0;
+  while (mx_pairs_smaller(n + 1, blocks, bits)) ++n;
+  return n;
+}
+
+/// Bytes of the MX window at `w` (`bits`-bit codes) as it stands; at most mx_dense_bytes(bits)
+/// whatever its head and mask say.
+inline u32 mx_length(const u8* w, u32 bits) {
+  if (form_of(w) == form_dense) return mx_dense_bytes(bits);
+  const u32 len = mx_pairs_bytes(count_of(w), ones(mx_mask(w)));
+  return len < mx_dense_bytes(bits) ? len : mx_dense_bytes(bits);
+}
+
+/// Whether `len` bytes at `w` are one well-formed MX window of `bits`-bit codes: a known form;
+/// dense: count window_values and `len` its length; pairs: fewer bytes than dense, `len` its
+/// length, offsets strictly ascending and below window_values, each in a listed block. (Codes
+/// of any value are well-formed: a code's bits above `bits` are ignored, as mx::decode does.)
+inline bool mx_valid(const u8* w, u64 len, u32 bits) {
+  if (len < head_bytes) return false;
+  const u32 n = count_of(w), f = form_of(w);
+  if (f == form_dense) return n == window_values && len == mx_dense_bytes(bits);
+  if (f != form_pairs || len < head_bytes + 4) return false;
+  const u32 mask = mx_mask(w);
+  if (!mx_pairs_smaller(n, ones(mask), bits) || len != mx_pairs_bytes(n, ones(mask))) return false;
+  const u8* off = mx_offsets(w);
+  u32 prev = 0;
+  for (u32 k = 0; k < n; ++k) {
+    const u32 i = load16(off + 2 * k);
+    if (i >= window_values || (k > 0 && i <= prev) || ((mask >> (i / mx::block_elements)) & 1u) == 0) return false;
+    prev = i;
+  }
+  return true;
+}
+
+/// The values a window of MX values of element type `e` stands for once encoded from `v`
+/// (window_values float32 values as bits), in place: each block's values become
+/// mx::decode(scale, code) of mx::encode_block (the last block padded with +0). Host code: what
+/// a rank's values become on the wire in allreduce_sparse with an MX type, and what its result
+/// is made of.
+inline void mx_round_trip(mx::element e, u32* v) {
+  for (u32 j = 0; j < mx_blocks; ++j) {
+    u32 b[mx::block_elements];
+    u8 codes[mx::block_elements];
+    const u32 lo = j * mx::block_elements;
+    for (u32 i = 0; i < mx::block_elements; ++i) b[i] = lo + i < window_values ? v[lo + i] : 0u;
+    const u8 scale = mx::encode_block(e, b, codes);
+    for (u32 i = 0; i < mx::block_elements && lo + i < window_values; ++i) v[lo + i] = mx::decode(e, scale, codes[i]);
+  }
+}
 
 } // namespace spin::coll::sparse

@@ -65,6 +65,14 @@ enum class dtype : u8 {
   sparse_f32 = 19,   ///< float32 values (a window: at most 4084 bytes)
   sparse_bf16 = 20,  ///< bfloat16 values (at most 2044 bytes)
   sparse_f16 = 21,   ///< float16 values (at most 2044 bytes)
+  // Sparse windows of OCP MX values (sparse.hpp, "windows of MX values": 32 blocks with E8M0
+  // scales; codes listed by offset, or dense); sum only, float32 accumulators.
+  sparse_mxfp8_e4m3 = 22,  ///< FP8 E4M3 codes (at most 1060 bytes)
+  sparse_mxfp8_e5m2 = 23,  ///< FP8 E5M2 (1060)
+  sparse_mxfp6_e3m2 = 24,  ///< FP6 E3M2 (804)
+  sparse_mxfp6_e2m3 = 25,  ///< FP6 E2M3 (804)
+  sparse_mxfp4_e2m1 = 26,  ///< FP4 E2M1 (548)
+  sparse_mxint8 = 27,      ///< INT8 (1060)
   custom = 255,  ///< a user reduction's own element type
 };
 
@@ -101,6 +109,12 @@ constexpr const char* name(dtype t) {
   case dtype::sparse_f32: return "sparse_f32";
   case dtype::sparse_bf16: return "sparse_bf16";
   case dtype::sparse_f16: return "sparse_f16";
+  case dtype::sparse_mxfp8_e4m3: return "sparse_mxfp8_e4m3";
+  case dtype::sparse_mxfp8_e5m2: return "sparse_mxfp8_e5m2";
+  case dtype::sparse_mxfp6_e3m2: return "sparse_mxfp6_e3m2";
+  case dtype::sparse_mxfp6_e2m3: return "sparse_mxfp6_e2m3";
+  case dtype::sparse_mxfp4_e2m1: return "sparse_mxfp4_e2m1";
+  case dtype::sparse_mxint8: return "sparse_mxint8";
   case dtype::custom: return "custom";
   }
   return "?";
@@ -524,6 +538,166 @@ struct sparse_value_f16 {
   static u32 narrow(u32 a) { return f32_to_f16_bits(a); }
 };
 
+/// Sum of sparse windows of MX values of element type E (spin/coll/sparse.hpp, "windows of MX
+/// values"). The accumulator is sum_sparse's: the dense window of float32 sums, packed the same
+/// way on the wire. Values are decoded exactly (mx::decode_native), added in float32 (every
+/// value a window does not list as the +0 it stands for) and encoded once at the end, each block's
+/// scale chosen from its float32 sums (OCP MX v1.0, section 6.3; mx::encode_block_of), so the
+/// result is the dense MX encoding of the dense float32 sum, whatever form each window took.
+template <mx::element E> struct sum_sparse_mx {
+  static constexpr u32 W = sparse::window_values;
+  static constexpr mx::element element = E;
+  static constexpr u32 bits = mx::spec_of(E).bits;
+  static constexpr u32 B = mx::block_elements;
+  static constexpr u32 block_code_bytes = B * bits / 8;
+  using f32_windows = sum_sparse<sparse_value_f32>;
+  struct elem {
+    u8 b[sparse::mx_dense_bytes(bits)];
+  };
+  using acc = typename f32_windows::acc;
+  static constexpr bool in_place = true;
+  static constexpr bool compact = true;
+  static constexpr u32 values = W;
+
+  static u32 add(u32 a, u32 b) { return f32_windows::add(a, b); }
+  // Calls f(i, v) for every value i of window x in order, v its float32 bits. A malformed
+  // window (a host's: those from the network are checked first) never makes it read outside
+  // the window's bytes: offsets out of order are skipped, counts are clamped.
+  template <class F> static void each(const u8* x, F f) {
+    if (sparse::form_of(x) == sparse::form_dense) {
+      const u8* sc = x + sparse::head_bytes;
+      const u8* codes = sc + sparse::mx_blocks;
+      for (u32 j = 0; j < sparse::mx_blocks; ++j) {
+        const u32 lo = j * B, hi = lo + B < W ? lo + B : W;
+        for (u32 i = lo; i < hi; ++i) f(i, mx::decode_native<E>(sc[j], mx::code_at(E, codes + j * block_code_bytes, i - lo)));
+      }
+      return;
+    }
+    const u32 mask = sparse::mx_mask(x);
+    const u32 nb = sparse::ones(mask);
+    const u32 most = sparse::mx_max_pairs(nb, bits);
+    const u32 n = sparse::count_of(x) < most ? sparse::count_of(x) : most;
+    const u8* sc = sparse::mx_scales(x);
+    const u8* off = sparse::mx_offsets(x);
+    const u8* code = off + sparse::offset_bytes(n);
+    u32 k = 0, listed = 0;
+    for (u32 j = 0; j < sparse::mx_blocks; ++j) {
+      const u32 lo = j * B, hi = lo + B < W ? lo + B : W;
+      if (((mask >> j) & 1u) == 0) {
+        for (u32 i = lo; i < hi; ++i) f(i, 0u);
+        while (k < n && sparse::load16(off + 2 * k) < hi) ++k;  // (none in a valid window)
+        continue;
+      }
+      const u8 scale = sc[listed++];
+      const u32 zero = mx::decode_native<E>(scale, 0);  // +0, or NaN under a NaN scale
+      for (u32 i = lo; i < hi; ++i) {
+        while (k < n && sparse::load16(off + 2 * k) < i) ++k;
+        if (k < n && sparse::load16(off + 2 * k) == i) {
+          f(i, mx::decode_native<E>(scale, code[k]));
+          ++k;
+        } else {
+          f(i, zero);
+        }
+      }
+    }
+  }
+  static void widen_into(acc& a, const elem& x) {
+    each(x.b, [&a](u32 i, u32 v) { a.bits[i] = v; });
+  }
+  static void fold_into(acc& a, const elem& x) {
+    each(x.b, [&a](u32 i, u32 v) { a.bits[i] = add(a.bits[i], v); });
+  }
+  static void combine_into(acc& a, const acc& b) { f32_windows::combine_into(a, b); }
+  // Block j's 32 values (the last block's padding: +0).
+  static void block_of(const acc& a, u32 j, u32* in) {
+    const u32 lo = j * B;
+    for (u32 i = 0; i < B; ++i) in[i] = lo + i < W ? a.bits[lo + i] : 0u;
+  }
+  static void narrow_into(elem& e, const acc& a) {
+    // Pass 1: the dense form (every block's scale and packed codes), and the codes that are
+    // not 0. A window that stays dense is encoded once.
+    u8 count[sparse::mx_blocks];
+    u32 in[B];
+    u8 codes[B];
+    u32 n = 0, nb = 0, mask = 0;
+    u8* out = e.b;
+    u8* scale = out + sparse::head_bytes;
+    u8* packed = scale + sparse::mx_blocks;
+    for (u32 j = 0; j < sparse::mx_blocks; ++j) {
+      block_of(a, j, in);
+      u32 any = 0;
+      for (u32 i = 0; i < B; ++i) any |= in[i];
+      if (any == 0) {  // all +0: code 0 under the smallest scale, not listed
+        scale[j] = static_cast<u8>(mx::shared_exponent(E, 0) + mx::scale_bias);
+        for (u32 i = 0; i < block_code_bytes; ++i) packed[j * block_code_bytes + i] = 0;
+        count[j] = 0;
+        continue;
+      }
+      scale[j] = mx::encode_block_of<E>(in, codes);
+      mx::pack(E, codes, packed + j * block_code_bytes);
+      u32 c = 0;
+      for (u32 i = 0; i < B; ++i) c += codes[i] != 0 ? 1u : 0u;
+      count[j] = static_cast<u8>(c);
+      if (c != 0 || scale[j] == mx::scale_nan) {
+        mask |= 1u << j;
+        ++nb;
+        n += c;
+      }
+    }
+    if (!sparse::mx_pairs_smaller(n, nb, bits)) {
+      sparse::store16(out, static_cast<u16>(W));
+      sparse::store16(out + 2, sparse::form_dense);
+      return;
+    }
+    // Pairs: the listed blocks' scales (pass 1 left them where the pairs form goes), then their
+    // codes again.
+    u8 listed[sparse::mx_blocks];
+    for (u32 j = 0, k = 0; j < sparse::mx_blocks; ++j)
+      if (((mask >> j) & 1u) != 0) listed[k++] = scale[j];
+    sparse::store16(out, static_cast<u16>(n));
+    sparse::store16(out + 2, sparse::form_pairs);
+    sparse::store32(out + sparse::head_bytes, mask);
+    u8* sc = out + sparse::head_bytes + 4;
+    for (u32 k = 0; k < nb; ++k) sc[k] = listed[k];
+    for (u32 k = nb; k < ((nb + 3) & ~3u); ++k) sc[k] = 0;  // the padding, defined
+    u8* off = sc + ((nb + 3) & ~3u);
+    u8* code = off + sparse::offset_bytes(n);
+    if ((n & 1) != 0) sparse::store16(off + 2 * n, 0);
+    u32 k = 0;
+    for (u32 j = 0; j < sparse::mx_blocks; ++j) {
+      if (count[j] == 0) continue;
+      block_of(a, j, in);
+      mx::encode_block_of<E>(in, codes);
+      for (u32 i = 0; i < B && j * B + i < W; ++i) {
+        if (codes[i] == 0) continue;
+        sparse::store16(off + 2 * k, static_cast<u16>(j * B + i));
+        code[k] = codes[i];
+        ++k;
+      }
+    }
+  }
+  static acc widen(elem x) {
+    acc a;
+    widen_into(a, x);
+    return a;
+  }
+  static acc combine(acc a, acc b) {
+    combine_into(a, b);
+    return a;
+  }
+  static elem narrow(acc a) {
+    elem e;
+    narrow_into(e, a);
+    return e;
+  }
+  // ---- the wire form (engine: compact reductions) ----
+  static u32 elem_length(const elem& e) { return sparse::mx_length(e.b, bits); }
+  static bool elem_valid(const u8* p, u64 len) { return sparse::mx_valid(p, len, bits); }
+  static bool acc_valid(const u8* p, u64 len) { return f32_windows::acc_valid(p, len); }
+  static u32 pack_acc(u8* out, const acc& a) { return f32_windows::pack_acc(out, a); }
+  static void unpack_acc(acc& a, const u8* in) { f32_windows::unpack_acc(a, in); }
+};
+
 template <class Codec> struct sum_block : detail::block_ops<Codec, detail::add_op> {};
 template <class Codec> struct min_block : detail::block_ops<Codec, detail::min_op> {};
 template <class Codec> struct max_block : detail::block_ops<Codec, detail::max_op> {};
@@ -711,6 +885,24 @@ template <class F> bool with_standard(op o, dtype t, F&& f) {
     else if (t == dtype::sparse_bf16) f.template operator()<sum_sparse<sparse_value_bf16>>();
     else f.template operator()<sum_sparse<sparse_value_f16>>();
     return true;
+  case dtype::sparse_mxfp8_e4m3:
+  case dtype::sparse_mxfp8_e5m2:
+  case dtype::sparse_mxfp6_e3m2:
+  case dtype::sparse_mxfp6_e2m3:
+  case dtype::sparse_mxfp4_e2m1:
+  case dtype::sparse_mxint8: {
+    if (o != op::sum) return false;
+    using E = mx::element;
+    switch (t) {
+    case dtype::sparse_mxfp8_e4m3: f.template operator()<sum_sparse_mx<E::fp8_e4m3>>(); break;
+    case dtype::sparse_mxfp8_e5m2: f.template operator()<sum_sparse_mx<E::fp8_e5m2>>(); break;
+    case dtype::sparse_mxfp6_e3m2: f.template operator()<sum_sparse_mx<E::fp6_e3m2>>(); break;
+    case dtype::sparse_mxfp6_e2m3: f.template operator()<sum_sparse_mx<E::fp6_e2m3>>(); break;
+    case dtype::sparse_mxfp4_e2m1: f.template operator()<sum_sparse_mx<E::fp4_e2m1>>(); break;
+    default: f.template operator()<sum_sparse_mx<E::int8>>(); break;
+    }
+    return true;
+  }
   default: return false;
   }
 }
@@ -726,10 +918,35 @@ inline u32 block_values(dtype t) {
   return v;
 }
 
-/// The sparse-window datatype of value type t (sparse_f32 for f32, sparse_bf16, sparse_f16);
-/// custom for any other.
+/// The sparse-window datatype of value type t (sparse_f32 for f32, sparse_bf16, sparse_f16,
+/// sparse_mxfp8_e4m3 for mxfp8_e4m3, ... for the six MX types); custom for any other.
 constexpr dtype window_type_of(dtype t) {
-  return t == dtype::f32 ? dtype::sparse_f32 : t == dtype::bf16 ? dtype::sparse_bf16 : t == dtype::f16 ? dtype::sparse_f16 : dtype::custom;
+  switch (t) {
+  case dtype::f32: return dtype::sparse_f32;
+  case dtype::bf16: return dtype::sparse_bf16;
+  case dtype::f16: return dtype::sparse_f16;
+  case dtype::mxfp8_e4m3: return dtype::sparse_mxfp8_e4m3;
+  case dtype::mxfp8_e5m2: return dtype::sparse_mxfp8_e5m2;
+  case dtype::mxfp6_e3m2: return dtype::sparse_mxfp6_e3m2;
+  case dtype::mxfp6_e2m3: return dtype::sparse_mxfp6_e2m3;
+  case dtype::mxfp4_e2m1: return dtype::sparse_mxfp4_e2m1;
+  case dtype::mxint8: return dtype::sparse_mxint8;
+  default: return dtype::custom;
+  }
+}
+
+/// The OCP MX element type of t, an MX datatype (mxfp8_e4m3, ...) or its sparse window type
+/// (sparse_mxfp8_e4m3, ...); false for any other.
+constexpr bool mx_element_of(dtype t, mx::element& e) {
+  switch (t) {
+  case dtype::mxfp8_e4m3: case dtype::sparse_mxfp8_e4m3: e = mx::element::fp8_e4m3; return true;
+  case dtype::mxfp8_e5m2: case dtype::sparse_mxfp8_e5m2: e = mx::element::fp8_e5m2; return true;
+  case dtype::mxfp6_e3m2: case dtype::sparse_mxfp6_e3m2: e = mx::element::fp6_e3m2; return true;
+  case dtype::mxfp6_e2m3: case dtype::sparse_mxfp6_e2m3: e = mx::element::fp6_e2m3; return true;
+  case dtype::mxfp4_e2m1: case dtype::sparse_mxfp4_e2m1: e = mx::element::fp4_e2m1; return true;
+  case dtype::mxint8: case dtype::sparse_mxint8: e = mx::element::int8; return true;
+  default: return false;
+  }
 }
 
 /// Whether elements of `t` travel in fewer bytes than their size (sparse windows).
@@ -737,6 +954,18 @@ inline bool compact_type(dtype t) {
   bool c = false;
   with_standard(op::sum, t, [&]<class R>() { c = detail::is_compact<R>(); });
   return c;
+}
+
+/// Whether the element of compact type `t` at `p` (its in-memory size, as a host holds it) is
+/// well-formed: what its form says fits, and the reduction's check accepts it (sparse.hpp:
+/// form, count, ascending offsets in range). True for any element of a type that is not compact.
+inline bool compact_elem_ok(dtype t, const u8* p) {
+  bool ok = true;
+  with_standard(op::sum, t, [&]<class R>() {
+    if constexpr (detail::is_compact<R>())
+      ok = R::elem_valid(p, R::elem_length(*reinterpret_cast<const typename R::elem*>(p)));
+  });
+  return ok;
 }
 
 /// The dtype whose name(t) is `s` (a NUL-terminated string); false when none is.
