@@ -43,7 +43,7 @@ def data_errors(binary, out):
         "topk-zero": (["--sparsify", "topk:0"], ["--sparsify", "0 < P <= 100"]),
         "topk-form": (["--sparsify", "top1%"], ["--sparsify", "want topk:P"]),
         "topk-host-ring": (["--sparsify", "topk:1", "--algorithm", "host_ring"], ["--sparsify needs NIC or switch handlers"]),
-        "topk-block": (["--sparsify", "topk:1", "--gradients", "mxfp8"], ["sparse windows carry f32, bf16 or f16"]),
+        "topk-block": (["--sparsify", "topk:1", "--gradients", "bfp"], ["sparse windows carry f32, bf16, f16 or MX values"]),
         "topk-fixed": (["--sparsify", "topk:1", "--aggregation", "fixed"], ["not --aggregation fixed"]),
         "gradients-int": (["--gradients", "i32"], ["--gradients", "not a gradient datatype"]),
         "ranks-range": (["--ranks", "0"], ["--ranks"]),
@@ -107,11 +107,17 @@ if e["float32_payload_bytes_per_host"] != (s["config"]["parameters"] + 1) * 4 * 
     failures.append("the float32 payload is not (parameters + 1) x 4 x steps")
 if "--sparsify" in extra:
     # Each step's windows: every window's head (and at most 2 bytes of padding), and at most k + 1
-    # pairs of a 2-byte offset and a value. What a host sends (frame headers, the ring's partial
-    # sums with their fill-in, each window in a packet of its own) stays far below float32's.
-    k, vb = s["config"]["topk_per_rank"], (4 if s["config"]["gradients"] == "f32" else 2)
-    windows = -(-(s["config"]["parameters"] + 1) // 1020)
-    bound = steps * ((k + 1) * (2 + vb) + windows * 6)
+    # pairs of a 2-byte offset and a value (MX: a one-byte code, and per window a block mask and
+    # up to 32 scales; the loss starts a window of its own). What a host sends (frame headers,
+    # the ring's partial sums with their fill-in, each window in a packet of its own) stays far
+    # below float32's.
+    k, g = s["config"]["topk_per_rank"], s["config"]["gradients"]
+    if g.startswith("mx"):
+        windows = -(-s["config"]["parameters"] // 1020) + 1
+        bound = steps * ((k + 1) * 3 + windows * (6 + 4 + 32))
+    else:
+        windows = -(-(s["config"]["parameters"] + 1) // 1020)
+        bound = steps * ((k + 1) * (2 + (4 if g == "f32" else 2)) + windows * 6)
     payload, f32 = e["payload_bytes_per_host"], e["float32_payload_bytes_per_host"]
     print(f"sparse: windows {payload} bytes per host (at most {bound}), sent {e['bytes_sent_per_host']}, float32 {f32}")
     if not 0 < payload <= bound:

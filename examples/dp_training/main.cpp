@@ -202,26 +202,37 @@ private:
 // ---- sparsified gradients (--sparsify topk:P) ----
 // Each step a rank sends the k entries of largest magnitude (k = P% of the parameters, at least
 // one; ties go to the lower index) of its gradient plus the error it held back in earlier steps,
-// and keeps back what it did not send (error feedback: Stich, Cordonnier and Jaggi, "Sparsified
-// SGD with Memory", NeurIPS 2018, algorithm 1; Lin et al., "Deep Gradient Compression", ICLR
-// 2018, section 3), then its loss at index n. allreduce_sparse adds the ranks' pairs (their union
-// holds up to N x k entries) and hands every rank the dense sum.
+// and keeps back what it did not send, rounding included (error feedback: Stich, Cordonnier and
+// Jaggi, "Sparsified SGD with Memory", NeurIPS 2018, algorithm 1; Lin et al., "Deep Gradient
+// Compression", ICLR 2018, section 3), then its loss. allreduce_sparse adds the ranks' pairs
+// (their union holds up to N x k entries) and hands every rank the dense sum. Values travel as
+// f32, bf16 or f16, or as MX codes (float32 values in and out; the loss then starts a window of
+// its own, so that its size does not set the scale of gradient values in its block).
 struct sparsifier {
-  spin::coll::dtype t = spin::coll::dtype::f32;  // the values' datatype: f32, bf16 or f16
+  spin::coll::dtype t = spin::coll::dtype::f32;  // the values' datatype
+  bool mx = false;                               // t is an MX type
+  spin::coll::mx::element e{};                   // ... of this element type
   std::size_t n = 0, k = 0;                      // parameters, entries sent per step
-  std::uint32_t vb = 4;                          // bytes per value
+  std::size_t loss_at = 0, length = 0;           // the loss's index, the vector's length
+  std::uint32_t vb = 4;                          // bytes per value in the caller's buffers
   float decode_mul = 0;                          // summed gradient -> mean gradient
   std::vector<float> memory;                     // what earlier steps held back (n values)
   std::vector<std::uint32_t> index;              // this step's pairs: ascending indices ...
-  std::vector<std::byte> values;                 // ... and their values, of t
-  std::vector<std::byte> dense;                  // the sum: n + 1 values of t
+  std::vector<std::byte> values;                 // ... their values, of t (MX: float32) ...
+  std::vector<float> sent;                       // ... and what each stands for on the wire
+  std::vector<std::byte> dense;                  // the sum: length values
   std::uint64_t window_bytes = 0;                // bytes of this step's sparse windows
 
+  static constexpr std::size_t W = spin::coll::sparse::window_values;
+
   sparsifier(const config& c, std::size_t params, spin::coll::dtype vt)
-      : t(vt), n(params), memory(params, 0.0f), _order(params) {
+      : t(vt), n(params), memory(params, 0.0f), _order(params), _window(W) {
+    mx = spin::coll::mx_element_of(t, e);
     k = std::clamp<std::size_t>(static_cast<std::size_t>(std::ceil(c.topk_percent / 100.0 * static_cast<double>(n))), 1, n);
-    vb = t == spin::coll::dtype::f32 ? 4 : 2;
-    dense.resize((n + 1) * vb);
+    vb = t == spin::coll::dtype::f32 || mx ? 4 : 2;
+    loss_at = mx ? (n + W - 1) / W * W : n;
+    length = loss_at + 1;
+    dense.resize(length * vb);
     decode_mul = 1.0f / static_cast<float>(std::uint64_t{c.ranks} * c.batch);
   }
   std::string describe() const {
@@ -230,11 +241,12 @@ struct sparsifier {
                   100.0 * static_cast<double>(k) / static_cast<double>(n));
     return b;
   }
-  // Float32 bits -> t's bits (rounded once), and back (exact).
+  // Float32 -> t's bits (rounded once; MX: float32 bits, encoded in allreduce_sparse), and back.
   std::uint32_t narrow(float f) const {
     const auto b = std::bit_cast<std::uint32_t>(f);
     if (t == spin::coll::dtype::bf16) return spin::coll::sparse_value_bf16::narrow(b);
     if (t == spin::coll::dtype::f16) return spin::coll::sparse_value_f16::narrow(b);
+    if (mx) return b;
     return spin::coll::sparse_value_f32::narrow(b);
   }
   float widen(std::uint32_t v) const {
@@ -247,6 +259,12 @@ struct sparsifier {
     std::memcpy(&x, v.data() + i * vb, vb);  // little-endian: the low bytes
     return x;
   }
+  // What the float32 values at `v` (a whole window) stand for once encoded as MX codes.
+  void mx_round_trip(float* v) {
+    std::memcpy(_window.data(), v, W * 4);
+    spin::coll::sparse::mx_round_trip(e, _window.data());
+    std::memcpy(v, _window.data(), W * 4);
+  }
   // This step's pairs from the rank's gradient and loss; updates the memory.
   void select(std::span<const float> grad, double loss) {
     for (std::size_t i = 0; i < n; ++i) memory[i] += grad[i];
@@ -258,52 +276,86 @@ struct sparsifier {
     });
     std::sort(_order.begin(), _order.begin() + static_cast<std::ptrdiff_t>(k));
     index.assign(_order.begin(), _order.begin() + static_cast<std::ptrdiff_t>(k));
-    index.push_back(static_cast<std::uint32_t>(n));
+    index.push_back(static_cast<std::uint32_t>(loss_at));
     values.resize(index.size() * vb);
-    for (std::size_t j = 0; j < k; ++j) {
-      const std::uint32_t i = index[j], v = narrow(memory[i]);
-      memory[i] -= widen(v);
+    sent.resize(index.size());
+    for (std::size_t j = 0; j < index.size(); ++j) {
+      const std::uint32_t v = narrow(j < k ? memory[index[j]] : static_cast<float>(loss));
       std::memcpy(values.data() + j * vb, &v, vb);
+      sent[j] = widen(v);
     }
-    const std::uint32_t l = narrow(static_cast<float>(loss));
-    std::memcpy(values.data() + k * vb, &l, vb);
-    // The windows as they travel: a value whose bits are +0 is not listed.
-    window_bytes = 0;
+    // Window by window: MX values become what their blocks' codes stand for; the windows'
+    // bytes as they travel (a value whose bits are +0 is not listed).
     namespace sp = spin::coll::sparse;
-    for (std::size_t j = 0, w = 0, listed = 0; w * sp::window_values < n + 1; ++w, listed = 0) {
-      for (; j < index.size() && index[j] < (w + 1) * sp::window_values; ++j) listed += value(values, j) != 0 ? 1 : 0;
-      window_bytes += sp::window_bytes(static_cast<std::uint32_t>(listed), vb);
+    window_bytes = 0;
+    std::vector<float> win(W);
+    for (std::size_t j = 0, w = 0; w * W < length; ++w) {
+      const std::size_t j0 = j;
+      while (j < index.size() && index[j] < (w + 1) * W) ++j;
+      std::uint32_t listed = 0;
+      if (!mx) {
+        for (std::size_t q = j0; q < j; ++q) listed += value(values, q) != 0 ? 1 : 0;
+        window_bytes += sp::window_bytes(listed, vb);
+        continue;
+      }
+      std::fill(win.begin(), win.end(), 0.0f);
+      for (std::size_t q = j0; q < j; ++q) win[index[q] - w * W] = sent[q];
+      mx_round_trip(win.data());
+      std::uint32_t blocks = 0;
+      for (std::uint32_t b = 0; b < sp::mx_blocks; ++b) {
+        std::uint32_t in_block = 0;
+        bool nan = false;
+        for (std::size_t i = b * 32; i < std::min<std::size_t>(W, b * 32 + 32); ++i) {
+          in_block += std::bit_cast<std::uint32_t>(win[i]) != 0 ? 1 : 0;
+          nan = nan || std::isnan(win[i]);
+        }
+        if (nan) in_block = 0;  // a NaN scale: the block is listed, its codes are 0
+        listed += in_block;
+        blocks += in_block > 0 || nan ? 1 : 0;
+      }
+      const std::uint32_t bits = spin::coll::mx::spec_of(e).bits;
+      window_bytes += sp::mx_pairs_smaller(listed, blocks, bits) ? sp::mx_pairs_bytes(listed, blocks) : sp::mx_dense_bytes(bits);
+      for (std::size_t q = j0; q < j; ++q) sent[q] = win[index[q] - w * W];
     }
+    for (std::size_t j = 0; j < k; ++j) memory[index[j]] -= sent[j];
   }
   // The dense sum -> the mean gradient; returns the summed loss of all ranks.
   double decode(std::span<float> grad) const {
     for (std::size_t i = 0; i < n; ++i) grad[i] = widen(value(dense, i)) * decode_mul;
-    return widen(value(dense, n));
+    return widen(value(dense, loss_at));
   }
 
 private:
   std::vector<std::uint32_t> _order;
+  std::vector<std::uint32_t> _window;
 };
 
 // The sum of the ranks' pairs as allreduce_sparse adds them (docs/collectives.md, "Sparse
-// allreduce"): each rank's values scattered into a float32 vector (+0 elsewhere), window w of
-// chunk c added from rank c+1 around to rank c, rounded to t once; written to s[0].dense.
+// allreduce"): what each rank's values stand for on the wire scattered into a float32 vector
+// (+0 elsewhere), window w of chunk c added from rank c+1 around to rank c, rounded to t once
+// (MX: encoded once, handed back decoded); written to s[0].dense.
 void sparse_sum_in_order(std::vector<sparsifier>& s) {
   const auto ranks = static_cast<std::uint32_t>(s.size());
-  const std::size_t len = s[0].n + 1, W = spin::coll::sparse::window_values;
-  std::vector<std::vector<float>> v(ranks, std::vector<float>(len, 0.0f));
+  const std::size_t len = s[0].length, W = sparsifier::W, nw = (len + W - 1) / W;
+  std::vector<std::vector<float>> v(ranks, std::vector<float>(nw * W, 0.0f));
   for (std::uint32_t r = 0; r < ranks; ++r)
-    for (std::size_t j = 0; j < s[r].index.size(); ++j) v[r][s[r].index[j]] = s[r].widen(s[r].value(s[r].values, j));
-  const std::size_t nw = (len + W - 1) / W, base = nw / ranks, extra = nw % ranks;
+    for (std::size_t j = 0; j < s[r].index.size(); ++j) v[r][s[r].index[j]] = s[r].sent[j];
+  std::vector<float> sum(nw * W, 0.0f);
+  const std::size_t base = nw / ranks, extra = nw % ranks;
   for (std::size_t c = 0, lo = 0; c < ranks; ++c) {
     const std::size_t windows = base + (c < extra ? 1 : 0);
-    for (std::size_t i = lo * W; i < std::min(len, (lo + windows) * W); ++i) {
+    for (std::size_t i = lo * W; i < (lo + windows) * W; ++i) {
       float acc = v[(c + 1) % ranks][i];
       for (std::uint32_t r = 2; r <= ranks; ++r) acc = acc + v[(c + r) % ranks][i];
-      const std::uint32_t bits = s[0].narrow(acc);
-      std::memcpy(s[0].dense.data() + i * s[0].vb, &bits, s[0].vb);
+      sum[i] = acc;
     }
     lo += windows;
+  }
+  if (s[0].mx)
+    for (std::size_t w = 0; w < nw; ++w) s[0].mx_round_trip(sum.data() + w * W);
+  for (std::size_t i = 0; i < len; ++i) {
+    const std::uint32_t bits = s[0].narrow(sum[i]);
+    std::memcpy(s[0].dense.data() + i * s[0].vb, &bits, s[0].vb);
   }
 }
 
@@ -414,7 +466,7 @@ int main(int argc, char** argv) {
   app.add_option("--sparsify", c.sparsify,
                  "topk:P: each rank sends only the P% of its gradient entries of largest magnitude (0 < P <= 100), "
                  "keeps the rest for later steps (error feedback), and the ranks add them with allreduce_sparse; the "
-                 "values travel as --gradients (f32, bf16 or f16; default f32)")
+                 "values travel as --gradients (f32, bf16, f16 or an MX type such as mxfp8; default f32)")
       ->check([&c](const std::string& v) {
         char* end = nullptr;
         const double p = v.rfind("topk:", 0) == 0 ? std::strtod(v.c_str() + 5, &end) : 0;
@@ -448,12 +500,12 @@ int main(int argc, char** argv) {
   }
   if (!c.sparsify.empty()) {
     if (app.count("--aggregation") > 0 && c.aggregation == "fixed")
-      return cannot_run("--sparsify sends float values (f32, bf16 or f16 by --gradients), not --aggregation fixed");
+      return cannot_run("--sparsify sends float values (f32, bf16, f16 or MX by --gradients), not --aggregation fixed");
     if (c.algorithm == "host_ring")
       return cannot_run("--sparsify needs NIC or switch handlers to add the sparse windows: --algorithm switch or edge_ring");
     const auto t = c.gradients.empty() ? spin::coll::dtype::f32 : codec::gradient_type(c.gradients);
-    if (t != spin::coll::dtype::f32 && t != spin::coll::dtype::bf16 && t != spin::coll::dtype::f16)
-      return cannot_run("--sparsify: sparse windows carry f32, bf16 or f16 values, not --gradients " + c.gradients);
+    if (spin::coll::window_type_of(t) == spin::coll::dtype::custom)
+      return cannot_run("--sparsify: sparse windows carry f32, bf16, f16 or MX values, not --gradients " + c.gradients);
     c.aggregation = "float";
   }
   const bool tty = ::isatty(1) != 0;
@@ -610,7 +662,7 @@ int main(int argc, char** argv) {
           auto& sp = sparsifiers[r];
           sp.select(grad, loss);
           window_bytes[r] += sp.window_bytes;
-          res = comms[r]->allreduce_sparse(sp.index, sp.values.data(), n_params + 1, sp.t, sp.dense.data(), algo);
+          res = comms[r]->allreduce_sparse(sp.index, sp.values.data(), sp.length, sp.t, sp.dense.data(), algo);
         } else {
           cd.encode(grad, loss, wire, sat);
           res = comms[r]->allreduce(wire.data(), wire.data(), cd.count(), cd.t, spin::coll::op::sum, algo);
