@@ -40,6 +40,7 @@ struct row {
   double union_density = 0;
   double ms = 0;
   double sent_per_rank = 0;  // bytes each rank's NIC sent per call (frames)
+  double repaired = 0;       // epochs repaired per call, all ranks together (lost or late packets resent)
   double max_err = 0;        // max |result - exact float64 sum| / max |exact|
   std::uint64_t wrong = 0;
   std::string error;
@@ -151,6 +152,11 @@ bool run_ranks(const sparse_options& o, std::uint32_t n, std::vector<row>& rows)
       return false;
     }
   }
+  auto repaired = [&] {
+    std::uint64_t s = 0;
+    for (std::uint32_t r = 0; r < n; ++r) s += comms[r]->stats().repaired_epochs;
+    return s;
+  };
   auto tx_bytes = [&] {
     std::uint64_t s = 0;
     for (std::uint32_t r = 0; r < n; ++r) s += cluster.value()->node(r).stats().ports[0].tx_bytes;
@@ -192,15 +198,19 @@ bool run_ranks(const sparse_options& o, std::uint32_t n, std::vector<row>& rows)
           if (mx) mx_round_trip(t, x[r]);
         }
         std::vector<std::vector<std::byte>> out(n, std::vector<std::byte>(L * vb));
-        std::uint64_t tx0 = 0;
+        std::uint64_t tx0 = 0, rep0 = 0;
         rw.ms = timed(
             n, o.iters,
             [&](std::uint32_t r) {
               auto res = comms[r]->allreduce_sparse(idx[r], vals[r].data(), L, t, out[r].data(), algo);
               return res ? std::string() : res.err().message;
             },
-            rw.error, [&] { tx0 = tx_bytes(); });
+            rw.error, [&] {
+              tx0 = tx_bytes();
+              rep0 = repaired();
+            });
         rw.sent_per_rank = static_cast<double>(tx_bytes() - tx0) / n / o.iters;
+        rw.repaired = static_cast<double>(repaired() - rep0) / o.iters;
         if (rw.error.empty()) {
           // Exactness (the documented order: epochs of `seg` windows, each cut into n chunks,
           // window w of chunk c summed from rank c+1 around) and the error against the float64 sum.
@@ -261,15 +271,19 @@ bool run_ranks(const sparse_options& o, std::uint32_t n, std::vector<row>& rows)
               }
             };
             for (std::uint32_t r = 0; r < n; ++r) fill(r);
-            std::uint64_t t0 = 0;
+            std::uint64_t t0 = 0, r0 = 0;
             b.ms = timed(
                 n, o.iters,
                 [&](std::uint32_t r) {
                   auto res = comms[r]->allreduce(dense[r].data(), dense[r].data(), L, dt, coll::op::sum, algo);
                   return res ? std::string() : res.err().message;
                 },
-                b.error, [&] { t0 = tx_bytes(); });
+                b.error, [&] {
+                  t0 = tx_bytes();
+                  r0 = repaired();
+                });
             b.sent_per_rank = static_cast<double>(tx_bytes() - t0) / n / o.iters;
+            b.repaired = static_cast<double>(repaired() - r0) / o.iters;
             rows.push_back(b);
             if (!b.error.empty()) return true;
           }
@@ -333,11 +347,12 @@ int run_sparse(const sparse_options& o) {
   std::vector<row> rows;
   bool ok = true;
   for (std::uint32_t n : o.ranks) ok = run_ranks(o, n, rows) && ok;
-  std::printf("\n%5s %-9s %-10s %8s %8s %10s %11s %8s %8s %8s %8s %10s %7s\n", "ranks", "algorithm", "type", "density", "union", "ms",
-              "MB/rank", "B/value", "x f32 B", "x bf16 B", "x f32 t", "max err", "#wrong");
+  std::printf("\n%5s %-9s %-10s %8s %8s %10s %11s %8s %8s %8s %8s %10s %7s %7s\n", "ranks", "algorithm", "type", "density", "union",
+              "ms", "MB/rank", "B/value", "x f32 B", "x bf16 B", "x f32 t", "max err", "#wrong", "repairs");
   FILE* csv = std::fopen((o.out_dir + "/sparse.csv").c_str(), "w");
   if (csv != nullptr)
-    std::fprintf(csv, "ranks,algorithm,type,density,union_density,ms,sent_bytes_per_rank,bytes_per_value,max_rel_error,wrong,error\n");
+    std::fprintf(csv, "ranks,algorithm,type,density,union_density,ms,sent_bytes_per_rank,bytes_per_value,max_rel_error,wrong,"
+                      "repaired_epochs_per_call,error\n");
   for (const row& r : rows) {
     const row* f32 = nullptr;
     const row* bf16 = nullptr;
@@ -353,22 +368,23 @@ int run_sparse(const sparse_options& o) {
       std::snprintf(uni, sizeof uni, "%.3g%%", r.union_density * 100);
       std::snprintf(err, sizeof err, "%.2e", r.max_err);
     }
-    std::printf("%5u %-9s %-10s %8s %8s %10.2f %11.3f %8.3f %8.3f %8.3f %8.2f %10s %7llu%s\n", r.ranks, r.algorithm.c_str(),
+    std::printf("%5u %-9s %-10s %8s %8s %10.2f %11.3f %8.3f %8.3f %8.3f %8.2f %10s %7llu %7.1f%s\n", r.ranks, r.algorithm.c_str(),
                 r.type.c_str(), dens, uni, r.ms, r.sent_per_rank / 1e6, r.sent_per_rank / static_cast<double>(o.values),
                 ratio(r.sent_per_rank, f32, &row::sent_per_rank), ratio(r.sent_per_rank, bf16, &row::sent_per_rank),
-                ratio(r.ms, f32, &row::ms), err, static_cast<unsigned long long>(r.wrong),
+                ratio(r.ms, f32, &row::ms), err, static_cast<unsigned long long>(r.wrong), r.repaired,
                 r.error.empty() ? "" : ("  FAILED: " + r.error).c_str());
     if (csv != nullptr)
-      std::fprintf(csv, "%u,%s,%s,%g,%g,%.4f,%.1f,%.5f,%.3e,%llu,\"%s\"\n", r.ranks, r.algorithm.c_str(), r.type.c_str(), r.density,
-                   r.union_density, r.ms, r.sent_per_rank, r.sent_per_rank / static_cast<double>(o.values), r.max_err,
-                   static_cast<unsigned long long>(r.wrong), r.error.c_str());
+      std::fprintf(csv, "%u,%s,%s,%g,%g,%.4f,%.1f,%.5f,%.3e,%llu,%.2f,\"%s\"\n", r.ranks, r.algorithm.c_str(), r.type.c_str(),
+                   r.density, r.union_density, r.ms, r.sent_per_rank, r.sent_per_rank / static_cast<double>(o.values), r.max_err,
+                   static_cast<unsigned long long>(r.wrong), r.repaired, r.error.c_str());
     ok = ok && r.error.empty() && r.wrong == 0;
   }
   if (csv != nullptr) std::fclose(csv);
   std::printf("density: of each rank's vector; union: of the result (values not +0); B/value: bytes each rank's NIC sent per value of "
               "the vector (frames, heads included); x f32 B, x bf16 B: against the dense allreduce of the same vectors in this run; "
               "x f32 t: time against dense float32; max err: max |result - exact float64 sum| / max |exact sum|; #wrong: values, on "
-              "all ranks, that differ from the float32 sum in the documented order\n");
+              "all ranks, that differ from the float32 sum in the documented order; repairs: epochs repaired per call, all ranks together "
+              "(lost or late packets resent: their frames count in the bytes)\n");
   std::printf("result: %s; wrote %s/sparse.csv\n", ok ? "every result exact" : "WRONG RESULTS OR FAILURES (exit status 1)", o.out_dir.c_str());
   return ok ? 0 : 1;
 }
