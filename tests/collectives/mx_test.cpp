@@ -10,6 +10,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -360,6 +361,81 @@ TEST_CASE("decode_native (float arithmetic) gives decode's bits for every scale 
         REQUIRE(mx::decode_native<E>(static_cast<std::uint8_t>(s), static_cast<std::uint8_t>(c)) ==
                 mx::decode(E, static_cast<std::uint8_t>(s), static_cast<std::uint8_t>(c)));
       }
+  };
+  check.template operator()<mx::element::fp8_e4m3>();
+  check.template operator()<mx::element::fp8_e5m2>();
+  check.template operator()<mx::element::fp6_e3m2>();
+  check.template operator()<mx::element::fp6_e2m3>();
+  check.template operator()<mx::element::fp4_e2m1>();
+  check.template operator()<mx::element::int8>();
+}
+
+TEST_CASE("quantize_native and encode_block_native (float arithmetic) give quantize_of's codes and encode_block_of's blocks") {
+  std::mt19937_64 rng(20261206);
+  auto check = [&]<mx::element E>() {
+    CAPTURE(mx::name(E));
+    constexpr mx::format f = mx::spec_of(E);
+    // Under every shared exponent: every code's value, the midpoints between neighbours and
+    // one float32 ulp either side, values far below the smallest subnormal, random magnitudes
+    // over the block's whole range; each with both signs, where float32 holds it exactly.
+    std::vector<double> grid;
+    for (unsigned c = 0; c < (1u << f.bits); ++c) {
+      const float v = std::bit_cast<float>(mx::decode(E, 127, static_cast<std::uint8_t>(c)));
+      if (std::isfinite(v) && v >= 0) grid.push_back(v);
+    }
+    std::sort(grid.begin(), grid.end());
+    std::vector<double> probes = grid;
+    for (std::size_t i = 0; i + 1 < grid.size(); ++i) probes.push_back((grid[i] + grid[i + 1]) / 2);
+    for (double x : {1e-30, 1e-40, 3e-39, std::ldexp(1.0, f.emax + 1) * 0.999, std::ldexp(1.0, f.emax + 1) * 1.5})
+      probes.push_back(x);
+    std::size_t wrong = 0, tried = 0;
+    std::string first;
+    for (int se = -127; se <= 127; ++se) {
+      std::vector<float> vals;
+      for (double p : probes) {
+        const double x = std::ldexp(p, se);
+        if (!(x <= FLT_MAX)) continue;
+        const float fx = static_cast<float>(x);
+        vals.push_back(fx);
+        vals.push_back(std::nextafter(fx, INFINITY));
+        vals.push_back(std::nextafter(fx, 0.0f));
+      }
+      for (int k = 0; k < 200; ++k) {
+        const double x = std::ldexp(std::uniform_real_distribution<double>(1, 2)(rng), se + f.emax - static_cast<int>(rng() % 40));
+        if (x <= FLT_MAX) vals.push_back(static_cast<float>(x));
+      }
+      for (float v : vals)
+        for (float sv : {v, -v}) {
+          // The precondition: a value of a block whose shared exponent is se.
+          if (!std::isfinite(sv) || std::fabs(static_cast<double>(sv)) >= std::ldexp(1.0, se + f.emax + 2)) continue;
+          ++tried;
+          const std::uint8_t got = mx::quantize_native<E>(bits(sv), se), want = mx::quantize_of<E>(bits(sv), se);
+          if (got != want && wrong++ == 0)
+            first = "v " + std::to_string(sv) + " (" + std::to_string(bits(sv)) + ") se " + std::to_string(se) + ": got " +
+                    std::to_string(got) + " want " + std::to_string(want);
+        }
+    }
+    CHECK(tried > 100000);
+    CHECK_MESSAGE(wrong == 0, first);
+    // Whole blocks: random dynamic ranges, zeros of both signs, subnormals, NaN and infinity.
+    for (int b = 0; b < 20000; ++b) {
+      std::uint32_t in[32];
+      const int top = static_cast<int>(rng() % 260) - 130, spread = static_cast<int>(rng() % 30);
+      for (auto& x : in) {
+        const std::uint64_t pick = rng() % 100;
+        if (pick < 5) x = pick < 3 ? 0u : 0x80000000u;
+        else if (pick < 7) x = static_cast<std::uint32_t>(rng() % 0x00800000u) | (pick == 6 ? 0x80000000u : 0u);
+        else {
+          const double m = std::ldexp(std::uniform_real_distribution<double>(1, 2)(rng), top - static_cast<int>(rng() % (spread + 1)));
+          x = bits(static_cast<float>(m <= FLT_MAX ? m : FLT_MAX)) | (rng() & 1 ? 0x80000000u : 0u);
+        }
+      }
+      if (b % 1000 == 999) in[rng() % 32] = b % 2000 == 999 ? 0x7fc00000u : 0xff800000u;
+      std::uint8_t c1[32], c2[32];
+      const std::uint8_t s1 = mx::encode_block_native<E>(in, c1), s2 = mx::encode_block_of<E>(in, c2);
+      REQUIRE(s1 == s2);
+      REQUIRE(std::memcmp(c1, c2, 32) == 0);
+    }
   };
   check.template operator()<mx::element::fp8_e4m3>();
   check.template operator()<mx::element::fp8_e5m2>();

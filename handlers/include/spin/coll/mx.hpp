@@ -425,6 +425,64 @@ template <element E> inline u32 decode_native(u8 scale, u8 code) {
   return scale == scale_nan ? f32_nan : r;
 }
 
+/// 2^k as float32 bits, k in -127 .. 127.
+constexpr u32 pow2_bits(i32 k) { return k >= -126 ? static_cast<u32>(k + 127) << 23 : 0x00400000u; }
+
+/// quantize_of by float arithmetic, for native handlers and host code (eBPF has no floats), for
+/// values of a block whose shared exponent is `shared_exp` (|v| < 2^(shared_exp + emax + 2)):
+/// the same code as quantize_of (test mx), in the default floating-point environment. Scaling by
+/// powers of two is exact but where the scaled value falls below float32's normal range, and
+/// there every element type's code is 0 (of the value's sign) either way; rounding to the
+/// element's grid adds and subtracts 2^23 (round to nearest, ties to even). Selects, not
+/// branches: a loop over a block vectorises. About ten times faster than quantize_of: what the
+/// collectives' block reductions use.
+template <element E> inline u8 quantize_native(u32 v, i32 shared_exp) {
+  constexpr format f = spec_of(E);
+  const u32 sign = v >> 31;
+  const float r = spin::detail::bit_cast<float>(v & 0x7fffffffu) * spin::detail::bit_cast<float>(pow2_bits(-shared_exp));
+  if constexpr (E == element::int8) {
+    float q = (r * 64.0f + 0x1p23f) - 0x1p23f;  // units of 2^-6, rounded
+    q = q < 127.0f ? q : 127.0f;                 // symmetric: never -128
+    const u32 m = static_cast<u32>(q);
+    return static_cast<u8>((sign != 0 ? 0u - m : m) & 0xffu);
+  } else {
+    constexpr i32 emin = 1 - f.bias;
+    constexpr u32 mmask = (1u << f.mbits) - 1;
+    // The largest normal, (2^m + max_mantissa) x 2^(max_exp_field - bias - m), and 2^emin.
+    const float max_normal = static_cast<float>((1u << f.mbits) + f.max_mantissa) *
+                                 spin::detail::bit_cast<float>(pow2_bits(static_cast<i32>(f.max_exp_field) - f.bias - static_cast<i32>(f.mbits)));
+    const float min_normal = spin::detail::bit_cast<float>(pow2_bits(emin));
+    const i32 er = static_cast<i32>(spin::detail::bit_cast<u32>(r) >> 23) - 127;  // floor(log2 r); -127 below normal
+    const i32 eu = (er > emin ? er : emin) - static_cast<i32>(f.mbits);           // the ulp at r's binade
+    const float q = (r * spin::detail::bit_cast<float>(pow2_bits(-eu)) + 0x1p23f) - 0x1p23f;
+    float y = q * spin::detail::bit_cast<float>(pow2_bits(eu));  // r rounded to the grid, exact
+    y = y < max_normal ? y : max_normal;
+    const u32 yb = spin::detail::bit_cast<u32>(y);
+    const u32 normal = ((static_cast<u32>(static_cast<i32>(yb >> 23) - 127 + f.bias)) << f.mbits) | ((yb >> (23 - f.mbits)) & mmask);
+    const u32 sub = static_cast<u32>(y * spin::detail::bit_cast<float>(pow2_bits(static_cast<i32>(f.mbits) - emin)));
+    const u32 code = y >= min_normal ? normal : sub;
+    return static_cast<u8>((sign << (f.bits - 1)) | code);
+  }
+}
+
+/// encode_block_of with quantize_native: the same scale and codes (test mx).
+template <element E> inline u8 encode_block_native(const u32* in, u8* codes) {
+  u32 max_abs = 0;
+  u32 special = 0;
+  for (u32 i = 0; i < block_elements; ++i) {
+    const u32 a = in[i] & 0x7fffffffu;
+    special |= a >= 0x7f800000u ? 1u : 0u;
+    max_abs = a > max_abs ? a : max_abs;
+  }
+  if (special != 0) {
+    for (u32 i = 0; i < block_elements; ++i) codes[i] = 0;
+    return scale_nan;
+  }
+  const i32 se = shared_exponent(E, max_abs);
+  for (u32 i = 0; i < block_elements; ++i) codes[i] = quantize_native<E>(in[i], se);
+  return static_cast<u8>(se + scale_bias);
+}
+
 /// Element code i (0 .. 31) of a block's packed codes (the wire layout's element bytes).
 constexpr u8 code_at(element e, const u8* packed, u32 i) {
   const u32 bits = spec_of(e).bits;
@@ -444,10 +502,18 @@ constexpr void decode_block(element e, const u8* block, u32* out) {
 }
 
 /// encode_packed for an element type known at compile time: the same bytes, without a
-/// run-time dispatch per element (what the collectives' block reductions use).
+/// run-time dispatch per element (integer arithmetic: any target).
 template <element E> constexpr void encode_packed_of(const u32* in, u8* block) {
   u8 codes[block_elements] = {};
   block[0] = encode_block_of<E>(in, codes);
+  pack(E, codes, block + 1);
+}
+
+/// encode_packed_of with encode_block_native: the same bytes, by float arithmetic (native
+/// handlers and host code). What the collectives' block reductions use.
+template <element E> inline void encode_packed_native(const u32* in, u8* block) {
+  u8 codes[block_elements] = {};
+  block[0] = encode_block_native<E>(in, codes);
   pack(E, codes, block + 1);
 }
 

@@ -276,7 +276,7 @@ template <mx::element E> struct mx_codec {
     for (u32 i = 0; i < values; ++i) out[i] = value(in, i);
   }
   static u32 value(const u8* in, u32 i) { return mx::decode_native<E>(in[0], mx::code_at(E, in + 1, i)); }
-  static void encode(const u32* in, u8* out) { mx::encode_packed_of<E>(in, out); }
+  static void encode(const u32* in, u8* out) { mx::encode_packed_native<E>(in, out); }
 };
 template <u32 Block, u32 Bits> struct bfp_codec {
   static constexpr bfp::format f{Block, Bits};
@@ -542,7 +542,7 @@ struct sparse_value_f16 {
 /// values"). The accumulator is sum_sparse's: the dense window of float32 sums, packed the same
 /// way on the wire. Values are decoded exactly (mx::decode_native), added in float32 (every
 /// value a window does not list as the +0 it stands for) and encoded once at the end, each block's
-/// scale chosen from its float32 sums (OCP MX v1.0, section 6.3; mx::encode_block_of), so the
+/// scale chosen from its float32 sums (OCP MX v1.0, section 6.3; mx::encode_block_native), so the
 /// result is the dense MX encoding of the dense float32 sum, whatever form each window took.
 template <mx::element E> struct sum_sparse_mx {
   static constexpr u32 W = sparse::window_values;
@@ -633,7 +633,7 @@ template <mx::element E> struct sum_sparse_mx {
         count[j] = 0;
         continue;
       }
-      scale[j] = mx::encode_block_of<E>(in, codes);
+      scale[j] = mx::encode_block_native<E>(in, codes);
       mx::pack(E, codes, packed + j * block_code_bytes);
       u32 c = 0;
       for (u32 i = 0; i < B; ++i) c += codes[i] != 0 ? 1u : 0u;
@@ -667,7 +667,7 @@ template <mx::element E> struct sum_sparse_mx {
     for (u32 j = 0; j < sparse::mx_blocks; ++j) {
       if (count[j] == 0) continue;
       block_of(a, j, in);
-      mx::encode_block_of<E>(in, codes);
+      mx::encode_block_native<E>(in, codes);
       for (u32 i = 0; i < B && j * B + i < W; ++i) {
         if (codes[i] == 0) continue;
         sparse::store16(off + 2 * k, static_cast<u16>(j * B + i));
