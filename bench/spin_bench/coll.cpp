@@ -24,6 +24,7 @@
 #include "coll_types.hpp"
 #include "coll_table.hpp"
 #include "../common.hpp"
+#include "repair_options.hpp"
 
 #include <spin/coll/coll.hpp>
 #include <spin/emu/cluster.hpp>
@@ -176,8 +177,7 @@ bool run_spin(const coll_options& o, const std::vector<std::string>& algos, cons
   coll::options co;
   // A large message on a slow machine takes seconds; the timeout only guards against a hang.
   co.timeout = std::chrono::milliseconds(60'000 + max_bytes / (1 << 20) * 1000);
-  co.repair_interval = std::chrono::milliseconds(o.repair_max_ms);
-  co.repair_min_interval = std::chrono::microseconds(o.repair_min_us);
+  set_repair_timer(co, o.repair_min_us, o.repair_max_ms);
   co.packet_bytes = o.packet_bytes;
   co.window_packets = o.window_packets;
   co.switch_slots = o.switch_slots;

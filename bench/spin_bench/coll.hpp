@@ -37,7 +37,7 @@ struct coll_options {
   /// A host's packet to another host crosses two links (through the switch).
   std::uint64_t link_latency_ns = 0;
   /// spin::coll's repair timer: shortest and longest interval (options::repair_min_interval and
-  /// repair_interval). The interval follows the measured round trips in between.
+  /// repair_max_interval). The interval follows the measured round trips in between.
   std::uint32_t repair_min_us = 1000;
   std::uint32_t repair_max_ms = 1000;
   std::string out_dir = "spin-bench-out";

@@ -7,6 +7,7 @@
 #include "groups.hpp"
 
 #include "../common.hpp"
+#include "repair_options.hpp"
 
 #include <spin/coll/coll.hpp>
 #include <spin/emu/cluster.hpp>
@@ -72,8 +73,7 @@ int run_groups(const groups_options& o) {
   copt.arena_bytes = std::size_t{1} << 20;  // small messages: a small arena per communicator
   copt.staging_bytes = std::size_t{128} << 10;
   copt.timeout = std::chrono::seconds(60);
-  copt.repair_min_interval = std::chrono::microseconds(o.repair_min_us);
-  copt.repair_interval = std::chrono::milliseconds(o.repair_max_ms);
+  set_repair_timer(copt, o.repair_min_us, o.repair_max_ms);
   copt.log = [](const std::string&) {};  // groups without switch slots run on the edge ring: expected here
   const std::uint32_t ranks = o.groups * o.members;
   std::printf("%u groups of %u members on %u emulated hosts and a switch (%u lcores of %u hardware threads), %u rank threads; "

@@ -16,7 +16,7 @@ struct groups_options {
   std::uint32_t lcores = 0;        ///< lcores of the cluster; 0: every CPU
   /// spin::coll's repair timer, shortest and longest interval (coll::options' defaults).
   std::uint32_t repair_min_us = 1000;
-  std::uint32_t repair_max_ms = 10;
+  std::uint32_t repair_max_ms = 1000;
   std::string out_dir = "spin-bench-out";
 };
 

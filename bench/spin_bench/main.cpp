@@ -60,8 +60,8 @@ void add_repair_options(CLI::App* c, std::uint32_t& min_us, std::uint32_t& max_m
       ->capture_default_str()
       ->check(CLI::Range(1u, 60'000'000u));
   c->add_option("--repair-max-ms", max_ms,
-                "spin::coll's longest and first repair interval (options::repair_interval), ms; the repair timer follows "
-                "measured round trips in between")
+                "spin::coll's longest repair interval (options::repair_max_interval), ms; the repair timer starts at "
+                "options::repair_interval (10 ms, kept within the two) and follows measured round trips in between")
       ->capture_default_str()
       ->check(CLI::Range(1u, 60'000u));
 }

@@ -140,7 +140,7 @@ struct communicator::impl {
   bool broken = false;
   std::string broken_why;
   comm_stats st;
-  detail::repair_timer rto{detail::repair_timer::duration(1), detail::repair_timer::duration(1)};  // set by create
+  detail::repair_timer rto{{}, {}, {}};  // set by create
   std::map<std::size_t, std::size_t> free_list;  // offset -> bytes
   std::map<std::size_t, std::size_t> used;
   bool group_claimed = false;
@@ -740,11 +740,15 @@ error check_group(const group& g, const options& o) {
     return fail(errc::invalid_argument, "communicator: window_packets out of 1..256");
   if (o.packet_bytes != 0 && (o.packet_bytes < 16 || o.packet_bytes > pr::max_packet_bytes))
     return fail(errc::invalid_argument, "communicator: packet_bytes out of 16..4096 (or 0: the NIC's largest)");
-  if (o.timeout.count() <= 0 || o.repair_interval.count() <= 0 || o.repair_min_interval.count() <= 0)
-    return fail(errc::invalid_argument, "communicator: timeout, repair_interval and repair_min_interval must be positive");
-  if (o.repair_min_interval > o.repair_interval)
-    return fail(errc::invalid_argument, "communicator: repair_min_interval (" + std::to_string(o.repair_min_interval.count()) +
-                                            " us) exceeds repair_interval (" + std::to_string(o.repair_interval.count()) + " us)");
+  if (o.timeout.count() <= 0 || o.repair_interval.count() <= 0 || o.repair_min_interval.count() <= 0 ||
+      o.repair_max_interval.count() <= 0)
+    return fail(errc::invalid_argument,
+                "communicator: timeout, repair_interval, repair_min_interval and repair_max_interval must be positive");
+  if (o.repair_min_interval > o.repair_interval || o.repair_interval > o.repair_max_interval)
+    return fail(errc::invalid_argument, "communicator: the repair intervals must satisfy repair_min_interval (" +
+                                            std::to_string(o.repair_min_interval.count()) + " us) <= repair_interval (" +
+                                            std::to_string(o.repair_interval.count()) + " us) <= repair_max_interval (" +
+                                            std::to_string(o.repair_max_interval.count()) + " us)");
   if (o.staging_bytes < 4096 || o.arena_bytes < ctl_bytes + 2 * o.staging_bytes)
     return fail(errc::invalid_argument, "communicator: arena_bytes must hold 64 KiB and two staging buffers of at least 4 KiB");
   return error{};
@@ -775,7 +779,7 @@ result<std::unique_ptr<communicator>> communicator::create_on(std::unique_ptr<de
   p->g = g;
   p->o = o;
   p->o.packet_bytes = packet_bytes;
-  p->rto = detail::repair_timer(o.repair_min_interval, o.repair_interval);
+  p->rto = detail::repair_timer(o.repair_min_interval, o.repair_interval, o.repair_max_interval);
   p->base_id = g.id << 4;
   {
     std::lock_guard<std::mutex> l(groups_mutex);

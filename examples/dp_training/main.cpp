@@ -542,7 +542,7 @@ int main(int argc, char** argv) {
   spin::coll::options co;
   co.timeout = std::chrono::seconds(60);  // rank 0 evaluates the model while the others wait
   if (c.repair_ms == 0) c.repair_ms = c.loss_rate > 0 ? 10 : 1000;
-  co.repair_interval = std::chrono::milliseconds(c.repair_ms);
+  co.repair_interval = co.repair_max_interval = std::chrono::milliseconds(c.repair_ms);
   co.switches = fab.value().get();
   co.log = [](const std::string& line) { std::fprintf(stderr, "dp_training: %s\n", line.c_str()); };
   spin::coll::group g;

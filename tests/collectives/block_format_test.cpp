@@ -195,6 +195,7 @@ TEST_CASE("block-format results are identical on every rank, across runs and und
   for (double loss : {0.0, 0.02}) {
     options o;
     o.repair_interval = std::chrono::microseconds(1000);
+    o.repair_max_interval = o.repair_interval;
     o.switch_slots = 8;
     world w(emu::star(n, test::lossy(loss, 17, 0.05)), o, 1, test::switches::fabric);
     for (int run = 0; run < 2; ++run)

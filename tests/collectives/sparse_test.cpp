@@ -336,6 +336,7 @@ TEST_CASE("sparse allreduce: identical on every rank, across runs and under loss
   for (double loss : {0.0, 0.02}) {
     options o;
     o.repair_interval = std::chrono::microseconds(1000);
+    o.repair_max_interval = o.repair_interval;
     o.switch_slots = 8;
     world w(emu::star(n, test::lossy(loss, 23, 0.05)), o, 1, test::switches::fabric);
     for (int run = 0; run < 2; ++run)
@@ -517,6 +518,7 @@ TEST_CASE("MX sparse allreduce: under loss, duplication and reordering; fewer by
   const std::uint32_t n = 4;
   options o;
   o.repair_interval = std::chrono::microseconds(1000);
+  o.repair_max_interval = o.repair_interval;
   o.switch_slots = 8;
   world w(emu::star(n, test::lossy(0.02, 29, 0.05)), o, 1, test::switches::fabric);
   for (algorithm a : {algorithm::edge_ring, algorithm::switch_agg})

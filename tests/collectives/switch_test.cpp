@@ -52,7 +52,7 @@ TEST_CASE("switch allreduce sends S bytes up and receives S down per host; the r
   const double s_bytes = count * 4.0;
   options o;
   // No loss: a slow machine must not add repair traffic (a fixed interval of 1 s).
-  o.repair_interval = o.repair_min_interval = std::chrono::seconds(1);
+  o.repair_max_interval = o.repair_interval = o.repair_min_interval = std::chrono::seconds(1);
   world w(emu::star(n, {}), o, 1, test::switches::fabric);
   std::vector<std::vector<float>> in(n, std::vector<float>(count, 1.0f)), out(n, std::vector<float>(count));
   // Per packet: 1024 payload bytes and 104 bytes of Ethernet, IPv4, UDP and spin headers.
@@ -203,7 +203,7 @@ TEST_CASE("a switch epoch that stalls without loss sends nothing twice: its repa
   emu::link_model slow;
   slow.latency = std::chrono::milliseconds(5);
   options o;
-  o.repair_interval = o.repair_min_interval = std::chrono::milliseconds(1);
+  o.repair_max_interval = o.repair_interval = o.repair_min_interval = std::chrono::milliseconds(1);
   o.packet_bytes = 4096;
   world w(emu::star(n, slow), o, 1, test::switches::fabric);
   const std::uint64_t count = 64 * 1024;  // 256 KiB of int32: 64 packets of 4 KiB per rank
@@ -391,7 +391,7 @@ TEST_CASE("in a leaf-spine network leaves combine integer and min/max reductions
   // Leaves l0 (h0, h1) and l1 (h2, h3) under spine sp.
   const emu::topology t = test::leaf_spine({2, 2});
   options o;
-  o.repair_interval = o.repair_min_interval = std::chrono::seconds(1);  // no loss: the bytes are measured
+  o.repair_max_interval = o.repair_interval = o.repair_min_interval = std::chrono::seconds(1);  // no loss: the bytes are measured
   world w(t, o, 1, test::switches::fabric);
   const auto u = w.fab->usage();
   REQUIRE(u.size() == 3);
@@ -447,6 +447,7 @@ TEST_CASE("two-level aggregation stays exact under loss, duplication and reorder
   const emu::topology t = test::leaf_spine({3, 2}, m);  // three hosts on l0, two on l1
   options o;
   o.repair_interval = std::chrono::microseconds(1000);
+  o.repair_max_interval = o.repair_interval;
   o.switch_slots = 8;
   world w(t, o, 1, test::switches::fabric);
   const std::uint64_t count = 20011;
@@ -484,6 +485,7 @@ TEST_CASE("back-to-back switch allreduces with a lossy host: faster ranks start 
     if (l.a == 3 || l.b == 3) l.model = test::lossy(0.2, 29, 0.0);
   options o;
   o.repair_interval = std::chrono::microseconds(1000);
+  o.repair_max_interval = o.repair_interval;
   o.switch_slots = 4;
   o.packet_bytes = 1024;
   world w(t, o, 1, test::switches::fabric);
@@ -521,7 +523,7 @@ TEST_CASE("allgather and broadcast through the switch: blocks go up once and com
     const emu::link_model m = test::lossy(loss, 13, 0.03);
     options o;
     // Without loss, no repair traffic on a slow machine either: the bytes are measured.
-    o.repair_interval = o.repair_min_interval = loss > 0 ? std::chrono::microseconds(1000) : std::chrono::microseconds(1000000);
+    o.repair_max_interval = o.repair_interval = o.repair_min_interval = loss > 0 ? std::chrono::microseconds(1000) : std::chrono::microseconds(1000000);
     const std::uint32_t n = 4;
     world w(emu::star(n, m), o, 1, test::switches::fabric);
     for (std::uint64_t block : {0ull, 1ull, 255ull, 256ull, 257ull, 20011ull}) {

@@ -77,12 +77,17 @@ struct options {
   /// (docs/collectives.md, "Repair timer"). The interval follows the round trips the
   /// communicator measures, as TCP's retransmission timeout does (RFC 6298: smoothed round
   /// trip + 4 x its variation, doubled after each repaired epoch), within [repair_min_interval,
-  /// repair_interval]. It starts at repair_interval, SwitchML's default retransmission timeout.
+  /// repair_max_interval]. repair_interval is where it starts, before the first round trip is
+  /// known: SwitchML's default retransmission timeout.
   std::chrono::microseconds repair_interval{10000};
+  /// The longest repair interval: the back-off's ceiling, and the limit of the measured
+  /// interval. It must exceed the round trips of a loaded machine, or every epoch that lasts
+  /// longer is repaired on lossless links (16 ranks on 2 cores measure 15 to 20 ms).
+  std::chrono::microseconds repair_max_interval{1000000};
   /// The shortest repair interval. Each tick wakes the waiting rank, so below about 1 ms ticks
-  /// cost the cores the NICs need on a small machine. Equal to repair_interval: a fixed
-  /// interval. create fails with invalid_argument when it is not positive or exceeds
-  /// repair_interval.
+  /// cost the cores the NICs need on a small machine. All three equal: a fixed interval.
+  /// create fails with invalid_argument unless 0 < repair_min_interval <= repair_interval <=
+  /// repair_max_interval.
   std::chrono::microseconds repair_min_interval{1000};
   /// Off: lost packets are never repaired; a collective that loses one ends in a timeout.
   bool recovery = true;
