@@ -461,6 +461,26 @@ TEST_CASE("bad arguments are refused before anything is sent") {
   g.members = {0, 1};
   g.id = 1;  // taken by the world's communicator
   CHECK(communicator::create(*w.cluster->host(0), g).err().code == errc::exists);
+  // The repair timer's bounds: 0 < min <= start <= max, each named in the message.
+  g.id = 2;
+  const std::string bounds = "communicator: the repair intervals must satisfy repair_min_interval (";
+  options o;
+  o.repair_interval = std::chrono::seconds(2);  // above the default ceiling (1 s)
+  auto high = communicator::create(*w.cluster->host(0), g, o);
+  CHECK(high.err().code == errc::invalid_argument);
+  CHECK(high.err().message == bounds + "1000 us) <= repair_interval (2000000 us) <= repair_max_interval (1000000 us)");
+  o = options{};
+  o.repair_min_interval = std::chrono::milliseconds(20);  // above the default start (10 ms)
+  CHECK(communicator::create(*w.cluster->host(0), g, o).err().code == errc::invalid_argument);
+  o = options{};
+  o.repair_max_interval = std::chrono::microseconds(0);
+  CHECK(communicator::create(*w.cluster->host(0), g, o).err().message ==
+        "communicator: timeout, repair_interval, repair_min_interval and repair_max_interval must be positive");
+  o = options{};
+  o.repair_max_interval = o.repair_interval = o.repair_min_interval = std::chrono::milliseconds(3);  // a fixed interval
+  auto fixed = communicator::create(*w.cluster->host(0), g, o);
+  REQUIRE_MESSAGE(fixed.ok(), fixed.err().message);
+  CHECK(fixed.value()->stats().repair_interval == std::chrono::milliseconds(3));
 }
 
 TEST_CASE("a cluster on 1, 2 and 3 lcores gives bit-identical collective results, under loss too") {
