@@ -45,6 +45,7 @@
 #include <barrier>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -296,6 +297,7 @@ bool run_spin(const coll_options& o, const std::vector<std::string>& algos, cons
             dr1 = drops();
           });
       if (row.oop.ran) {
+        row.max_error = d.max_error(out[0].data(), row.count);
         row.sent_bytes_per_rank = static_cast<double>(tx1 - tx0) / o.ranks / row.iters;
         row.repairs = rp1 - rp0;
         // Where the lcores' time went: busy (rounds that moved something, helping included) per
@@ -666,21 +668,22 @@ int run_coll(const coll_options& o) {
       std::printf("# data frames: %s\n", o.authenticate ? "authenticated (a job secret: a SipHash-2-4 tag on every frame, checked by its receiver)"
                                                           : "not authenticated (no job secret; --authenticate gives one)");
     std::printf("#%74s%38s\n", "out-of-place", "in-place");
-    std::printf("# %12s %11s %10s %6s %5s %10s %8s %8s %7s %10s %8s %8s %7s %12s %7s %7s\n", "size", "count", "type", "redop", "root",
-                "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong", "sent/rank", "x S", "B/value");
-    std::printf("# %12s %11s %10s %6s %5s %10s %8s %8s %7s %10s %8s %8s %7s %12s %7s %7s\n", "(B)", "(elements)", "", "", "", "(us)",
-                "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "", "(B)", "", "");
+    std::printf("# %12s %11s %10s %6s %5s %10s %8s %8s %7s %10s %8s %8s %7s %12s %7s %7s %9s\n", "size", "count", "type", "redop",
+                "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong", "sent/rank", "x S", "B/value", "max err");
+    std::printf("# %12s %11s %10s %6s %5s %10s %8s %8s %7s %10s %8s %8s %7s %12s %7s %7s %9s\n", "(B)", "(elements)", "", "", "", "(us)",
+                "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "", "(B)", "", "", "");
     for (const auto& r : rows) {
       if (r.algorithm != a) continue;
-      char sent[32] = "-", ratio[32] = "-", per_value[32] = "-";
+      char sent[32] = "-", ratio[32] = "-", per_value[32] = "-", err[32] = "-";
+      if (r.max_error >= 0 || std::isnan(r.max_error)) std::snprintf(err, sizeof err, "%.2e", r.max_error);
       if (r.sent_bytes_per_rank >= 0) {
         std::snprintf(sent, sizeof sent, "%.0f", r.sent_bytes_per_rank);
         std::snprintf(ratio, sizeof ratio, "%.3f", r.sent_bytes_per_rank / static_cast<double>(r.bytes));
         if (r.values > 0) std::snprintf(per_value, sizeof per_value, "%.3f", r.sent_bytes_per_rank / static_cast<double>(r.values));
       }
-      std::printf("  %12llu %11llu %10s %6s %5d %s %s %12s %7s %7s\n", static_cast<unsigned long long>(r.bytes),
+      std::printf("  %12llu %11llu %10s %6s %5d %s %s %12s %7s %7s %9s\n", static_cast<unsigned long long>(r.bytes),
                   static_cast<unsigned long long>(r.count), r.type.c_str(), "sum", -1, mode_cols(r.oop).c_str(), mode_cols(r.ip).c_str(),
-                  sent, ratio, per_value);
+                  sent, ratio, per_value, err);
       for (const coll_mode* m : {&r.oop, &r.ip}) {
         if (!m->error.empty()) std::printf("  FAILED: %s\n", m->error.c_str());
         if (!m->error.empty() || m->wrong != 0) all_ok = false;
@@ -700,6 +703,8 @@ int run_coll(const coll_options& o) {
               "sends %.3f x S of payload (2(n-1)/n); Core-INC aggregation sends 1 x S. Rings carry reduce-scatter's partial sums\n"
               "as float32 accumulators (4 bytes a value for bf16, f16 and the block formats); through the switch only elements\n"
               "travel.\n"
+              "max err: rank 0's result against the exact float64 sum, max |error| / max |sum| (the inputs are small\n"
+              "integers, so every partial sum is exact and the error is the datatype's rounding of the result).\n"
               "Gloo and Open MPI do not go through an emulated NIC, so their bytes are not measured.\n",
               ring);
   for (const auto& [what, why] : not_run) std::printf("not run: %s: %s\n", what.c_str(), why.c_str());
@@ -708,7 +713,7 @@ int run_coll(const coll_options& o) {
   // ---- files ----
   std::ostringstream csv;
   csv << "algorithm,ranks,size_bytes,count,values,type,redop,root,iters,oop_time_us,oop_algbw_gbs,oop_busbw_gbs,oop_wrong,ip_time_us,"
-         "ip_algbw_gbs,ip_busbw_gbs,ip_wrong,sent_bytes_per_rank,sent_over_size,error\n";
+         "ip_algbw_gbs,ip_busbw_gbs,ip_wrong,sent_bytes_per_rank,sent_over_size,max_error,error\n";
   nlohmann::json jrows = nlohmann::json::array();
   for (const auto& r : rows) {
     csv << r.algorithm << ',' << r.ranks << ',' << r.bytes << ',' << r.count << ',' << r.values << ',' << r.type << ",sum,-1," << r.iters << ',' << r.oop.time_us << ','
@@ -716,6 +721,8 @@ int run_coll(const coll_options& o) {
         << r.ip.busbw_gbs << ',' << r.ip.wrong << ',';
     if (r.sent_bytes_per_rank >= 0) csv << r.sent_bytes_per_rank << ',' << r.sent_bytes_per_rank / static_cast<double>(r.bytes);
     else csv << ',';
+    csv << ',';
+    if (r.max_error >= 0 || std::isnan(r.max_error)) csv << r.max_error;
     csv << ',' << csv_field(r.oop.error.empty() ? r.ip.error : r.oop.error) << '\n';
     jrows.push_back(to_json(r));
   }

@@ -2,6 +2,7 @@
 // benchmark and its peers (the Open MPI peer runs under mpirun and reports JSON).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -30,6 +31,9 @@ struct coll_row {
   coll_mode oop, ip;
   double sent_bytes_per_rank = -1;  ///< frames each rank's NIC sent per out-of-place call (-1: not measured)
   std::int64_t repairs = -1;        ///< epochs a repair tick found stalled, all ranks, out-of-place calls (-1: not measured)
+  /// Rank 0's out-of-place result against the exact float64 sum: max |error| / max |sum|
+  /// (-1: not measured)
+  double max_error = -1;
 };
 
 inline double busbw_factor(std::uint32_t n) { return n > 1 ? 2.0 * (n - 1) / n : 0.0; }
@@ -47,6 +51,7 @@ inline nlohmann::json to_json(const coll_row& r) {
                       {"in_place", to_json(r.ip)}};
   if (r.sent_bytes_per_rank >= 0) j["sent_bytes_per_rank"] = r.sent_bytes_per_rank;
   if (r.repairs >= 0) j["repaired_epochs"] = r.repairs;
+  if (r.max_error >= 0 || std::isnan(r.max_error)) j["max_error"] = std::isnan(r.max_error) ? nlohmann::json("nan") : nlohmann::json(r.max_error);
   return j;
 }
 

@@ -12,6 +12,8 @@
 
 #include <spin/coll/types.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -47,11 +49,14 @@ public:
       _eb = sizeof(typename R::elem);
       _ab = sizeof(typename R::acc);
       _narrow = &coll::narrow_n<R>;
+      _widen = &coll::widen_n<R>;
     });
     _nv = coll::block_values(t);
     _in.assign(ranks, std::vector<std::byte>(9 * _eb));
     _want.resize(9 * _eb);
-    std::vector<double> sum(9 * std::size_t{_nv}, 0.0), mine(9 * std::size_t{_nv});
+    std::vector<double>& sum = _sum;
+    sum.assign(9 * std::size_t{_nv}, 0.0);
+    std::vector<double> mine(9 * std::size_t{_nv});
     for (std::uint32_t r = 0; r < ranks; ++r) {
       for (std::uint64_t i = 0; i < mine.size(); ++i) {
         mine[i] = coll_input(r, i);
@@ -60,6 +65,7 @@ public:
       convert(mine, _in[r].data());
     }
     convert(sum, _want.data());
+    for (double s : sum) _max_sum = std::max(_max_sum, std::fabs(s));
   }
   std::uint32_t elem_bytes() const { return _eb; }
   std::uint32_t acc_bytes() const { return _ab; }
@@ -76,7 +82,37 @@ public:
     return w;
   }
 
+  /// The largest |value of `got` - exact float64 sum| over `count` elements, divided by the
+  /// largest |exact sum| (0 when every sum is 0): the datatype's error, since every partial sum
+  /// is exact. NaN when a value of `got` is NaN.
+  double max_error(const void* got, std::uint64_t count) const {
+    const auto* g = static_cast<const std::byte*>(got);
+    std::vector<std::byte> acc(_ab);
+    double worst = 0;
+    for (std::uint64_t e = 0; e < count; ++e) {
+      _widen(acc.data(), g + e * _eb, 1);
+      for (std::uint32_t k = 0; k < _nv; ++k) {
+        const double d = std::fabs(value_at(acc.data(), k) - _sum[(e % 9) * _nv + k]);
+        if (std::isnan(d)) return d;
+        worst = std::max(worst, d);
+      }
+    }
+    return _max_sum > 0 ? worst / _max_sum : worst;
+  }
+
 private:
+  // Value k of one element's accumulator, as double.
+  double value_at(const std::byte* acc, std::uint32_t k) const {
+    if (_t == coll::dtype::f64) return load<double>(acc + 8 * k);
+    if (_t == coll::dtype::i32) return load<std::int32_t>(acc + 4 * k);
+    if (_t == coll::dtype::i64) return static_cast<double>(load<std::int64_t>(acc + 8 * k));
+    return load<float>(acc + 4 * k);  // float32 accumulators
+  }
+  template <class T> static T load(const std::byte* p) {
+    T v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+  }
   // Values (9 x V of them) -> 9 elements, through the reduction's accumulator and narrow.
   void convert(const std::vector<double>& v, std::byte* out) const {
     std::vector<std::byte> acc(9 * std::size_t{_ab});
@@ -108,7 +144,10 @@ private:
   coll::dtype _t;
   std::uint32_t _eb = 0, _ab = 0, _nv = 1;
   void (*_narrow)(void*, const void*, std::uint32_t) = nullptr;
+  void (*_widen)(void*, const void*, std::uint32_t) = nullptr;
   std::vector<std::vector<std::byte>> _in;
+  std::vector<double> _sum;  // the exact sums of one period (9 x V values)
+  double _max_sum = 0;
   std::vector<std::byte> _want;
 };
 
