@@ -288,12 +288,33 @@ template <u32 Block, u32 Bits> struct bfp_codec {
   }
   static void encode(const u32* in, u8* out) { bfp::encode_block(f, in, out); }
 };
+/// The value forms every reduction has (widen, combine, narrow), for a reduction R that has
+/// in-place forms (widen_into, combine_into, narrow_into): block_ops, sum_sparse and
+/// sum_sparse_mx derive from value_forms<themselves>. The kernels use the in-place forms; these
+/// are for callers that hold single values. Self is R, named late so that R is complete.
+template <class R> struct value_forms {
+  template <class Self = R> static typename Self::acc widen(const typename Self::elem& x) {
+    typename Self::acc a;
+    Self::widen_into(a, x);
+    return a;
+  }
+  template <class Self = R> static typename Self::acc combine(typename Self::acc a, const typename Self::acc& b) {
+    Self::combine_into(a, b);
+    return a;
+  }
+  template <class Self = R> static typename Self::elem narrow(const typename Self::acc& a) {
+    typename Self::elem e;
+    Self::narrow_into(e, a);
+    return e;
+  }
+};
+
 /// A block element and its float32 accumulator (kept as bits, so that the codec writes and
 /// reads it in place). `Op::apply(float, float)` combines two values. Besides the value forms
 /// every reduction has (widen, combine, narrow), a block reduction has in-place forms, which
 /// the kernels below use (`in_place`): a block is 128 or more bytes, and value forms would put
 /// several copies of one on a handler's stack.
-template <class Codec, class Op> struct block_ops {
+template <class Codec, class Op> struct block_ops : detail::value_forms<block_ops<Codec, Op>> {
   struct elem {
     u8 b[Codec::bytes];
   };
@@ -313,20 +334,6 @@ template <class Codec, class Op> struct block_ops {
     for (u32 i = 0; i < Codec::values; ++i) a.bits[i] = apply(a.bits[i], Codec::value(x.b, i));
   }
   static void narrow_into(elem& e, const acc& a) { Codec::encode(a.bits, e.b); }
-  static acc widen(elem x) {
-    acc a;
-    widen_into(a, x);
-    return a;
-  }
-  static acc combine(acc a, acc b) {
-    combine_into(a, b);
-    return a;
-  }
-  static elem narrow(acc a) {
-    elem e;
-    narrow_into(e, a);
-    return e;
-  }
 };
 struct add_op {
   static float apply(float x, float y) { return x + y; }
@@ -356,7 +363,7 @@ template <class R> constexpr bool is_compact() {
 /// the wire, an accumulator: pack_acc) takes the form with fewer bytes. Every value a window
 /// does not list is +0 and is added as +0, so the result is the dense sum of the scattered
 /// vectors bit for bit (fixed order, float32, rounded to V once at the end).
-template <class V> struct sum_sparse {
+template <class V> struct sum_sparse : detail::value_forms<sum_sparse<V>> {
   static constexpr u32 W = sparse::window_values;
   static constexpr u32 vb = V::bytes;
   struct elem {
@@ -490,20 +497,6 @@ template <class V> struct sum_sparse {
   static void narrow_into(elem& e, const acc& a) {
     encode<vb>(e.b, [&a](u32 i) { return V::narrow(a.bits[i]); });
   }
-  static acc widen(elem x) {
-    acc a;
-    widen_into(a, x);
-    return a;
-  }
-  static acc combine(acc a, acc b) {
-    combine_into(a, b);
-    return a;
-  }
-  static elem narrow(acc a) {
-    elem e;
-    narrow_into(e, a);
-    return e;
-  }
   // ---- the wire form (engine: compact reductions) ----
   /// Bytes of element `e` as it travels.
   static u32 elem_length(const elem& e) { return sparse::length(e.b, vb); }
@@ -544,7 +537,7 @@ struct sparse_value_f16 {
 /// value a window does not list as the +0 it stands for) and encoded once at the end, each block's
 /// scale chosen from its float32 sums (OCP MX v1.0, section 6.3; mx::encode_block_native), so the
 /// result is the dense MX encoding of the dense float32 sum, whatever form each window took.
-template <mx::element E> struct sum_sparse_mx {
+template <mx::element E> struct sum_sparse_mx : detail::value_forms<sum_sparse_mx<E>> {
   static constexpr u32 W = sparse::window_values;
   static constexpr mx::element element = E;
   static constexpr u32 bits = mx::spec_of(E).bits;
@@ -675,20 +668,6 @@ template <mx::element E> struct sum_sparse_mx {
         ++k;
       }
     }
-  }
-  static acc widen(elem x) {
-    acc a;
-    widen_into(a, x);
-    return a;
-  }
-  static acc combine(acc a, acc b) {
-    combine_into(a, b);
-    return a;
-  }
-  static elem narrow(acc a) {
-    elem e;
-    narrow_into(e, a);
-    return e;
   }
   // ---- the wire form (engine: compact reductions) ----
   static u32 elem_length(const elem& e) { return sparse::mx_length(e.b, bits); }
