@@ -99,6 +99,25 @@ pairs make_pairs(dtype t, std::uint32_t r, std::uint64_t length, double density,
   return p;
 }
 
+// The pairs form of a result: every index whose value (vb bytes, little-endian) is not +0,
+// ascending, with its value, as `want` (the dense result, one value per u32) holds them.
+void expect_pairs(const std::vector<std::uint32_t>& idx, const std::vector<std::byte>& values, const std::vector<std::uint32_t>& want,
+                  std::uint32_t vb) {
+  std::vector<std::uint32_t> wi, wv;
+  for (std::uint64_t i = 0; i < want.size(); ++i)
+    if (want[i] != 0) {
+      wi.push_back(static_cast<std::uint32_t>(i));
+      wv.push_back(want[i]);
+    }
+  REQUIRE(idx == wi);
+  REQUIRE(values.size() == wv.size() * vb);
+  for (std::size_t k = 0; k < wv.size(); ++k) {
+    std::uint32_t got = 0;
+    std::memcpy(&got, values.data() + k * vb, vb);
+    REQUIRE(got == wv[k]);
+  }
+}
+
 void check(world& w, dtype t, const std::vector<pairs>& in, std::uint64_t length, algorithm a, const std::string& what) {
   const std::uint32_t n = w.size(), vb = vbytes(t);
   const auto want = reference(t, in, length);
@@ -132,20 +151,7 @@ void check(world& w, dtype t, const std::vector<pairs>& in, std::uint64_t length
       if (got != want[i]) bad = static_cast<long long>(i);
     }
     REQUIRE_MESSAGE(bad < 0, "first wrong value " << bad << " of the dense result");
-    // Pairs: every index whose result is not +0, ascending, with its value.
-    std::vector<std::uint32_t> wi, wv;
-    for (std::uint64_t i = 0; i < length; ++i)
-      if (want[i] != 0) {
-        wi.push_back(static_cast<std::uint32_t>(i));
-        wv.push_back(want[i]);
-      }
-    REQUIRE(idx[r] == wi);
-    REQUIRE(pv[r].size() == wv.size() * vb);
-    for (std::size_t k = 0; k < wv.size(); ++k) {
-      std::uint32_t got = 0;
-      std::memcpy(&got, pv[r].data() + k * vb, vb);
-      REQUIRE(got == wv[k]);
-    }
+    expect_pairs(idx[r], pv[r], want, vb);
   }
 }
 
@@ -221,15 +227,7 @@ void check_mx(world& w, dtype t, const std::vector<pairs>& in, std::uint64_t len
       if (dense[r][i] != want[i]) bad = static_cast<long long>(i);
     REQUIRE_MESSAGE(bad < 0, "first wrong value " << bad << " of the dense result: " << std::hex
                                                   << (bad < 0 ? 0 : dense[r][bad]) << " want " << (bad < 0 ? 0 : want[bad]));
-    std::vector<std::uint32_t> wi, wv;
-    for (std::uint64_t i = 0; i < length; ++i)
-      if (want[i] != 0) {
-        wi.push_back(static_cast<std::uint32_t>(i));
-        wv.push_back(want[i]);
-      }
-    REQUIRE(idx[r] == wi);
-    REQUIRE(pv[r].size() == wv.size() * 4);
-    REQUIRE((pv[r].empty() || std::memcmp(pv[r].data(), wv.data(), pv[r].size()) == 0));
+    expect_pairs(idx[r], pv[r], want, 4);
   }
 }
 
