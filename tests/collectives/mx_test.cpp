@@ -82,6 +82,16 @@ double ref_quantize(mx::element e, double r) {
   return best == 0 ? std::copysign(0.0, r) : best;
 }
 
+// f.template operator()<E>() for each of the six element types, in mx::element's order.
+template <class F> void for_each_element(F&& f) {
+  f.template operator()<mx::element::fp8_e4m3>();
+  f.template operator()<mx::element::fp8_e5m2>();
+  f.template operator()<mx::element::fp6_e3m2>();
+  f.template operator()<mx::element::fp6_e2m3>();
+  f.template operator()<mx::element::fp4_e2m1>();
+  f.template operator()<mx::element::int8>();
+}
+
 } // namespace
 
 TEST_SUITE("mx") {
@@ -333,14 +343,9 @@ TEST_CASE("code_at reads each packed code as unpack does, and decode_block and e
       if (!finite) continue;
       mx::encode_packed(e, dec, again);
       std::uint8_t of[33] = {};
-      switch (e) {
-      case mx::element::fp8_e4m3: mx::encode_packed_of<mx::element::fp8_e4m3>(dec, of); break;
-      case mx::element::fp8_e5m2: mx::encode_packed_of<mx::element::fp8_e5m2>(dec, of); break;
-      case mx::element::fp6_e3m2: mx::encode_packed_of<mx::element::fp6_e3m2>(dec, of); break;
-      case mx::element::fp6_e2m3: mx::encode_packed_of<mx::element::fp6_e2m3>(dec, of); break;
-      case mx::element::fp4_e2m1: mx::encode_packed_of<mx::element::fp4_e2m1>(dec, of); break;
-      case mx::element::int8: mx::encode_packed_of<mx::element::int8>(dec, of); break;
-      }
+      for_each_element([&]<mx::element E>() {
+        if (E == e) mx::encode_packed_of<E>(dec, of);
+      });
       REQUIRE(std::equal(again, again + mx::block_bytes(e), of));
       const std::uint8_t scale = mx::encode_block(e, dec, want_codes);
       std::uint8_t want[33] = {};
@@ -362,12 +367,7 @@ TEST_CASE("decode_native (float arithmetic) gives decode's bits for every scale 
                 mx::decode(E, static_cast<std::uint8_t>(s), static_cast<std::uint8_t>(c)));
       }
   };
-  check.template operator()<mx::element::fp8_e4m3>();
-  check.template operator()<mx::element::fp8_e5m2>();
-  check.template operator()<mx::element::fp6_e3m2>();
-  check.template operator()<mx::element::fp6_e2m3>();
-  check.template operator()<mx::element::fp4_e2m1>();
-  check.template operator()<mx::element::int8>();
+  for_each_element(check);
 }
 
 TEST_CASE("quantize_native and encode_block_native (float arithmetic) give quantize_of's codes and encode_block_of's blocks") {
@@ -437,12 +437,7 @@ TEST_CASE("quantize_native and encode_block_native (float arithmetic) give quant
       REQUIRE(std::memcmp(c1, c2, 32) == 0);
     }
   };
-  check.template operator()<mx::element::fp8_e4m3>();
-  check.template operator()<mx::element::fp8_e5m2>();
-  check.template operator()<mx::element::fp6_e3m2>();
-  check.template operator()<mx::element::fp6_e2m3>();
-  check.template operator()<mx::element::fp4_e2m1>();
-  check.template operator()<mx::element::int8>();
+  for_each_element(check);
 }
 
 TEST_CASE("the codec is constexpr (it runs in handlers on both targets)") {
