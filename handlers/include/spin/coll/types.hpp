@@ -553,16 +553,18 @@ template <mx::element E> struct sum_sparse_mx : detail::value_forms<sum_sparse_m
   static constexpr u32 values = W;
 
   static u32 add(u32 a, u32 b) { return f32_windows::add(a, b); }
-  // Calls f(i, v) for every value i of window x in order, v its float32 bits. A malformed
-  // window (a host's: those from the network are checked first) never makes it read outside
-  // the window's bytes: offsets out of order are skipped, counts are clamped.
-  template <class F> static void each(const u8* x, F f) {
+  // Visits every value of window x in order, v its float32 bits: one(i, v) for a value a code
+  // gives, run(lo, hi, v) for values lo..hi-1 that are all v (the +0 of unlisted codes and
+  // blocks, or NaN under a NaN scale), so that callers add them in plain loops the compiler
+  // vectorises. A malformed window (a host's: those from the network are checked first) never
+  // makes it read outside the window's bytes: offsets out of order are skipped, counts clamped.
+  template <class One, class Run> static void each(const u8* x, One one, Run run) {
     if (sparse::form_of(x) == sparse::form_dense) {
       const u8* sc = x + sparse::head_bytes;
       const u8* codes = sc + sparse::mx_blocks;
       for (u32 j = 0; j < sparse::mx_blocks; ++j) {
         const u32 lo = j * B, hi = lo + B < W ? lo + B : W;
-        for (u32 i = lo; i < hi; ++i) f(i, mx::decode_native<E>(sc[j], mx::code_at(E, codes + j * block_code_bytes, i - lo)));
+        for (u32 i = lo; i < hi; ++i) one(i, mx::decode_native<E>(sc[j], mx::code_at(E, codes + j * block_code_bytes, i - lo)));
       }
       return;
     }
@@ -573,32 +575,43 @@ template <mx::element E> struct sum_sparse_mx : detail::value_forms<sum_sparse_m
     const u8* sc = sparse::mx_scales(x);
     const u8* off = sparse::mx_offsets(x);
     const u8* code = off + sparse::offset_bytes(n);
-    u32 k = 0, listed = 0;
+    u32 k = 0, listed = 0, from = 0;  // values before `from` are visited
     for (u32 j = 0; j < sparse::mx_blocks; ++j) {
       const u32 lo = j * B, hi = lo + B < W ? lo + B : W;
       if (((mask >> j) & 1u) == 0) {
-        for (u32 i = lo; i < hi; ++i) f(i, 0u);
         while (k < n && sparse::load16(off + 2 * k) < hi) ++k;  // (none in a valid window)
-        continue;
+        continue;  // +0: in the run up to the next listed block
       }
+      run(from, lo, 0u);
       const u8 scale = sc[listed++];
       const u32 zero = mx::decode_native<E>(scale, 0);  // +0, or NaN under a NaN scale
-      for (u32 i = lo; i < hi; ++i) {
-        while (k < n && sparse::load16(off + 2 * k) < i) ++k;
-        if (k < n && sparse::load16(off + 2 * k) == i) {
-          f(i, mx::decode_native<E>(scale, code[k]));
-          ++k;
-        } else {
-          f(i, zero);
-        }
+      u32 i = lo;
+      for (; k < n; ++k) {
+        const u32 o = sparse::load16(off + 2 * k);
+        if (o >= hi) break;
+        if (o < i) continue;  // out of order or repeated (none in a valid window)
+        run(i, o, zero);
+        one(o, mx::decode_native<E>(scale, code[k]));
+        i = o + 1;
       }
+      run(i, hi, zero);
+      from = hi;
     }
+    run(from, W, 0u);
   }
   static void widen_into(acc& a, const elem& x) {
-    each(x.b, [&a](u32 i, u32 v) { a.bits[i] = v; });
+    each(
+        x.b, [&a](u32 i, u32 v) { a.bits[i] = v; },
+        [&a](u32 lo, u32 hi, u32 v) {
+          for (u32 i = lo; i < hi; ++i) a.bits[i] = v;
+        });
   }
   static void fold_into(acc& a, const elem& x) {
-    each(x.b, [&a](u32 i, u32 v) { a.bits[i] = add(a.bits[i], v); });
+    each(
+        x.b, [&a](u32 i, u32 v) { a.bits[i] = add(a.bits[i], v); },
+        [&a](u32 lo, u32 hi, u32 v) {
+          for (u32 i = lo; i < hi; ++i) a.bits[i] = add(a.bits[i], v);
+        });
   }
   static void combine_into(acc& a, const acc& b) { f32_windows::combine_into(a, b); }
   // Block j's 32 values (the last block's padding: +0).
