@@ -10,6 +10,7 @@
 #include <doctest/doctest.h>
 
 #include <bit>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -170,6 +171,69 @@ TEST_CASE("BFP rounding: ties go to the even mantissa, the largest value saturat
   CHECK(static_cast<std::int8_t>(out[3]) == 4);
   CHECK(static_cast<std::int8_t>(out[4]) == -2);
   CHECK(static_cast<std::int8_t>(out[5]) == -127);
+}
+
+TEST_CASE("quantize_native and encode_block_native (float arithmetic) give quantize's mantissas and encode_block's bytes") {
+  std::mt19937_64 rng(20261207);
+  auto check = [&]<std::uint32_t Block, std::uint32_t Bits>() {
+    constexpr bfp::format f{Block, Bits};
+    CAPTURE(label(f));
+    // Under every shared exponent: every mantissa's value, the midpoints between neighbours and
+    // one float32 ulp either side, tiny values, random magnitudes below 2^(se+1); both signs.
+    const int frac = static_cast<int>(Bits) - 2, most = (1 << (Bits - 1)) - 1;
+    std::size_t wrong = 0, tried = 0;
+    std::string first;
+    for (int se = -127; se <= 127; ++se) {
+      std::vector<float> vals;
+      auto probe = [&](double x) {
+        if (!(x <= FLT_MAX) || x >= std::ldexp(1.0, se + 1)) return;
+        const float fx = static_cast<float>(x);
+        for (float v : {fx, std::nextafter(fx, INFINITY), std::nextafter(fx, 0.0f)}) vals.push_back(v);
+      };
+      const int step = Bits == 8 ? 1 : 61;  // 16-bit mantissas: every 61st, and the top ones
+      for (int m = 0; m <= most; m += (m > most - 200 ? 1 : step)) {
+        probe(std::ldexp(static_cast<double>(m), se - frac));
+        probe(std::ldexp(m + 0.5, se - frac));
+      }
+      for (double x : {1e-30, 1e-40, 3e-39}) probe(x);
+      for (int k = 0; k < 200; ++k)
+        probe(std::ldexp(std::uniform_real_distribution<double>(1, 2)(rng), se - static_cast<int>(rng() % 40) - 1));
+      for (float v : vals)
+        for (float sv : {v, -v}) {
+          ++tried;
+          const int got = bfp::quantize_native<Bits>(bits(sv), se), want = bfp::quantize(f, bits(sv), se);
+          if (got != want && wrong++ == 0)
+            first = "v " + std::to_string(sv) + " (" + std::to_string(bits(sv)) + ") se " + std::to_string(se) + ": got " +
+                    std::to_string(got) + " want " + std::to_string(want);
+        }
+    }
+    CHECK(tried > 100000);
+    CHECK_MESSAGE(wrong == 0, first);
+    // Whole blocks: random dynamic ranges, zeros of both signs, subnormals, NaN and infinity.
+    for (int b = 0; b < 20000; ++b) {
+      std::uint32_t in[Block];
+      const int top = static_cast<int>(rng() % 260) - 130, spread = static_cast<int>(rng() % 30);
+      for (auto& x : in) {
+        const std::uint64_t pick = rng() % 100;
+        if (pick < 5) x = pick < 3 ? 0u : 0x80000000u;
+        else if (pick < 7) x = static_cast<std::uint32_t>(rng() % 0x00800000u) | (pick == 6 ? 0x80000000u : 0u);
+        else {
+          const double m = std::ldexp(std::uniform_real_distribution<double>(1, 2)(rng), top - static_cast<int>(rng() % (spread + 1)));
+          x = bits(static_cast<float>(m <= FLT_MAX ? m : FLT_MAX)) | (rng() & 1 ? 0x80000000u : 0u);
+        }
+      }
+      if (b % 1000 == 999) in[rng() % Block] = b % 2000 == 999 ? 0x7fc00000u : 0xff800000u;
+      std::uint8_t o1[bfp::block_bytes(f)], o2[bfp::block_bytes(f)];
+      bfp::encode_block_native<Block, Bits>(in, o1);
+      bfp::encode_block(f, in, o2);
+      INFO("block " << b);
+      REQUIRE(std::memcmp(o1, o2, sizeof o1) == 0);
+    }
+  };
+  check.template operator()<16, 8>();
+  check.template operator()<32, 8>();
+  check.template operator()<16, 16>();
+  check.template operator()<32, 16>();
 }
 
 TEST_CASE("bfp8_32 blocks are MXINT8 blocks bit for bit") {

@@ -119,6 +119,48 @@ constexpr void encode_block(format f, const u32* in, u8* out) {
   }
 }
 
+/// quantize by float arithmetic, for native handlers and host code (eBPF has no floats), for a
+/// value of a block whose shared exponent is `shared_exp` (|v| < 2^(shared_exp + 1)): the same
+/// mantissa as quantize (test bfp), in the default floating-point environment. As
+/// mx::quantize_native for MXINT8: scaling by a power of two is exact wherever the result can
+/// round to a mantissa other than 0; rounding to the fixed point adds and subtracts 2^23 (round
+/// to nearest, ties to even); the clamp is a select, so a loop over a block vectorises.
+template <u32 Bits> inline i32 quantize_native(u32 v, i32 shared_exp) {
+  static_assert(Bits == 8 || Bits == 16);
+  constexpr float unit = static_cast<float>(1u << (Bits - 2));       // 2^frac
+  constexpr float most = static_cast<float>((1u << (Bits - 1)) - 1);  // max_mantissa
+  const float r = spin::detail::bit_cast<float>(v & 0x7fffffffu) * spin::detail::bit_cast<float>(mx::pow2_bits(-shared_exp));
+  float q = (r * unit + 0x1p23f) - 0x1p23f;
+  q = q < most ? q : most;
+  const i32 m = static_cast<i32>(q);
+  return (v >> 31) != 0 ? -m : m;
+}
+
+/// encode_block with quantize_native: the same bytes (test bfp).
+template <u32 Block, u32 Bits> inline void encode_block_native(const u32* in, u8* out) {
+  constexpr format f{Block, Bits};
+  static_assert(valid(f));
+  u32 max_abs = 0;
+  u32 special = 0;
+  for (u32 i = 0; i < Block; ++i) {
+    const u32 a = in[i] & 0x7fffffffu;
+    special |= a >= 0x7f800000u ? 1u : 0u;
+    max_abs = a > max_abs ? a : max_abs;
+  }
+  if (special != 0) {
+    out[0] = exp_nan;
+    for (u32 i = 0; i < Block * Bits / 8; ++i) out[1 + i] = 0;
+    return;
+  }
+  const i32 se = shared_exponent(max_abs);
+  out[0] = static_cast<u8>(se + exp_bias);
+  for (u32 i = 0; i < Block; ++i) {
+    const u32 m = static_cast<u32>(quantize_native<Bits>(in[i], se));
+    out[1 + i * (Bits / 8)] = static_cast<u8>(m);
+    if constexpr (Bits == 16) out[2 + i * 2] = static_cast<u8>(m >> 8);
+  }
+}
+
 /// Mantissa i of a block in the wire layout.
 constexpr i32 mantissa(format f, const u8* block, u32 i) {
   // Sign extension by arithmetic: two's complement of the low `bits` bits.

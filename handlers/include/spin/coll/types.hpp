@@ -286,7 +286,7 @@ template <u32 Block, u32 Bits> struct bfp_codec {
   static void decode(const u8* in, u32* out) {
     for (u32 i = 0; i < values; ++i) out[i] = value(in, i);
   }
-  static void encode(const u32* in, u8* out) { bfp::encode_block(f, in, out); }
+  static void encode(const u32* in, u8* out) { bfp::encode_block_native<Block, Bits>(in, out); }
 };
 /// The value forms every reduction has (widen, combine, narrow), for a reduction R that has
 /// in-place forms (widen_into, combine_into, narrow_into): block_ops, sum_sparse and
