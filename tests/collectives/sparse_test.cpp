@@ -296,6 +296,58 @@ TEST_CASE("sparse allreduce: the float32 sum in the fixed order, dense and as pa
   }
 }
 
+TEST_CASE("sparse allreduce in place: the pairs given in the result's own buffers") {
+  // Dense: each rank's values lie at the start of its dense result buffer. As pairs: the index
+  // and values given are the vectors the result replaces. Both read their input before writing.
+  constexpr std::uint32_t n = 3;
+  const std::uint64_t length = 2 * W + 9;
+  world w(emu::star(n, {}), options{}, 1, test::switches::fabric);
+  for (algorithm a : {algorithm::edge_ring, algorithm::switch_agg})
+    for (dtype t : {dtype::f32, dtype::bf16, dtype::mxfp8_e4m3}) {
+      INFO(std::string(name(t)) << " " << std::string(name(a)));
+      const bool mx_t = block_values(t) > 1;
+      const std::uint32_t vb = mx_t ? 4 : vbytes(t);
+      std::vector<pairs> in;
+      for (std::uint32_t r = 0; r < n; ++r) in.push_back(make_pairs(mx_t ? dtype::f32 : t, r, length, 0.2, false, 23));
+      std::vector<std::uint32_t> want;
+      if (mx_t) {
+        mx::element e{};
+        REQUIRE(mx_element_of(t, e));
+        want = reference_mx(e, in, length);
+      } else {
+        want = reference(t, in, length);
+      }
+      // Each rank's values as the call takes them (MX: float32), copied to the start of its
+      // dense result and into the vectors the pairs result replaces.
+      std::vector<std::vector<std::byte>> dense(n, std::vector<std::byte>(length * vb)), pv(n);
+      std::vector<std::vector<std::uint32_t>> idx(n);
+      for (std::uint32_t r = 0; r < n; ++r) {
+        pv[r] = raw_values(mx_t ? dtype::f32 : t, in[r]);
+        idx[r] = in[r].index;
+        REQUIRE(pv[r].size() <= dense[r].size());
+        if (!pv[r].empty()) std::memcpy(dense[r].data(), pv[r].data(), pv[r].size());
+      }
+      auto res = w.run([&](std::uint32_t r) {
+        return w.comms[r]->allreduce_sparse(in[r].index, dense[r].data(), length, t, dense[r].data(), a);
+      });
+      for (std::uint32_t r = 0; r < n; ++r) {
+        REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+        for (std::uint64_t i = 0; i < length; ++i) {
+          std::uint32_t got = 0;
+          std::memcpy(&got, dense[r].data() + i * vb, vb);
+          REQUIRE_MESSAGE(got == want[i], "rank " << r << " value " << i);
+        }
+      }
+      auto res2 = w.run([&](std::uint32_t r) {
+        return w.comms[r]->allreduce_sparse(idx[r], pv[r].data(), length, t, idx[r], pv[r], a);
+      });
+      for (std::uint32_t r = 0; r < n; ++r) {
+        REQUIRE_MESSAGE(res2[r].ok(), res2[r].err().message);
+        expect_pairs(idx[r], pv[r], want, vb);
+      }
+    }
+}
+
 TEST_CASE("sparse allreduce: windows turn dense where the union fills in, and the wire carries the smaller form") {
   const std::uint32_t n = 4;
   world w(emu::star(n, {}), {}, 1, test::switches::fabric);
