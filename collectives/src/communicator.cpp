@@ -443,6 +443,19 @@ struct communicator::impl {
     return {};
   }
 
+  // Elements in one epoch of a collective of `kind` whose elements and accumulators take eb and
+  // ab bytes. Every rank cuts the same epochs: they depend on options only, never on the
+  // buffers, nor on the algorithm (the ring's packets are the smaller), so that every algorithm
+  // combines an element in the same order (docs/collectives.md, "Combination order").
+  std::uint64_t epoch_elems(pr::coll_kind kind, std::uint32_t eb, std::uint32_t ab) const {
+    const std::uint32_t nr = n();
+    const std::uint32_t ring_pkt_elems = o.packet_bytes / std::max(eb, ab);
+    const std::uint32_t chunks = kind == pr::coll_kind::broadcast ? 1 : nr;
+    std::uint64_t seg = std::min<std::uint64_t>(std::uint64_t{pr::max_packets - chunks} * ring_pkt_elems, o.staging_bytes / eb);
+    if (kind == pr::coll_kind::reduce_scatter || kind == pr::coll_kind::allgather) seg /= nr;
+    return std::max<std::uint64_t>(seg, 1);
+  }
+
   result<op_spec> standard(dtype t, op o_, const char* what) const {
     op_spec s;
     if (!with_standard(o_, t, [&]<class R>() { s.k = kernels_of<R>(); }))
@@ -579,7 +592,8 @@ struct communicator::impl {
           return fail(errc::invalid_argument, std::string(what) + ": window " + std::to_string(w) + " of " +
                                                   name(static_cast<dtype>(s.dtype)) +
                                                   " is malformed (spin/coll/sparse.hpp: form, count, ascending offsets below " +
-                                                  std::to_string(sparse::window_values) + ", MX windows: each in a listed block)");
+                                                  std::to_string(sparse::window_values) + " (a span's: below " +
+                                                  std::to_string(sparse::span_values_max) + "), MX windows: each in a listed block)");
       }
     }
     if (nr == 1) return local(kind, in, out, count, s);
@@ -590,13 +604,7 @@ struct communicator::impl {
     const std::uint32_t ring_pkt_elems = o.packet_bytes / std::max(eb, ab);
     // A sparse window travels alone in its packet, in the bytes its form takes.
     const std::uint32_t pkt_elems = packed ? 1 : via_switch ? o.packet_bytes / eb : ring_pkt_elems;
-    // Every rank cuts the same epochs: they depend on options only, never on the buffers, nor
-    // on the algorithm (the ring's packets are the smaller), so that every algorithm combines
-    // an element in the same order (docs/collectives.md, "Combination order").
-    const std::uint32_t chunks = kind == pr::coll_kind::broadcast ? 1 : nr;
-    std::uint64_t seg = std::min<std::uint64_t>(std::uint64_t{pr::max_packets - chunks} * ring_pkt_elems, o.staging_bytes / eb);
-    if (blocks) seg /= nr;
-    seg = std::max<std::uint64_t>(seg, 1);
+    std::uint64_t seg = epoch_elems(kind, eb, ab);  // the same on every rank: "Combination order"
     const std::size_t in_arena = reads_in ? arena_offset(in, in_elems * eb) : npos;
     const std::size_t out_arena = arena_offset(out, out_elems * eb);
     pr::params p{};
@@ -818,6 +826,13 @@ result<std::unique_ptr<communicator>> communicator::connect(const std::string& s
 
 std::uint32_t communicator::rank() const noexcept { return _p->g.me; }
 std::uint32_t communicator::size() const noexcept { return _p->n(); }
+std::uint64_t communicator::epoch_elements(dtype t) const noexcept {
+  std::uint64_t e = 0;
+  with_standard(op::sum, t, [&]<class R>() {
+    e = _p->epoch_elems(pr::coll_kind::allreduce, sizeof(typename R::elem), sizeof(typename R::acc));
+  });
+  return e;
+}
 
 result<void> communicator::allreduce(const void* in, void* out, std::uint64_t count, dtype t, op o, algorithm a) {
   auto s = _p->standard(t, o, "allreduce");

@@ -79,6 +79,50 @@ void encode_window(std::uint8_t* out, std::uint64_t base, const std::uint32_t* i
   }
 }
 
+// Span of `values` values from `base` (at `out`) from the pairs idx[p0..p1) (all inside it): the
+// span form, the values whose bits are +0 left out.
+void encode_span(std::uint8_t* out, std::uint64_t base, const std::uint32_t* idx, const std::byte* vals, std::uint64_t p0,
+                 std::uint64_t p1, std::uint32_t vb) {
+  std::uint32_t n = 0;
+  for (std::uint64_t k = p0; k < p1; ++k) n += value_bits(vals, vb, k) != 0 ? 1 : 0;
+  sp::store16(out, static_cast<std::uint16_t>(n));
+  sp::store16(out + 2, sp::form_span);
+  std::uint8_t* off = out + sp::head_bytes;
+  std::uint8_t* val = off + sp::offset_bytes(n);
+  if ((n & 1) != 0) sp::store16(off + 2 * n, 0);
+  std::uint32_t j = 0;
+  for (std::uint64_t k = p0; k < p1; ++k) {
+    if (value_bits(vals, vb, k) == 0) continue;
+    sp::store16(off + 2 * j, static_cast<std::uint16_t>(idx[k] - base));
+    std::memcpy(val + std::size_t{j} * vb, vals + k * vb, vb);
+    ++j;
+  }
+}
+
+// One element of the sum: windows [first, first + windows) of the vector.
+struct span {
+  std::uint64_t first = 0;
+  std::uint32_t windows = 1;
+};
+
+// The spans every rank cuts alike from the agreed largest count of each window over the ranks
+// (sparse.hpp, "Spans"): consecutive windows, at most span_windows_max, whose union bounds
+// (ranks x largest count, at most W) add up to at most `cap` form one span; a window whose bound
+// is larger travels alone.
+std::vector<span> plan_spans(const std::uint64_t* largest, std::uint64_t nw, std::uint32_t ranks, std::uint32_t cap) {
+  std::vector<span> out;
+  auto bound = [&](std::uint64_t w) { return std::min<std::uint64_t>(W, largest[w] * ranks); };
+  for (std::uint64_t w = 0; w < nw;) {
+    span s{w, 1};
+    std::uint64_t sum = bound(w);
+    while (sum <= cap && w + s.windows < nw && s.windows < sp::span_windows_max && sum + bound(w + s.windows) <= cap)
+      sum += bound(w + s.windows++);
+    out.push_back(s);
+    w += s.windows;
+  }
+  return out;
+}
+
 // Windows in arena memory when it holds them (no staging copy), else on the heap.
 struct window_buffer {
   communicator& c;
@@ -116,7 +160,76 @@ template <class F> void with_mx_windows(dtype wt, F&& f) {
 
 } // namespace
 
-// Agreement, windows, allreduce; `read` takes the result windows.
+// Windows and spans of f32, bf16 or f16 values, summed epoch by epoch, each epoch cut as the
+// allreduce of the windows would cut it (communicator::epoch_elements windows, chunks of them,
+// docs/collectives.md "Combination order"), so that every value is added in the order the
+// windows would add it: the result is theirs bit for bit. Within each chunk, spans
+// (plan_spans); every chunk is padded with empty spans to the count of the chunk with most, so
+// that the allreduce of the epoch's elements cuts its chunks where the windows' were. An epoch
+// whose padded count would not be below its windows' sends its windows.
+template <class Read>
+static result<void> sparse_epochs(communicator& c, std::span<const std::uint32_t> index, const std::byte* vals, std::uint64_t length,
+                                  const std::vector<std::uint64_t>& largest, dtype wt, std::uint32_t vb, std::uint32_t eb,
+                                  algorithm a, Read& read) {
+  const std::uint64_t nw = (length + W - 1) / W, seg = std::max<std::uint64_t>(c.epoch_elements(wt), 1);
+  const std::uint32_t n = c.size(), cap = sp::max_pairs(vb);
+  struct element {
+    span s;
+    bool pad = false;
+  };
+  // All epochs' elements are built before the first call and read after the last: the result
+  // may be where the values were (in place).
+  std::vector<element> els;
+  std::vector<std::uint64_t> cut{0};  // epoch boundaries in els
+  for (std::uint64_t e0 = 0; e0 < nw; e0 += std::min(seg, nw - e0)) {
+    const std::uint64_t m = std::min(seg, nw - e0), per = m / n, extra = m % n;
+    std::vector<std::vector<span>> chunk(n);
+    std::size_t most = 0;
+    for (std::uint64_t ci = 0, lo = e0; ci < n; ++ci) {
+      const std::uint64_t len = per + (ci < extra ? 1 : 0);
+      for (span s : plan_spans(largest.data() + lo, len, n, cap)) chunk[ci].push_back(span{lo + s.first, s.windows});
+      most = std::max(most, chunk[ci].size());
+      lo += len;
+    }
+    if (std::uint64_t{n} * most < m) {
+      for (std::uint32_t ci = 0; ci < n; ++ci) {
+        for (span s : chunk[ci]) els.push_back({s, false});
+        for (std::size_t p = chunk[ci].size(); p < most; ++p) els.push_back({span{0, 2}, true});
+      }
+    } else {
+      for (std::uint64_t w = e0; w < e0 + m; ++w) els.push_back({span{w, 1}, false});
+    }
+    cut.push_back(els.size());
+  }
+  if (nw == 0) cut.push_back(0);  // length 0 still runs one call: every rank learns whether the others agree
+  window_buffer buf(c, els.size() * eb);
+  std::uint64_t k = 0;  // the next pair
+  for (std::size_t e = 0; e < els.size(); ++e) {
+    std::uint8_t* out = buf.data + e * eb;
+    if (els[e].pad) {
+      encode_span(out, 0, nullptr, nullptr, 0, 0, vb);
+      continue;
+    }
+    const std::uint64_t base = els[e].s.first * W, end = base + std::uint64_t{els[e].s.windows} * W;
+    const std::uint64_t p0 = k;
+    while (k < index.size() && index[k] < end) ++k;
+    if (els[e].s.windows == 1) encode_window(out, base, index.data(), vals, p0, k, vb);
+    else encode_span(out, base, index.data(), vals, p0, k, vb);
+  }
+  for (std::size_t q = 0; q + 1 < cut.size(); ++q) {
+    std::uint8_t* at = buf.data == nullptr ? nullptr : buf.data + cut[q] * eb;
+    if (auto r = c.allreduce(at, at, cut[q + 1] - cut[q], wt, op::sum, a); !r.ok()) return r;
+  }
+  for (std::size_t e = 0; e < els.size(); ++e) {
+    if (els[e].pad) continue;
+    const std::uint64_t base = els[e].s.first * W;
+    read(base, std::min<std::uint64_t>(std::uint64_t{els[e].s.windows} * W, length - base), buf.data + e * eb, vb);
+  }
+  return {};
+}
+
+// Agreement, spans, allreduce; read(base, count, element, vb) takes each element of the result:
+// the `count` values from index `base`, a window or span of values of vb bytes.
 template <class Read>
 static result<void> sparse_run(communicator& c, std::span<const std::uint32_t> index, const void* values,
                                std::uint64_t length, dtype t, bool out_null, algorithm a, Read read) {
@@ -145,11 +258,30 @@ static result<void> sparse_run(communicator& c, std::span<const std::uint32_t> i
       }
     }
   const auto me = c.rank();
-  std::array<std::uint64_t, 7> v{length, ~length, static_cast<std::uint64_t>(t), ~static_cast<std::uint64_t>(t),
-                                 static_cast<std::uint64_t>(a), ~static_cast<std::uint64_t>(a),
-                                 f == fault::none ? 0 : (std::uint64_t{0xffffffffu - me} << 8) | static_cast<std::uint64_t>(f)};
-  if (auto r = c.allreduce(v.data(), v.data(), v.size(), dtype::u64, op::max, algorithm::edge_ring); !r.ok())
+  // With f32, bf16 and f16 values the agreement also carries each window's count of values this
+  // rank lists (their maximum over the ranks cuts the spans). A rank whose own length differs
+  // sends its own number of counts: the lengths differ, which the agreement reports before any
+  // count is used. So every rank sends as many as the largest length needs: a rank with a
+  // shorter length pads with zeros.
+  const bool mx_values = block_values(t) > 1;
+  const std::uint32_t vb = t == dtype::f32 || mx_values ? 4 : 2, eb = elem_bytes(wt);
+  const std::uint64_t nw = (length + W - 1) / W;
+  std::vector<std::uint64_t> v{length, ~length, static_cast<std::uint64_t>(t), ~static_cast<std::uint64_t>(t),
+                               static_cast<std::uint64_t>(a), ~static_cast<std::uint64_t>(a),
+                               f == fault::none ? 0 : (std::uint64_t{0xffffffffu - me} << 8) | static_cast<std::uint64_t>(f)};
+  const std::size_t head = v.size();
+  if (!mx_values && f == fault::none) {
+    v.resize(head + nw, 0);
+    const auto* vals0 = static_cast<const std::byte*>(values);
+    for (std::size_t k = 0; k < index.size(); ++k) v[head + index[k] / W] += value_bits(vals0, vb, k) != 0 ? 1 : 0;
+  }
+  // The ranks agree on the number of counts first (the largest), then on the counts.
+  std::array<std::uint64_t, 8> first{};
+  for (std::size_t i = 0; i < head; ++i) first[i] = v[i];
+  first[7] = v.size() - head;
+  if (auto r = c.allreduce(first.data(), first.data(), first.size(), dtype::u64, op::max, algorithm::edge_ring); !r.ok())
     return fail(r.err().code, what + ": agreeing on the arguments: " + r.err().message);
+  for (std::size_t i = 0; i < head; ++i) v[i] = first[i];
   if (v[6] != 0) {
     const auto rank = static_cast<std::uint32_t>(0xffffffffu - (v[6] >> 8));
     const auto code = static_cast<fault>(v[6] & 0xff);
@@ -163,24 +295,26 @@ static result<void> sparse_run(communicator& c, std::span<const std::uint32_t> i
   if (v[4] != ~v[5]) return fail(errc::invalid_argument, what + ": the ranks give different algorithms");
   if (a == algorithm::host_ring)
     return fail(errc::not_supported, what + ": host_ring carries no sparse windows (edge_ring or switch add them in handlers)");
-
-  // 2. The windows. MX values (float32 in the caller's buffers): each window's values are
-  //    scattered into a float32 window and encoded by the reduction itself, each block's scale
-  //    chosen from this rank's values.
-  const bool mx_values = block_values(t) > 1;
-  const std::uint32_t vb = t == dtype::f32 || mx_values ? 4 : 2, eb = elem_bytes(wt);
-  const std::uint64_t nw = (length + W - 1) / W;
-  window_buffer buf(c, static_cast<std::size_t>(nw * eb));
   const auto* vals = static_cast<const std::byte*>(values);
+  if (!mx_values) {
+    // 2. Every rank has the same length, datatype and algorithm now, and valid pairs: the
+    //    largest count of each window over the ranks, then the elements, epoch by epoch.
+    std::vector<std::uint64_t> largest(v.begin() + static_cast<std::ptrdiff_t>(head), v.end());
+    largest.resize(first[7], 0);
+    if (!largest.empty())
+      if (auto r = c.allreduce(largest.data(), largest.data(), largest.size(), dtype::u64, op::max, a); !r.ok())
+        return fail(r.err().code, what + ": agreeing on the spans: " + r.err().message);
+    return sparse_epochs(c, index, vals, length, largest, wt, vb, eb, a, read);
+  }
+  // 2. MX values (float32 in the caller's buffers): a window per element. Each window's values
+  //    are scattered into a float32 window and encoded by the reduction itself, each block's
+  //    scale chosen from this rank's values.
+  window_buffer buf(c, static_cast<std::size_t>(nw * eb));
   std::uint64_t k = 0;
   for (std::uint64_t w = 0; w < nw; ++w) {
     const std::uint64_t base = w * W, end = base + W;
     const std::uint64_t p0 = k;
     while (k < index.size() && index[k] < end) ++k;
-    if (!mx_values) {
-      encode_window(buf.data + w * eb, base, index.data(), vals, p0, k, vb);
-      continue;
-    }
     with_mx_windows(wt, [&]<class R>(typename R::acc& acc) {
       for (std::uint32_t i = 0; i < W; ++i) acc.bits[i] = 0;
       for (std::uint64_t j = p0; j < k; ++j) acc.bits[index[j] - base] = value_bits(vals, 4, j);
@@ -189,11 +323,7 @@ static result<void> sparse_run(communicator& c, std::span<const std::uint32_t> i
   }
   // 3. The sum, in place.
   if (auto r = c.allreduce(buf.data, buf.data, nw, wt, op::sum, a); !r.ok()) return r;
-  // 4. The result. MX windows: decoded into float32 (exact), read as float32 windows.
-  if (!mx_values) {
-    for (std::uint64_t w = 0; w < nw; ++w) read(w, buf.data + w * eb, vb);
-    return {};
-  }
+  // 4. The result: decoded into float32 (exact), read as float32 windows.
   // Read in the dense form: packing each into its smaller form first cost more than the read
   // (profile of spin-bench sparse --dtype mxfp8_e4m3 at 10%: 10% of all cycles).
   std::vector<std::uint8_t> f32_window(sp::dense_bytes(4));
@@ -203,7 +333,7 @@ static result<void> sparse_run(communicator& c, std::span<const std::uint32_t> i
     with_mx_windows(wt, [&]<class R>(typename R::acc& acc) {
       R::widen_into(acc, *reinterpret_cast<const typename R::elem*>(buf.data + w * eb));
       std::memcpy(f32_window.data() + sp::head_bytes, acc.bits, sizeof acc.bits);
-      read(w, f32_window.data(), 4);
+      read(w * W, std::min<std::uint64_t>(W, length - w * W), f32_window.data(), 4);
     });
   return {};
 }
@@ -212,8 +342,7 @@ result<void> communicator::allreduce_sparse(std::span<const std::uint32_t> index
                                             dtype t, void* dense_out, algorithm a) {
   auto* out = static_cast<std::byte*>(dense_out);
   return sparse_run(*this, index, values, length, t, dense_out == nullptr, a,
-                    [&](std::uint64_t w, const std::uint8_t* win, std::uint32_t vb) {
-                      const std::uint64_t base = w * W, m = std::min<std::uint64_t>(W, length - base);
+                    [&](std::uint64_t base, std::uint64_t m, const std::uint8_t* win, std::uint32_t vb) {
                       std::byte* o = out + base * vb;
                       if (sp::form_of(win) == sp::form_dense) {
                         std::memcpy(o, sp::dense_values(win), m * vb);
@@ -234,10 +363,10 @@ result<void> communicator::allreduce_sparse(std::span<const std::uint32_t> index
                                             algorithm a) {
   std::vector<std::uint32_t> idx;
   std::vector<std::byte> out;
-  auto r = sparse_run(*this, index, values, length, t, false, a, [&](std::uint64_t w, const std::uint8_t* win, std::uint32_t vb) {
-    const std::uint64_t base = w * W;
+  auto r = sparse_run(*this, index, values, length, t, false, a,
+                      [&](std::uint64_t base, std::uint64_t m, const std::uint8_t* win, std::uint32_t vb) {
     auto put = [&](std::uint32_t i, const std::uint8_t* v) {
-      if (base + i >= length || value_bits(reinterpret_cast<const std::byte*>(v), vb, 0) == 0) return;
+      if (i >= m || value_bits(reinterpret_cast<const std::byte*>(v), vb, 0) == 0) return;
       idx.push_back(static_cast<std::uint32_t>(base + i));
       out.insert(out.end(), reinterpret_cast<const std::byte*>(v), reinterpret_cast<const std::byte*>(v) + vb);
     };

@@ -318,6 +318,11 @@ public:
 
   std::uint32_t rank() const noexcept;  ///< this rank's index
   std::uint32_t size() const noexcept;  ///< members
+  /// Elements of datatype t (a standard one with a sum) in one epoch of allreduce: a call on
+  /// more is cut into epochs of this many, each combined in its own chunks (docs/collectives.md,
+  /// "Combination order"). It depends on options only (staging_bytes, packet_bytes) and the
+  /// members; 1 at least; 0 for a datatype without a standard sum.
+  std::uint64_t epoch_elements(dtype t) const noexcept;
 
   /// out = in_0 (+) in_1 (+) ... (+) in_{n-1}, element-wise, on every rank: `count` elements of
   /// type `t` at `in` and `out` (in == out: in place). For a block format (MX, BFP) an element

@@ -19,6 +19,22 @@
 // dense past density v / (2 + v): 2/3 for float32 values (and float32 partial sums), 1/2 for
 // bfloat16 and float16. Bytes on the wire never exceed the dense form's plus the 4-byte head of
 // each window (0.1% of a 4084-byte dense window).
+//
+// Spans: several windows in one packet. Where values are rare, a window per packet would send as
+// many packets as the dense allreduce, each nearly empty. An element may therefore stand for a
+// span of 2 to span_windows_max consecutive windows, in a third form:
+//   span:  head{count, form_span}, count u16 offsets into the span (strictly ascending, below
+//          span_values_max), padded to 4, then count values: the pairs form's layout.
+// The ranks first agree on each window's largest count over all ranks (allreduce_sparse: a u64
+// max allreduce) and cut the same spans from it: consecutive windows whose union bound (ranks x
+// largest count, at most window_values) adds up to at most max_pairs(vb), so that every partial
+// sum of a span fits a packet as pairs of float32 sums and never needs the dense form; a window
+// whose bound is larger travels alone, as pairs or dense. Spans never cross the chunks of an
+// allreduce of the windows, so every value is added in the windows' order. Switch slots and
+// NIC accumulators hold a span's partial sum as a sorted list of (offset, float32 sum) (types.hpp,
+// sum_sparse), merged with each contribution; unlisted values are +0 there too, so the sum is
+// still the dense sum bit for bit. SparCML's sparse streams (section 4) merged this way, with
+// the fixed packet plan that the collective engine's epochs and repairs need.
 #pragma once
 
 #include <spin/coll/mx.hpp>
@@ -31,6 +47,13 @@ namespace spin::coll::sparse {
 inline constexpr u32 window_values = 1020;
 inline constexpr u16 form_pairs = 0;
 inline constexpr u16 form_dense = 1;
+inline constexpr u16 form_span = 2;
+/// Written (never valid, so receivers drop it as malformed) for the partial sum of a span whose
+/// union outgrew a packet, which only ranks that cut different spans can cause.
+inline constexpr u16 form_overflow = 3;
+/// A span's most windows, and its most values (u16 offsets: 64 x 1020 = 65280).
+inline constexpr u32 span_windows_max = 64;
+inline constexpr u32 span_values_max = span_windows_max * window_values;
 /// Bytes of the head (u16 count, u16 form).
 inline constexpr u32 head_bytes = 4;
 
@@ -67,32 +90,34 @@ inline void store16(u8* p, u16 v) { __builtin_memcpy(p, &v, 2); }
 inline u32 count_of(const u8* w) { return load16(w); }
 inline u32 form_of(const u8* w) { return load16(w + 2); }
 
-/// Bytes of the window at `w` as it stands (its head decides), values of `vb` bytes; at most
-/// dense_bytes(vb) whatever the head says.
+/// Bytes of the window or span at `w` as it stands (its head decides), values of `vb` bytes;
+/// at most dense_bytes(vb) whatever the head says.
 inline u32 length(const u8* w, u32 vb) {
   const u32 n = count_of(w);
   return form_of(w) == form_dense || n > max_pairs(vb) ? dense_bytes(vb) : pairs_bytes(n, vb);
 }
 
-/// Whether `len` bytes at `w` are one well-formed window of `vb`-byte values: a known form,
-/// count at most max_pairs(vb) in pairs form (exactly window_values when dense), `len` the form's length,
-/// offsets strictly ascending and below window_values. Untrusted windows (from the network)
-/// are checked with this before any handler reads them.
-inline bool valid(const u8* w, u64 len, u32 vb) {
+/// Whether `len` bytes at `w` are one well-formed window (or, with `spans`, span) of `vb`-byte
+/// values: a known form, count at most max_pairs(vb) in pairs and span form (exactly
+/// window_values when dense), `len` the form's length, offsets strictly ascending and below
+/// window_values (a span's: below span_values_max). Untrusted windows (from the network) are
+/// checked with this before any handler reads them.
+inline bool valid(const u8* w, u64 len, u32 vb, bool spans = true) {
   if (len < head_bytes) return false;
   const u32 n = count_of(w), f = form_of(w);
   if (f == form_dense) return n == window_values && len == dense_bytes(vb);
-  if (f != form_pairs || n > max_pairs(vb) || len != pairs_bytes(n, vb)) return false;
+  if (!(f == form_pairs || (spans && f == form_span)) || n > max_pairs(vb) || len != pairs_bytes(n, vb)) return false;
+  const u32 limit = f == form_span ? span_values_max : window_values;
   u32 prev = 0;
   for (u32 k = 0; k < n; ++k) {
     const u32 i = load16(w + head_bytes + 2 * k);
-    if (i >= window_values || (k > 0 && i <= prev)) return false;
+    if (i >= limit || (k > 0 && i <= prev)) return false;
     prev = i;
   }
   return true;
 }
 
-/// Offsets and values of a pairs-form window at `w` (values of `vb` bytes).
+/// Offsets and values of a pairs-form window or a span at `w` (values of `vb` bytes).
 inline const u8* offsets(const u8* w) { return w + head_bytes; }
 inline const u8* pair_values(const u8* w) { return w + head_bytes + offset_bytes(count_of(w)); }
 inline const u8* dense_values(const u8* w) { return w + head_bytes; }

@@ -359,10 +359,12 @@ template <class R> constexpr bool is_compact() {
 
 /// Element-wise sum, min and max of block formats, on the float32 values of the blocks.
 /// Sum of sparse windows (spin/coll/sparse.hpp) of values V (sparse_value_f32, _bf16, _f16).
-/// The accumulator is the dense window of float32 sums in handler memory; an element (and, on
-/// the wire, an accumulator: pack_acc) takes the form with fewer bytes. Every value a window
-/// does not list is +0 and is added as +0, so the result is the dense sum of the scattered
-/// vectors bit for bit (fixed order, float32, rounded to V once at the end).
+/// The accumulator of a window is the dense window of float32 sums in handler memory; that of a
+/// span (several windows: sparse.hpp, "Spans") the sorted list of its offsets whose sums are not
+/// +0, at most max_pairs(4) of them. An element (and, on the wire, an accumulator: pack_acc)
+/// takes the form with fewer bytes. Every value an element does not list is +0 and is added as
+/// +0, so the result is the dense sum of the scattered vectors bit for bit (fixed order,
+/// float32, rounded to V once at the end).
 template <class V> struct sum_sparse : detail::value_forms<sum_sparse<V>> {
   static constexpr u32 W = sparse::window_values;
   static constexpr u32 vb = V::bytes;
@@ -370,12 +372,29 @@ template <class V> struct sum_sparse : detail::value_forms<sum_sparse<V>> {
     u8 b[sparse::dense_bytes(vb)];
   };
   struct acc {
-    u32 head;     ///< unused in memory (the packed form's head on the wire)
-    u32 bits[W];  ///< float32 values as bits
+    u32 head;     ///< mode << 16 | listed count (see below)
+    u32 bits[W];  ///< float32 values as bits, or a span's list
   };
   static constexpr bool in_place = true;
   static constexpr bool compact = true;
   static constexpr u32 values = W;
+
+  // ---- the accumulator's modes ----
+  // dense: bits[0..W) are a window's float32 sums (head unused).
+  // list: a span's `listed` offsets (u16, strictly ascending) in the first 2C bytes of bits,
+  //   their sums (none +0) at bits[list_vals + k]; every other offset of the span sums to +0.
+  // overflow: a span whose union outgrew C, or a window met a span: ranks that cut different
+  //   spans (the agreement prevents it). Its packed form and result are form_overflow, which
+  //   every receiver drops as malformed: the collective times out, nothing wrong is delivered.
+  static constexpr u32 C = sparse::max_pairs_4;  // 679: a list packs into one packet
+  static constexpr u32 list_vals = (2 * C + 3) / 4;
+  static_assert(list_vals + C <= W);
+  static constexpr u32 mode_dense = 0, mode_list = 1, mode_overflow = 2;
+  static u32 mode(const acc& a) { return a.head >> 16; }
+  static u32 listed(const acc& a) { return a.head & 0xffffu; }
+  static void set_head(acc& a, u32 m, u32 n) { a.head = (m << 16) | n; }
+  static u32 off_at(const acc& a, u32 k) { return sparse::load16(reinterpret_cast<const u8*>(a.bits) + 2 * k); }
+  static void set_off(acc& a, u32 k, u32 o) { sparse::store16(reinterpret_cast<u8*>(a.bits) + 2 * k, static_cast<u16>(o)); }
 
   static u32 raw(const u8* p, u32 k) {
     if constexpr (vb == 4) {
@@ -485,31 +504,166 @@ template <class V> struct sum_sparse : detail::value_forms<sum_sparse<V>> {
     }
   }
 
+  // List a's values from span x (values of Bytes bytes, widened by `wid`): those whose float32
+  // bits are +0 are left out; offsets out of order (a host's malformed span) are skipped.
+  template <u32 Bytes, class Widen> static void set_list(acc& a, const u8* x, Widen wid) {
+    const u32 n = pairs_in(x, Bytes);  // <= max_pairs(Bytes) <= C
+    const u8* off = sparse::offsets(x);
+    const u8* val = off + sparse::offset_bytes(n);
+    u32 k = 0, prev = 0;
+    for (u32 j = 0; j < n; ++j) {
+      const u32 o = sparse::load16(off + 2 * j);
+      const u32 v = wid(Bytes == 4 ? raw4(val, j) : sparse::load16(val + 2 * j));
+      if ((k > 0 && o <= prev) || v == 0) continue;
+      set_off(a, k, o);
+      a.bits[list_vals + k] = v;
+      prev = o;
+      ++k;
+    }
+    set_head(a, mode_list, k);
+  }
+  // a = a + s, a in list mode, s the sorted list of m entries off(k), val(k) (float32 bits),
+  // every offset either does not list adding as +0, as the dense sum has it. Merged from the
+  // back in place: the write position never passes an entry of a not yet read. A union larger
+  // than C makes a overflow.
+  template <class Off, class Val> static void merge_list(acc& a, u32 m, Off off, Val val) {
+    const u32 n = listed(a);
+    u32 i = 0, j = 0, u = 0;
+    while (i < n || j < m) {
+      if (j == m || (i < n && off_at(a, i) < off(j))) ++i;
+      else if (i == n || off(j) < off_at(a, i)) ++j;
+      else ++i, ++j;
+      ++u;
+    }
+    if (u > C) {
+      set_head(a, mode_overflow, 0);
+      return;
+    }
+    i = n;
+    j = m;
+    for (u32 p = u; p-- > 0;) {
+      u32 o, v;
+      if (j == 0 || (i > 0 && off_at(a, i - 1) > off(j - 1))) {
+        --i;
+        o = off_at(a, i);
+        v = add(a.bits[list_vals + i], 0);
+      } else if (i == 0 || off(j - 1) > off_at(a, i - 1)) {
+        --j;
+        o = off(j);
+        v = add(0, val(j));
+      } else {
+        --i;
+        --j;
+        o = off_at(a, i);
+        v = add(a.bits[list_vals + i], val(j));
+      }
+      set_off(a, p, o);
+      a.bits[list_vals + p] = v;
+    }
+    u32 k = 0;  // sums that came to +0 (-0 + +0, x + -x) are unlisted again
+    for (u32 p = 0; p < u; ++p) {
+      const u32 v = a.bits[list_vals + p];
+      if (v == 0) continue;
+      set_off(a, k, off_at(a, p));
+      a.bits[list_vals + k] = v;
+      ++k;
+    }
+    set_head(a, mode_list, k);
+  }
+  // A span's list at `out` (values narrowed by `nar`; those that become +0 are left out), or
+  // form_overflow when more remain than a packet of Bytes-byte values holds. Returns its length.
+  template <u32 Bytes, class Narrow> static u32 write_list(u8* out, const acc& a, Narrow nar) {
+    const u32 n = mode(a) == mode_list ? listed(a) : 0;
+    u32 m = 0;
+    for (u32 k = 0; k < n; ++k) m += nar(a.bits[list_vals + k]) != 0 ? 1u : 0u;
+    if (mode(a) != mode_list || m > sparse::max_pairs(Bytes)) {
+      sparse::store16(out, 0);
+      sparse::store16(out + 2, sparse::form_overflow);
+      return sparse::head_bytes;
+    }
+    sparse::store16(out, static_cast<u16>(m));
+    sparse::store16(out + 2, sparse::form_span);
+    u8* off = out + sparse::head_bytes;
+    u8* val = off + sparse::offset_bytes(m);
+    if ((m & 1) != 0) sparse::store16(off + 2 * m, 0);  // the padding, defined
+    u32 j = 0;
+    for (u32 k = 0; k < n; ++k) {
+      const u32 v = nar(a.bits[list_vals + k]);
+      if (v == 0) continue;
+      sparse::store16(off + 2 * j, static_cast<u16>(off_at(a, k)));
+      if constexpr (Bytes == 4) __builtin_memcpy(val + 4 * j, &v, 4);
+      else sparse::store16(val + 2 * j, static_cast<u16>(v));
+      ++j;
+    }
+    return sparse::pairs_bytes(m, Bytes);
+  }
+
   static void widen_into(acc& a, const elem& x) {
+    if (sparse::form_of(x.b) == sparse::form_span) {
+      set_list<vb>(a, x.b, [](u32 v) { return V::widen(v); });
+      return;
+    }
+    set_head(a, mode_dense, 0);
     set_window<vb>(a.bits, x.b, [](u32 v) { return V::widen(v); });
   }
   static void fold_into(acc& a, const elem& x) {
-    add_window<vb>(a.bits, x.b, [](u32 v) { return V::widen(v); });
+    const bool span = sparse::form_of(x.b) == sparse::form_span;
+    if (mode(a) == mode_dense && !span) {
+      add_window<vb>(a.bits, x.b, [](u32 v) { return V::widen(v); });
+    } else if (mode(a) == mode_list && span) {
+      const u32 m = pairs_in(x.b, vb);
+      const u8* off = sparse::offsets(x.b);
+      const u8* val = off + sparse::offset_bytes(m);
+      merge_list(
+          a, m, [off](u32 k) { return static_cast<u32>(sparse::load16(off + 2 * k)); },
+          [val](u32 k) { return V::widen(vb == 4 ? raw4(val, k) : sparse::load16(val + 2 * k)); });
+    } else {
+      set_head(a, mode_overflow, 0);
+    }
   }
   static void combine_into(acc& a, const acc& b) {
-    for (u32 i = 0; i < W; ++i) a.bits[i] = add(a.bits[i], b.bits[i]);
+    if (mode(a) == mode_dense && mode(b) == mode_dense) {
+      combine_dense(a.bits, b.bits);
+    } else if (mode(a) == mode_list && mode(b) == mode_list) {
+      merge_list(
+          a, listed(b), [&b](u32 k) { return off_at(b, k); }, [&b](u32 k) { return b.bits[list_vals + k]; });
+    } else {
+      set_head(a, mode_overflow, 0);
+    }
   }
   static void narrow_into(elem& e, const acc& a) {
-    encode<vb>(e.b, [&a](u32 i) { return V::narrow(a.bits[i]); });
+    if (mode(a) == mode_dense) encode<vb>(e.b, [&a](u32 i) { return V::narrow(a.bits[i]); });
+    else write_list<vb>(e.b, a, [](u32 v) { return V::narrow(v); });
+  }
+  // ---- dense windows of float32 sums alone (sum_sparse_mx's accumulators) ----
+  static void combine_dense(u32* a, const u32* b) {
+    for (u32 i = 0; i < W; ++i) a[i] = add(a[i], b[i]);
+  }
+  static u32 pack_dense(u8* out, const u32* a) {
+    return encode<4>(out, [a](u32 i) { return a[i]; });
+  }
+  static void unpack_dense(u32* a, const u8* in) {
+    set_window<4>(a, in, [](u32 v) { return v; });
   }
   // ---- the wire form (engine: compact reductions) ----
   /// Bytes of element `e` as it travels.
   static u32 elem_length(const elem& e) { return sparse::length(e.b, vb); }
   static bool elem_valid(const u8* p, u64 len) { return sparse::valid(p, len, vb); }
   static bool acc_valid(const u8* p, u64 len) { return sparse::valid(p, len, 4); }
-  /// Writes accumulator `a` at `out` in its smaller form (float32 values, bits kept); returns
-  /// its length.
+  /// Writes accumulator `a` at `out` in its smaller form (float32 values, bits kept; a span's
+  /// list as a span); returns its length.
   static u32 pack_acc(u8* out, const acc& a) {
-    return encode<4>(out, [&a](u32 i) { return a.bits[i]; });
+    if (mode(a) == mode_dense) return pack_dense(out, a.bits);
+    return write_list<4>(out, a, [](u32 v) { return v; });
   }
-  /// The accumulator that packed window `in` (valid) stands for.
+  /// The accumulator that packed window or span `in` (valid) stands for.
   static void unpack_acc(acc& a, const u8* in) {
-    set_window<4>(a.bits, in, [](u32 v) { return v; });
+    if (sparse::form_of(in) == sparse::form_span) {
+      set_list<4>(a, in, [](u32 v) { return v; });
+      return;
+    }
+    set_head(a, mode_dense, 0);
+    unpack_dense(a.bits, in);
   }
 };
 
@@ -613,7 +767,7 @@ template <mx::element E> struct sum_sparse_mx : detail::value_forms<sum_sparse_m
           for (u32 i = lo; i < hi; ++i) a.bits[i] = add(a.bits[i], v);
         });
   }
-  static void combine_into(acc& a, const acc& b) { f32_windows::combine_into(a, b); }
+  static void combine_into(acc& a, const acc& b) { f32_windows::combine_dense(a.bits, b.bits); }
   // Block j's 32 values (the last block's padding: +0).
   static void block_of(const acc& a, u32 j, u32* in) {
     const u32 lo = j * B;
@@ -685,9 +839,9 @@ template <mx::element E> struct sum_sparse_mx : detail::value_forms<sum_sparse_m
   // ---- the wire form (engine: compact reductions) ----
   static u32 elem_length(const elem& e) { return sparse::mx_length(e.b, bits); }
   static bool elem_valid(const u8* p, u64 len) { return sparse::mx_valid(p, len, bits); }
-  static bool acc_valid(const u8* p, u64 len) { return f32_windows::acc_valid(p, len); }
-  static u32 pack_acc(u8* out, const acc& a) { return f32_windows::pack_acc(out, a); }
-  static void unpack_acc(acc& a, const u8* in) { f32_windows::unpack_acc(a, in); }
+  static bool acc_valid(const u8* p, u64 len) { return sparse::valid(p, len, 4, false); }  // windows only
+  static u32 pack_acc(u8* out, const acc& a) { return f32_windows::pack_dense(out, a.bits); }
+  static void unpack_acc(acc& a, const u8* in) { f32_windows::unpack_dense(a.bits, in); }
 };
 
 template <class Codec> struct sum_block : detail::block_ops<Codec, detail::add_op> {};
