@@ -27,6 +27,7 @@ enum class fault : std::uint8_t {
   null_buffer = 3,
   bad_type = 4,
   too_long = 5,
+  caller = 6,  // a typed form refused its arguments (the detail says why)
 };
 const char* why(fault f) {
   switch (f) {
@@ -36,6 +37,7 @@ const char* why(fault f) {
   case fault::null_buffer: return "a null buffer with pairs or a result to give";
   case fault::bad_type: return "its datatype is not f32, bf16, f16 or an MX type";
   case fault::too_long: return "length exceeds 2^32 (indices are 32-bit)";
+  case fault::caller: return "its arguments do not match";
   }
   return "?";
 }
@@ -220,6 +222,16 @@ static result<void> sparse_epochs(communicator& c, std::span<const std::uint32_t
     std::uint8_t* at = buf.data == nullptr ? nullptr : buf.data + cut[q] * eb;
     if (auto r = c.allreduce(at, at, cut[q + 1] - cut[q], wt, op::sum, a); !r.ok()) return r;
   }
+  // Every element must be in the form the plan gave it before any is read (the NICs check what
+  // arrives, but a faulty or hostile peer could send a valid window where a span belongs).
+  for (std::size_t e = 0; e < els.size(); ++e) {
+    const std::uint8_t* win = buf.data + e * eb;
+    const std::uint32_t f = sp::form_of(win);
+    const bool span_form = els[e].pad || els[e].s.windows > 1;
+    if ((span_form ? f != sp::form_span : f == sp::form_span) || !sp::valid(win, sp::length(win, vb), vb))
+      return fail(errc::fault, "allreduce_sparse: element " + std::to_string(e) + " of the result is not the " +
+                                   (span_form ? "span" : "window") + " the ranks planned (form " + std::to_string(f) + ")");
+  }
   for (std::size_t e = 0; e < els.size(); ++e) {
     if (els[e].pad) continue;
     const std::uint64_t base = els[e].s.first * W;
@@ -232,7 +244,8 @@ static result<void> sparse_epochs(communicator& c, std::span<const std::uint32_t
 // the `count` values from index `base`, a window or span of values of vb bytes.
 template <class Read>
 static result<void> sparse_run(communicator& c, std::span<const std::uint32_t> index, const void* values,
-                               std::uint64_t length, dtype t, bool out_null, algorithm a, Read read) {
+                               std::uint64_t length, dtype t, bool out_null, algorithm a, Read read,
+                               const char* refused = nullptr) {
   const std::string what = "allreduce_sparse";
   // 1. Every rank's arguments, checked here, then agreed on by every rank: the maximum of each
   //    value and of its complement gives the largest and the smallest, so any difference
@@ -240,7 +253,10 @@ static result<void> sparse_run(communicator& c, std::span<const std::uint32_t> i
   fault f = fault::none;
   std::string detail;
   const dtype wt = window_type_of(t);
-  if (wt == dtype::custom) f = fault::bad_type;
+  if (refused != nullptr) {
+    f = fault::caller;
+    detail = refused;
+  } else if (wt == dtype::custom) f = fault::bad_type;
   else if (length > (std::uint64_t{1} << 32)) f = fault::too_long;
   else if ((!index.empty() && (values == nullptr || index.data() == nullptr)) || (length > 0 && out_null)) f = fault::null_buffer;
   else
@@ -285,8 +301,9 @@ static result<void> sparse_run(communicator& c, std::span<const std::uint32_t> i
   if (v[6] != 0) {
     const auto rank = static_cast<std::uint32_t>(0xffffffffu - (v[6] >> 8));
     const auto code = static_cast<fault>(v[6] & 0xff);
-    std::string m = what + ": rank " + std::to_string(rank) + "'s arguments are refused: " + why(code);
-    if (rank == me && !detail.empty()) m += " (" + detail + ")";
+    std::string m = what + ": rank " + std::to_string(rank) + "'s arguments are refused: " +
+                    (code == fault::caller && rank == me ? detail.c_str() : why(code));
+    if (rank == me && !detail.empty() && code != fault::caller) m += " (" + detail + ")";
     return fail(errc::invalid_argument, m);
   }
   if (v[0] != ~v[1]) return fail(errc::invalid_argument, what + ": the ranks give different lengths (" + std::to_string(~v[1]) +
@@ -381,6 +398,10 @@ result<void> communicator::allreduce_sparse(std::span<const std::uint32_t> index
   index_out = std::move(idx);
   values_out = std::move(out);
   return r;
+}
+
+result<void> communicator::sparse_refused(const char* why, std::uint64_t length, dtype t, algorithm a) {
+  return sparse_run(*this, {}, nullptr, length, t, false, a, [](std::uint64_t, std::uint64_t, const std::uint8_t*, std::uint32_t) {}, why);
 }
 
 } // namespace spin::coll

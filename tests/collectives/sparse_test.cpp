@@ -354,6 +354,12 @@ TEST_CASE("a span's accumulator: merged as the dense sum adds, -0 and cancellati
   std::uint8_t packed[4096];
   const std::uint32_t len = R::pack_acc(packed, acc);
   CHECK(!R::acc_valid(packed, len));
+  // A host's span out of order (the kernels take the host's elements unchecked): overflow, no
+  // read outside the list (this read 4 GiB past it before the check).
+  R::widen_into(acc, span_of({{4, 1.0f}}));
+  R::fold_into(acc, span_of({{5, 1.0f}, {4, 1.0f}}));
+  R::narrow_into(out, acc);
+  CHECK(!sparse::valid(out.b, sparse::length(out.b, 4), 4));
   // A window met by a span is the same fault.
   R::elem win{};
   sparse::store16(win.b, 0);
@@ -592,6 +598,32 @@ TEST_CASE("sparse allreduce: bad arguments give a clear error on every rank, and
     // The faulting rank's own message says where.
     auto res = run({good, {1, 7, 3}, good}, same_len, f32s, a);
     CHECK(res[1].err().message.find("index[2] = 3 is not above index[1] = 7") != std::string::npos);
+    // The typed forms: a rank whose counts differ (or whose output is too short) is a rank at
+    // fault for every rank, not a rank that leaves the others to time out.
+    {
+      std::vector<std::vector<float>> out(n, std::vector<float>(length));
+      const std::vector<float> three(3, 1.0f), two(2, 1.0f);
+      auto typed = w.run([&](std::uint32_t r) {
+        return w.comms[r]->allreduce_sparse<float>(good, r == 2 ? std::span<const float>(two) : std::span<const float>(three),
+                                                   length, std::span<float>(out[r]), a);
+      });
+      expect_all(typed, errc::invalid_argument, "rank 2's arguments are refused");
+      CHECK(typed[2].err().message.find("its index and value counts differ") != std::string::npos);
+      CHECK(typed[0].err().message.find("its arguments do not match") != std::string::npos);
+      std::vector<std::vector<std::uint32_t>> io(n);
+      std::vector<std::vector<float>> vo(n);
+      auto typed2 = w.run([&](std::uint32_t r) {
+        return w.comms[r]->allreduce_sparse<float>(good, r == 0 ? std::span<const float>(two) : std::span<const float>(three),
+                                                   length, io[r], vo[r], a);
+      });
+      expect_all(typed2, errc::invalid_argument, "rank 0's arguments are refused");
+      auto typed3 = w.run([&](std::uint32_t r) {
+        return w.comms[r]->allreduce_sparse<float>(good, three, length,
+                                                   std::span<float>(out[r]).first(r == 1 ? length - 1 : length), a);
+      });
+      expect_all(typed3, errc::invalid_argument, "rank 1's arguments are refused");
+      CHECK(typed3[1].err().message.find("its output does not hold length values") != std::string::npos);
+    }
     // Then a good call.
     std::vector<pairs> in(n);
     for (std::uint32_t r = 0; r < n; ++r) in[r].index = good, in[r].bits.assign(3, 0x3f800000u);

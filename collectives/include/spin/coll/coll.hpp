@@ -351,8 +351,9 @@ public:
   /// is added from rank c+1 around to rank c), rounded to t once: the same bits on every rank,
   /// in every run, with either algorithm, whatever form each window took. The vector travels
   /// in windows of sparse::window_values values, each as pairs or dense, whichever takes fewer
-  /// bytes (spin/coll/sparse.hpp); NIC handlers (edge_ring) or the switch (switch_agg) add the
-  /// windows.
+  /// bytes, and where values are rare in spans of up to 64 windows per packet, cut alike by
+  /// every rank from their agreed counts (spin/coll/sparse.hpp); NIC handlers (edge_ring) or
+  /// the switch (switch_agg) add them.
   /// With t an OCP MX type (mxfp8_e4m3, mxfp8_e5m2, mxfp6_e3m2, mxfp6_e2m3, mxfp4_e2m1, mxint8)
   /// values and results are float32 and the windows carry MX codes: each rank's values are
   /// encoded in blocks of 32 of its window (scales from its own values), decoded exactly where
@@ -367,7 +368,8 @@ public:
   /// `length`, when the ranks give different lengths, datatypes or algorithms, when t is not
   /// f32, bf16, f16 or an MX type, when `length` exceeds 2^32, or when a buffer is null with pairs or a
   /// result to give (the message names the lowest rank at fault and why); not_supported for
-  /// host_ring; those of allreduce.
+  /// host_ring; fault when a result element is not the form the plan gave it (only a faulty
+  /// or hostile peer can send one: nothing is written then); those of allreduce.
   result<void> allreduce_sparse(std::span<const std::uint32_t> index, const void* values, std::uint64_t length, dtype t,
                                 void* dense_out, algorithm a = algorithm::automatic);
   /// The same, with the result as pairs: every index whose result is not +0 (by its bits: -0
@@ -379,6 +381,8 @@ public:
   template <class T>
   result<void> allreduce_sparse(std::span<const std::uint32_t> index, std::span<const T> values, std::uint64_t length,
                                 std::span<T> dense_out, algorithm a = algorithm::automatic);
+  /// A rank whose index and values differ in count, or whose dense_out does not hold
+  /// `length` values, joins the agreement as a rank at fault: invalid_argument on every rank.
   template <class T>
   result<void> allreduce_sparse(std::span<const std::uint32_t> index, std::span<const T> values, std::uint64_t length,
                                 std::vector<std::uint32_t>& index_out, std::vector<T>& values_out,
@@ -432,6 +436,9 @@ public:
   struct impl;
 
 private:
+  // allreduce_sparse's agreement for a caller whose arguments a typed form refused (`why`):
+  // every rank learns this rank is at fault; returns that error.
+  result<void> sparse_refused(const char* why, std::uint64_t length, dtype t, algorithm a);
   static result<std::unique_ptr<communicator>> create_on(std::unique_ptr<detail::nic_handle> nic, const group& g, const options& o);
   explicit communicator(std::unique_ptr<impl> p);
   std::unique_ptr<impl> _p;
@@ -457,8 +464,8 @@ result<void> communicator::allreduce(std::span<const T> in, std::span<T> out, op
 template <class T>
 result<void> communicator::allreduce_sparse(std::span<const std::uint32_t> index, std::span<const T> values,
                                             std::uint64_t length, std::span<T> dense_out, algorithm a) {
-  if (index.size() != values.size()) return fail(errc::invalid_argument, "allreduce_sparse: index and value counts differ");
-  if (dense_out.size() != length) return fail(errc::invalid_argument, "allreduce_sparse: the output does not hold length values");
+  if (index.size() != values.size()) return sparse_refused("its index and value counts differ", length, dtype_of<T>(), a);
+  if (dense_out.size() != length) return sparse_refused("its output does not hold length values", length, dtype_of<T>(), a);
   return allreduce_sparse(index, values.data(), length, dtype_of<T>(), dense_out.data(), a);
 }
 
@@ -466,7 +473,7 @@ template <class T>
 result<void> communicator::allreduce_sparse(std::span<const std::uint32_t> index, std::span<const T> values,
                                             std::uint64_t length, std::vector<std::uint32_t>& index_out,
                                             std::vector<T>& values_out, algorithm a) {
-  if (index.size() != values.size()) return fail(errc::invalid_argument, "allreduce_sparse: index and value counts differ");
+  if (index.size() != values.size()) return sparse_refused("its index and value counts differ", length, dtype_of<T>(), a);
   std::vector<std::byte> raw;
   auto r = allreduce_sparse(index, values.data(), length, dtype_of<T>(), index_out, raw, a);
   if (!r.ok()) return r;

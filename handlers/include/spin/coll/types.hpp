@@ -529,6 +529,11 @@ template <class V> struct sum_sparse : detail::value_forms<sum_sparse<V>> {
   template <class Off, class Val> static void merge_list(acc& a, u32 m, Off off, Val val) {
     const u32 n = listed(a);
     u32 i = 0, j = 0, u = 0;
+    for (u32 k = 1; k < m; ++k)  // a source out of order (a malformed span of a host's): overflow
+      if (off(k) <= off(k - 1)) {
+        set_head(a, mode_overflow, 0);
+        return;
+      }
     while (i < n || j < m) {
       if (j == m || (i < n && off_at(a, i) < off(j))) ++i;
       else if (i == n || off(j) < off_at(a, i)) ++j;
