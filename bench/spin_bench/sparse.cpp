@@ -211,7 +211,6 @@ bool run_ranks(const sparse_options& o, std::uint32_t n, std::vector<row>& rows)
             });
         rw.sent_per_rank = static_cast<double>(tx_bytes() - tx0) / n / o.iters;
         rw.repaired = static_cast<double>(repaired() - rep0) / o.iters;
-        if (getenv("DBG_RTO")) for (std::uint32_t r = 0; r < n; ++r) { auto st = comms[r]->stats(); std::fprintf(stderr, "rank %u ticks %llu rep %llu samples %llu srtt %lld us rto %lld us\n", r, (unsigned long long)st.repair_ticks, (unsigned long long)st.repaired_epochs, (unsigned long long)st.rtt_samples, (long long)st.srtt.count(), (long long)st.repair_interval.count()); }
         if (rw.error.empty()) {
           // Exactness (the documented order: epochs of `seg` windows, each cut into n chunks,
           // window w of chunk c summed from rank c+1 around) and the error against the float64 sum.
