@@ -53,13 +53,14 @@ std::uint32_t value_bits(const std::byte* v, std::uint32_t vb, std::uint64_t k) 
   return x;
 }
 
-// Window `w` (at `out`, eb bytes) from the pairs idx[p0..p1) (all inside the window), values of
-// vb bytes at `vals`: the values whose bits are +0 are left out, as the format says.
-void encode_window(std::uint8_t* out, std::uint64_t base, const std::uint32_t* idx, const std::byte* vals,
-                   std::uint64_t p0, std::uint64_t p1, std::uint32_t vb) {
+// An element (at `out`) of `windows` windows from `base`, from the pairs idx[p0..p1) (all inside
+// it), values of vb bytes at `vals`: the values whose bits are +0 are left out, as the format
+// says. One window takes pairs or dense form, whichever is smaller; several, the span form.
+void encode_element(std::uint8_t* out, std::uint64_t base, std::uint32_t windows, const std::uint32_t* idx,
+                    const std::byte* vals, std::uint64_t p0, std::uint64_t p1, std::uint32_t vb) {
   std::uint32_t n = 0;
   for (std::uint64_t k = p0; k < p1; ++k) n += value_bits(vals, vb, k) != 0 ? 1 : 0;
-  if (!sp::pairs_smaller(n, vb)) {
+  if (windows == 1 && !sp::pairs_smaller(n, vb)) {
     sp::store16(out, static_cast<std::uint16_t>(W));
     sp::store16(out + 2, sp::form_dense);
     std::uint8_t* d = out + sp::head_bytes;
@@ -68,27 +69,7 @@ void encode_window(std::uint8_t* out, std::uint64_t base, const std::uint32_t* i
     return;
   }
   sp::store16(out, static_cast<std::uint16_t>(n));
-  sp::store16(out + 2, sp::form_pairs);
-  std::uint8_t* off = out + sp::head_bytes;
-  std::uint8_t* val = off + sp::offset_bytes(n);
-  if ((n & 1) != 0) sp::store16(off + 2 * n, 0);
-  std::uint32_t j = 0;
-  for (std::uint64_t k = p0; k < p1; ++k) {
-    if (value_bits(vals, vb, k) == 0) continue;
-    sp::store16(off + 2 * j, static_cast<std::uint16_t>(idx[k] - base));
-    std::memcpy(val + std::size_t{j} * vb, vals + k * vb, vb);
-    ++j;
-  }
-}
-
-// Span of `values` values from `base` (at `out`) from the pairs idx[p0..p1) (all inside it): the
-// span form, the values whose bits are +0 left out.
-void encode_span(std::uint8_t* out, std::uint64_t base, const std::uint32_t* idx, const std::byte* vals, std::uint64_t p0,
-                 std::uint64_t p1, std::uint32_t vb) {
-  std::uint32_t n = 0;
-  for (std::uint64_t k = p0; k < p1; ++k) n += value_bits(vals, vb, k) != 0 ? 1 : 0;
-  sp::store16(out, static_cast<std::uint16_t>(n));
-  sp::store16(out + 2, sp::form_span);
+  sp::store16(out + 2, windows == 1 ? sp::form_pairs : sp::form_span);
   std::uint8_t* off = out + sp::head_bytes;
   std::uint8_t* val = off + sp::offset_bytes(n);
   if ((n & 1) != 0) sp::store16(off + 2 * n, 0);
@@ -209,14 +190,13 @@ static result<void> sparse_epochs(communicator& c, std::span<const std::uint32_t
   for (std::size_t e = 0; e < els.size(); ++e) {
     std::uint8_t* out = buf.data + e * eb;
     if (els[e].pad) {
-      encode_span(out, 0, nullptr, nullptr, 0, 0, vb);
+      encode_element(out, 0, 2, nullptr, nullptr, 0, 0, vb);  // an empty span
       continue;
     }
     const std::uint64_t base = els[e].s.first * W, end = base + std::uint64_t{els[e].s.windows} * W;
     const std::uint64_t p0 = k;
     while (k < index.size() && index[k] < end) ++k;
-    if (els[e].s.windows == 1) encode_window(out, base, index.data(), vals, p0, k, vb);
-    else encode_span(out, base, index.data(), vals, p0, k, vb);
+    encode_element(out, base, els[e].s.windows, index.data(), vals, p0, k, vb);
   }
   for (std::size_t q = 0; q + 1 < cut.size(); ++q) {
     std::uint8_t* at = buf.data == nullptr ? nullptr : buf.data + cut[q] * eb;
