@@ -3,6 +3,8 @@
 #include <spin/cc/check.hpp>
 #include <spin/cc/object.hpp>
 
+#include "icount.hpp"
+
 #include <llvm/ADT/StringExtras.h>
 #include <llvm/Analysis/LoopInfo.h>
 #include <llvm/Bitcode/BitcodeReader.h>
@@ -112,7 +114,7 @@ public:
       llvm::sys::fs::remove_directories(_path);
   }
   const std::string& path() const { return _path; }
-  std::string file(const char* name) const { return _path + "/" + name; }
+  std::string file(const std::string& name) const { return _path + "/" + name; }
 
 private:
   explicit temp_dir(std::string p) : _path(std::move(p)) {}
@@ -341,35 +343,53 @@ result<checked> run_checker(const std::string& source_path, const build_options&
 
 struct compiled {
   std::string object;                            // bytes of the final object
+  std::string counted_object;                    // --count-instructions: the counted object
   std::map<std::string, std::uint64_t> stack;    // handler -> worst-case bytes
   memory_facts memory;
 };
 
 result<compiled> build_native(const std::string& source, const std::string& source_dir, const checked& chk,
-                              const temp_dir& tmp, const build_options& opts) {
+                              const temp_dir& tmp, const build_options& opts, bool counted) {
   // The compile command of `src` into `out`; `with` gives -I/-D (none for spinc's own file).
-  auto compile_args = [&](const build_options& with, const std::string& src, const std::string& out) {
+  // Counted (--count-instructions): the modelled HPU is a scalar core, so no vectorisation;
+  // clang's optimised IR goes through instrument_ir and is compiled again.
+  auto compile_args = [&](const build_options& with, const std::string& src, const std::string& out, bool ir_out) {
     std::vector<std::string> a = {"-target", "x86_64-linux-gnu"};
-    for (std::string& f : common_flags(source_dir, tmp, with)) a.push_back(std::move(f));
+    if (src.ends_with(".bc")) a.push_back("-O2");
+    else for (std::string& f : common_flags(source_dir, tmp, with)) a.push_back(std::move(f));
     // -mno-red-zone: a leaf function's locals in the red zone do not count in its frame size,
     // so -fstack-usage would understate them by up to 128 bytes. -ffunction-sections: every
     // call between functions leaves a relocation, which gives the call graph.
-    for (const char* f : {"-fPIC", "-mno-red-zone", "-ffunction-sections", "-fstack-usage"}) a.emplace_back(f);
+    for (const char* f : {"-fPIC", "-mno-red-zone", "-ffunction-sections"}) a.emplace_back(f);
+    if (counted)
+      for (const char* f : {"-fno-vectorize", "-fno-slp-vectorize"}) a.emplace_back(f);
+    a.emplace_back(ir_out ? "-emit-llvm" : "-fstack-usage");
     a.push_back("-march=" + opts.march);
     for (const char* f : {"-c", "-o"}) a.emplace_back(f);
     a.push_back(out);
     a.push_back(src);
     return a;
   };
+  const std::string tag = counted ? "counted-" : "";
+  // One object from `src`: directly, or counted through the IR.
+  auto compile = [&](const build_options& with, const std::string& src, const std::string& name) -> result<clang_run> {
+    const std::string out = tmp.file(tag + name + ".o");
+    if (!counted) return run_clang(compile_args(with, src, out, false), tmp, opts);
+    const std::string ir = tmp.file(tag + name + ".bc"), inst = tmp.file(tag + name + ".inst.bc");
+    auto r = run_clang(compile_args(with, src, ir, true), tmp, opts);
+    if (!r || r->exit_code != 0) return r;
+    if (auto i = instrument_ir(ir, inst); !i) return i.err();
+    return run_clang(compile_args(with, inst, out, false), tmp, opts);
+  };
 
-  const std::string obj = tmp.file("handler.o"), support_obj = tmp.file("support.o");
-  auto r = run_clang(compile_args(opts, source, obj), tmp, opts);
+  const std::string obj = tmp.file(tag + "handler.o"), support_obj = tmp.file(tag + "support.o");
+  auto r = compile(opts, source, "handler");
   if (!r) return r.err();
   if (r->exit_code != 0) return clang_rejects("compiling the handler file", *r);
 
   const std::string support_src = tmp.file("spinc_support.cpp");
   if (auto w = write_file(support_src, support_source); !w) return w.err();
-  r = run_clang(compile_args(build_options{}, support_src, support_obj), tmp, opts);
+  r = compile(build_options{}, support_src, "support");
   if (!r) return r.err();
   if (r->exit_code != 0) return fail(errc::bad_state, "spinc's runtime support does not compile:\n" + r->stderr_text);
 
@@ -420,17 +440,18 @@ result<compiled> build_native(const std::string& source, const std::string& sour
     return fail(errc::invalid_argument, errors);
   }
 
-  auto frames = read_frames(tmp.file("handler.su"));
+  auto frames = read_frames(tmp.file(tag + "handler.su"));
   if (!frames) return frames.err();
-  auto support_frames = read_frames(tmp.file("support.su"));
+  auto support_frames = read_frames(tmp.file(tag + "support.su"));
   if (!support_frames) return support_frames.err();
   frames->insert(support_frames->begin(), support_frames->end());
 
   // Link: export exactly the handlers.
   std::string script = "{\n  global:\n";
   for (const handler_info& h : chk.handlers) script += "    " + h.name + ";\n";
+  if (counted) script += std::string("    ") + instruction_counter_symbol + ";\n";
   script += "  local: *;\n};\n";
-  const std::string map = tmp.file("exports.map"), so = tmp.file("handler.so");
+  const std::string map = tmp.file(tag + "exports.map"), so = tmp.file(tag + "handler.so");
   if (auto w = write_file(map, script); !w) return w.err();
   const std::vector<std::string> link = {"-target", "x86_64-linux-gnu", "-shared", "-nostdlib", "-fuse-ld=lld",
                                          "-Wl,--no-undefined", "-Wl,--build-id=none", "-Wl,-z,noexecstack",
@@ -468,7 +489,7 @@ result<compiled> build_native(const std::string& source, const std::string& sour
   for (const auto& [name, sym] : exported) {
     const bool handler = std::any_of(chk.handlers.begin(), chk.handlers.end(),
                                      [&](const handler_info& h) { return h.name == name; });
-    if (!handler && !(name == "spin_memory_decl" && !sym->function))
+    if (!handler && !(name == "spin_memory_decl" && !sym->function) && !(counted && name == instruction_counter_symbol && !sym->function))
       errors += diag(source, 0, 0, "error", "the handler object exports '" + name + "', which is not a handler") + "\n";
   }
   if (!errors.empty()) {
@@ -700,8 +721,21 @@ result<rt::package> build_package(const std::string& source_path, const build_op
   if (!tmp) return tmp.err();
   const std::string source = abs.str().str();
   const std::string source_dir = llvm::sys::path::parent_path(source).str();
+  if (opts.count_instructions && opts.tgt == target::ebpf)
+    return fail(errc::not_supported, "--count-instructions builds a counted native object; eBPF packages have none (build the "
+                                     "handler for the native target to run it in virtual time)");
   auto built = opts.tgt == target::ebpf ? build_ebpf(source, source_dir, *chk, *tmp, opts)
-                                        : build_native(source, source_dir, *chk, *tmp, opts);
+                                        : build_native(source, source_dir, *chk, *tmp, opts, false);
+  if (built && opts.count_instructions) {
+    // The counted object's frames differ (no vectorisation, the counter): each handler's stack
+    // is the larger of the two.
+    auto counted = build_native(source, source_dir, *chk, *tmp, opts, true);
+    if (!counted) built = counted.err();
+    else {
+      for (auto& [name, bytes] : built->stack) bytes = std::max(bytes, counted->stack.at(name));
+      built->counted_object = std::move(counted->object);
+    }
+  }
   if (!built) {
     // Diagnostics name the source as the user did.
     // Diagnostics name the source as the user did (clang saw an absolute path, the BPF
@@ -752,6 +786,8 @@ result<rt::package> build_package(const std::string& source_path, const build_op
   m.stack_limit_bytes = limit;
   pkg.object.resize(built->object.size());
   std::copy(built->object.begin(), built->object.end(), reinterpret_cast<char*>(pkg.object.data()));
+  pkg.counted_object.resize(built->counted_object.size());
+  std::copy(built->counted_object.begin(), built->counted_object.end(), reinterpret_cast<char*>(pkg.counted_object.data()));
   return pkg;
 }
 

@@ -502,17 +502,18 @@ result<std::vector<frame_usage>> parse_stack_usage(std::string_view su_text) {
     const std::string_view where = line.substr(0, t1);
     const std::string_view bytes = line.substr(t1 + 1, t2 - t1 - 1);
     const std::string_view kind = line.substr(t2 + 1);
-    // <file>:<line>:<function>; the file may contain ':', symbol names do not.
+    // <file>:<line>:<function>, or <file>:<function> for a function without a source line (a
+    // build from IR); the file may contain ':', symbol names do not.
     const std::size_t c2 = where.rfind(':');
     if (c2 == std::string_view::npos || c2 == 0) return bad();
-    const std::size_t c1 = where.rfind(':', c2 - 1);
-    if (c1 == std::string_view::npos) return bad();
     frame_usage fu;
     fu.function = std::string(where.substr(c2 + 1));
-    const std::string_view line_text = where.substr(c1 + 1, c2 - c1 - 1);
-    if (fu.function.empty() || line_text.empty() || bytes.empty()) return bad();
-    for (char c : line_text) {
-      if (c < '0' || c > '9') return bad();
+    if (fu.function.empty() || bytes.empty()) return bad();
+    const std::size_t c1 = where.rfind(':', c2 - 1);
+    const std::string_view line_text = c1 == std::string_view::npos ? std::string_view() : where.substr(c1 + 1, c2 - c1 - 1);
+    const bool numeric = !line_text.empty() && line_text.find_first_not_of("0123456789") == std::string_view::npos;
+    for (char c : numeric ? line_text : std::string_view()) {
+      if (fu.line > (UINT32_MAX - 9) / 10) return bad();
       fu.line = fu.line * 10 + static_cast<std::uint32_t>(c - '0');
     }
     for (char c : bytes) {

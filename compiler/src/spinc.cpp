@@ -123,7 +123,7 @@ int run(int argc, char** argv) {
   std::string source, output, target_name = "native", march, inspect_path, object_path;
   std::uint32_t stack_limit = 0;
   std::vector<std::string> include_dirs, defines;
-  bool check_only = false, verify = false, verbose = false;
+  bool check_only = false, verify = false, verbose = false, count_instructions = false;
 
   app.add_option("source", source, "the handler source file (C++20, restricted; includes <spin/handler.hpp>)");
   app.add_option("-o,--output", output, "write the handler package to FILE (replaced if it exists)")
@@ -149,6 +149,9 @@ int run(int argc, char** argv) {
   app.add_option("-D", defines, "define a macro, NAME or NAME=VALUE (repeatable)")
       ->allow_extra_args(false)
       ->option_text("NAME[=VALUE]");
+  app.add_flag("--count-instructions", count_instructions,
+               "also build the counted object: the handlers counting the instructions a modelled\n"
+               "HPU executes, which spin-emu's virtual time charges (docs/virtual-time.md); native only");
   app.add_flag("--check-only", check_only, "run the checker only: report findings, compile nothing");
   app.add_flag("--verify", verify,
                "run the checker only, in clang -verify mode: the diagnostics must match the\n"
@@ -189,6 +192,11 @@ int run(int argc, char** argv) {
     }
     opts.march = march;
   }
+  if (count_instructions && opts.tgt == spin::cc::target::ebpf) {
+    std::fprintf(stderr, "spinc: --count-instructions applies to the native target only\n");
+    return exit_usage;
+  }
+  opts.count_instructions = count_instructions;
   opts.stack_limit_bytes = stack_limit;
   opts.include_dirs = include_dirs;
   opts.defines = defines;

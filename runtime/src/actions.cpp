@@ -47,6 +47,13 @@ std::int32_t err(invocation& i, errc e) {
   return static_cast<std::int32_t>(e);
 }
 
+// Virtual time: tells the observer what the running invocation does, and after how many of its
+// instructions (runtime_config::observer).
+void report(invocation& i, action_kind k, std::uint64_t bytes, std::uint32_t copies = 1, std::uint64_t dma_id = 0) {
+  if (invocation_observer* ob = i.rt->cfg.observer; ob != nullptr)
+    ob->action(action_info{k, i.counter != nullptr ? *i.counter - i.count0 : 0, bytes, copies, dma_id});
+}
+
 std::uint64_t dma_done_tick(const runtime_config& cfg, std::uint64_t len) {
   std::uint64_t ns = static_cast<std::uint64_t>(cfg.dma.latency.count());
   if (cfg.dma.bandwidth_gbps > 0) ns += static_cast<std::uint64_t>(static_cast<double>(len) * 8.0 / cfg.dma.bandwidth_gbps);
@@ -68,6 +75,8 @@ std::int32_t dma_common(spin::ctx* c, bool to_host, void* local, std::uint64_t h
       }
     if (slot == none) return err(i, errc::no_space);
   }
+  report(i, to_host ? action_kind::dma_to_host : action_kind::dma_from_host, len, 1,
+         h == nullptr ? 0 : (std::uint64_t{i.dma[slot].gen + 1} << 16) | slot);
   if (len > 0) {
     if (to_host)
       std::memmove(i.e->host + host_off, local, len);
@@ -122,6 +131,7 @@ std::int32_t api_dma_wait(spin::ctx* c, dma_handle h) {
     api_guard g(i);
     return err(i, errc::not_found);
   }
+  report(i, action_kind::dma_wait, 0, 1, h.id);
   while (d->done_tick != 0 && ticks() < d->done_tick) {
     api_guard g(i);  // lets an over-budget wait be aborted
     cpu_relax();
@@ -176,6 +186,7 @@ std::int32_t api_send(spin::ctx* c, const send_desc* d) {
     return err(i, errc::not_supported);
   }
   if (d->len_bytes > tx->max_payload_bytes()) return err(i, errc::out_of_bounds);
+  report(i, action_kind::send, d->len_bytes);
   const errc r = tx->send(i.l->index, d->dest_rank, h,
                           std::span<const std::byte>(static_cast<const std::byte*>(d->data), d->len_bytes));
   if (r != errc::ok) {
@@ -201,6 +212,7 @@ std::int32_t api_multicast(spin::ctx* c, const send_desc* d, const std::uint32_t
   }
   if (d->len_bytes > tx->max_payload_bytes()) return err(i, errc::out_of_bounds);
   errc last = errc::ok;
+  report(i, action_kind::multicast, d->len_bytes, count);
   const std::uint32_t sent = tx->multicast(i.l->index, std::span<const std::uint32_t>(dests, count), h,
                                            std::span<const std::byte>(static_cast<const std::byte*>(d->data), d->len_bytes), last);
   i.t->sends.add(sent);
@@ -227,6 +239,7 @@ std::int32_t api_forward(spin::ctx* c, std::uint32_t dest_rank) {
   }
   if (d.len_bytes > tx->max_payload_bytes()) return err(i, errc::out_of_bounds);
   const std::span<const std::byte> payload(i.payload, i.payload_len);
+  report(i, action_kind::forward, d.len_bytes);
   const errc r = i.pkt != nullptr && i.payload_len > 0 ? tx->forward(i.l->index, dest_rank, h, i.pkt->cookie, payload)
                                                        : tx->send(i.l->index, dest_rank, h, payload);
   if (r != errc::ok) {
@@ -247,6 +260,7 @@ std::int32_t api_post_event(spin::ctx* c, std::uint64_t value) {
   ev.source_rank = c->msg.source_rank;
   ev.message_id = c->msg.message_id;
   ev.value = value;
+  report(i, action_kind::post_event, sizeof(ev.value));
   if (!i.e->events->post(ev)) {
     i.t->events_lost.add(1);
     return err(i, errc::no_space);

@@ -190,6 +190,10 @@ struct invocation {
   // The packet went out by `forward` (in this invocation, or in its header handler when this
   // is its payload handler): its frame is shared with the outgoing frame now.
   bool forwarded = false;
+  // Virtual time (runtime_config::observer): the counted handler's counter and its value when
+  // the invocation began; null otherwise.
+  const std::uint64_t* counter = nullptr;
+  std::uint64_t count0 = 0;
 };
 
 /// One HPU: the run-to-completion unit. Fields are grouped by who writes them.

@@ -82,6 +82,16 @@ std::int32_t runtime_core::invoke(lane& l, ec& e, lane_ec& le, const handler_ref
   c.coll = spin::coll_desc{hdr.coll.op, hdr.coll.dtype, hdr.coll.slot, hdr.coll.elem_count, hdr.coll.epoch, hdr.coll.aux};
   c.kind = static_cast<u32>(kind);
 
+  // Virtual time: the counted twin, reported to the observer with its instruction count.
+  invocation_observer* const ob = cfg.observer;
+  handler_fn counted = nullptr;
+  if (ob != nullptr) {
+    const counted_handlers& k = e.cfg.handlers.counted;
+    counted = kind == handler_kind::header ? k.header : kind == handler_kind::payload ? k.payload : k.completion;
+    i.counter = k.counter;
+    i.count0 = *k.counter;
+    ob->begin(l.index, e.id, kind, c.msg.source_rank, c.msg.message_id, c.msg.packet_count);
+  }
   const std::uint64_t id = l.run_id.load(std::memory_order_relaxed) + 1;
   l.run_budget.store(e.budget_ticks, std::memory_order_relaxed);
   l.run_wait.store(0, std::memory_order_relaxed);
@@ -95,7 +105,9 @@ std::int32_t runtime_core::invoke(lane& l, ec& e, lane_ec& le, const handler_ref
   tls_lane = &l;
   l.in_handler = 1;
   if (const int jumped = sigsetjmp(l.jb, 0); jumped == 0) {  // both signals use SA_NODEFER: no mask to restore
-    r = fn.native != nullptr ? static_cast<std::int32_t>(fn.native(&c)) : fn.engine(fn.prog, &c);
+    r = counted != nullptr    ? static_cast<std::int32_t>(counted(&c))
+        : fn.native != nullptr ? static_cast<std::int32_t>(fn.native(&c))
+                               : fn.engine(fn.prog, &c);
     l.in_handler = 0;
   } else {
     l.in_handler = 0;
@@ -124,6 +136,10 @@ std::int32_t runtime_core::invoke(lane& l, ec& e, lane_ec& le, const handler_ref
   l.tasks.add(1);
   l.busy_ns.add(ns);
   over = preempted || faulted || abort_requested(&l);
+  if (ob != nullptr) {
+    ob->end(*i.counter - i.count0, over);
+    i.counter = nullptr;
+  }
   if (preempted) l.preempted.add(1);
   if (over) {
     (faulted ? kc.faults : kc.over_budget).add(1);
@@ -178,6 +194,7 @@ void runtime_core::run_payload(lane& l, ec& e, lane_ec& le, std::uint32_t idx, c
     }
   } else if (e.host != nullptr) {
     const std::uint64_t t0 = ticks();
+    if (invocation_observer* ob = cfg.observer; ob != nullptr) ob->action(action_info{action_kind::deposit, 0, len, 1, 0});
     if (!deposit(e, le, payload_of(p, payload_off), len, h.offset))
       le.ctr.drops[static_cast<std::size_t>(drop_reason::host_window)].add(1);
     l.tasks.add(1);

@@ -65,9 +65,9 @@ result<void> cpu_runs(const std::string& march) {
 }
 
 // The object must be of the manifest's kind and hold exactly the manifest's handlers, each in
-// its section `.spin.<kind>.<name>`.
-result<void> check_object(const package& p) {
-  auto info = detail::scan_elf(p.object);
+// its section `.spin.<kind>.<name>`; a counted object also exports its instruction counter.
+result<void> check_object(const package& p, const std::vector<std::byte>& object, bool counted) {
+  auto info = detail::scan_elf(object);
   if (!info) return info.err();
   const bool native = p.manifest.target == package_target::native_x86_64;
   const std::uint16_t want_machine = native ? EM_X86_64 : EM_BPF;
@@ -99,9 +99,15 @@ result<void> check_object(const package& p) {
       if (!d.defined || d.bind == STB_LOCAL || d.visibility != STV_DEFAULT || d.type == STT_SECTION || d.type == STT_FILE) continue;
       const bool handler = std::any_of(p.manifest.handlers.begin(), p.manifest.handlers.end(),
                                        [&](const package_handler& h) { return h.name == d.name; });
-      if (!(handler && d.type == STT_FUNC) && !(d.name == "spin_memory_decl" && d.type == STT_OBJECT))
+      if (!(handler && d.type == STT_FUNC) && !(d.name == "spin_memory_decl" && d.type == STT_OBJECT) &&
+          !(counted && d.name == instruction_counter_symbol && d.type == STT_OBJECT))
         return fail(errc::invalid_argument, "object: exports '" + d.name + "', which is not a handler of the manifest");
     }
+    if (counted && std::none_of(info->dynsyms.begin(), info->dynsyms.end(), [](const detail::elf_dynsym& d) {
+          return d.defined && d.name == instruction_counter_symbol && d.type == STT_OBJECT;
+        }))
+      return fail(errc::invalid_argument, std::string("counted object: does not export its instruction counter '") +
+                                              instruction_counter_symbol + "'");
   }
   for (const auto& s : info->sections) {
     if ((s.flags & SHF_EXECINSTR) == 0 || s.name.rfind(".spin.", 0) != 0) continue;
@@ -112,12 +118,14 @@ result<void> check_object(const package& p) {
   return {};
 }
 
-result<void> load_native(const package& p, handler_set& out, std::shared_ptr<const void>& owner) {
-  const int fd = memfd_create("spin-native-object", MFD_CLOEXEC);
+// Loads a native object of `p` (the plain one, or the counted one into out.counted).
+result<void> load_native(const package& p, const std::vector<std::byte>& object, bool counted, handler_set& out,
+                         std::shared_ptr<const void>& owner) {
+  const int fd = memfd_create(counted ? "spin-counted-object" : "spin-native-object", MFD_CLOEXEC);
   if (fd < 0) return fail(errc::no_memory, std::string("native object: cannot create a memory file: ") + std::strerror(errno));
   std::size_t done = 0;
-  while (done < p.object.size()) {
-    const ssize_t n = ::write(fd, p.object.data() + done, p.object.size() - done);
+  while (done < object.size()) {
+    const ssize_t n = ::write(fd, object.data() + done, object.size() - done);
     if (n <= 0) {
       ::close(fd);
       return fail(errc::no_memory, std::string("native object: cannot write the memory file: ") + std::strerror(errno));
@@ -132,21 +140,32 @@ result<void> load_native(const package& p, handler_set& out, std::shared_ptr<con
     const char* why = dlerror();
     return fail(errc::invalid_argument, std::string("native object: dlopen refuses it: ") + (why != nullptr ? why : "unknown reason"));
   }
-  for (const auto& h : p.manifest.handlers) {
-    void* sym = dlsym(module->handle, h.name.c_str());
-    if (sym == nullptr) return fail(errc::invalid_argument, "native object: handler '" + h.name + "' of the manifest is missing");
-    // The symbol must come from this object, not from one loaded earlier or from the process.
+  // A symbol must come from this object, not from one loaded earlier or from the process.
+  auto own = [&](const std::string& name) -> void* {
+    void* sym = dlsym(module->handle, name.c_str());
     Dl_info info{};
     link_map* lm = nullptr;
-    if (dladdr(sym, &info) == 0 || dlinfo(module->handle, RTLD_DI_LINKMAP, &lm) != 0 || lm == nullptr ||
+    if (sym == nullptr || dladdr(sym, &info) == 0 || dlinfo(module->handle, RTLD_DI_LINKMAP, &lm) != 0 || lm == nullptr ||
         info.dli_fbase != reinterpret_cast<void*>(lm->l_addr))
-      return fail(errc::invalid_argument, "native object: handler '" + h.name + "' does not lie in the object");
+      return nullptr;
+    return sym;
+  };
+  const char* what = counted ? "counted object" : "native object";
+  for (const auto& h : p.manifest.handlers) {
+    void* sym = own(h.name);
+    if (sym == nullptr) return fail(errc::invalid_argument, std::string(what) + ": handler '" + h.name + "' of the manifest is missing from it");
     const auto fn = reinterpret_cast<handler_fn>(sym);
-    switch (h.kind) {
-    case handler_kind::header: out.header = fn; break;
-    case handler_kind::payload: out.payload = fn; break;
-    case handler_kind::completion: out.completion = fn; break;
-    }
+    handler_fn& twin = h.kind == handler_kind::header    ? out.counted.header
+                       : h.kind == handler_kind::payload ? out.counted.payload
+                                                         : out.counted.completion;
+    handler_ref& plain = h.kind == handler_kind::header ? out.header : h.kind == handler_kind::payload ? out.payload : out.completion;
+    if (counted) twin = fn;
+    else plain = fn;
+  }
+  if (counted) {
+    out.counted.counter = static_cast<std::uint64_t*>(own(instruction_counter_symbol));
+    if (out.counted.counter == nullptr)
+      return fail(errc::invalid_argument, std::string("counted object: its instruction counter '") + instruction_counter_symbol + "' is missing");
   }
   owner = module;
   return {};
@@ -169,13 +188,24 @@ result<loaded_package> load_package(const package& p, const load_options& opts) 
     return fail(errc::not_supported, "package '" + m.source_name + "' was built for handler ABI " + std::to_string(m.abi_version) +
                                          ", this runtime has ABI " + std::to_string(spin::abi_version) + " (rebuild it with this spinc)");
   if (m.handlers.empty()) return fail(errc::invalid_argument, "package '" + m.source_name + "' has no handlers");
-  if (auto r = check_object(p); !r) return r.err();
+  if (auto r = check_object(p, p.object, false); !r) return r.err();
+  if (!p.counted_object.empty()) {
+    if (m.target != package_target::native_x86_64)
+      return fail(errc::invalid_argument, "package '" + m.source_name + "' has a counted object, which only native packages may have");
+    if (auto r = check_object(p, p.counted_object, true); !r) return fail(r.err().code, "counted " + r.err().message);
+  }
   auto code = std::make_shared<detail::loaded_code>();
   code->manifest = m;
   std::shared_ptr<const void> owner;
   if (m.target == package_target::native_x86_64) {
     if (auto r = cpu_runs(m.march); !r) return r.err();
-    if (auto r = load_native(p, code->handlers, owner); !r) return r.err();
+    if (auto r = load_native(p, p.object, false, code->handlers, owner); !r) return r.err();
+    if (!p.counted_object.empty()) {
+      // Both objects stay loaded as long as the handler set: the owner holds the pair.
+      std::shared_ptr<const void> counted_owner;
+      if (auto r = load_native(p, p.counted_object, true, code->handlers, counted_owner); !r) return r.err();
+      owner = std::make_shared<std::pair<std::shared_ptr<const void>, std::shared_ptr<const void>>>(owner, counted_owner);
+    }
   } else {
     if (auto r = detail::load_bpf_handlers(p, opts.bpf, code->handlers, owner); !r) return r.err();
   }

@@ -25,6 +25,8 @@ constexpr std::size_t off_object_off = 32;
 constexpr std::size_t off_object_len = 40;
 constexpr std::size_t off_crc = 48;
 constexpr std::size_t off_total = 56;
+constexpr std::size_t off_counted_off = 64;  // version 2
+constexpr std::size_t off_counted_len = 72;
 constexpr std::uint64_t object_align = 16;
 
 void put_le(std::vector<std::byte>& b, std::size_t off, std::uint64_t v, std::size_t n) {
@@ -37,10 +39,10 @@ std::uint64_t get_le(std::span<const std::byte> b, std::size_t off, std::size_t 
   return v;
 }
 
-std::uint32_t crc_of(std::span<const std::byte> a, std::span<const std::byte> b) {
+std::uint32_t crc_of(std::span<const std::byte> a, std::span<const std::byte> b, std::span<const std::byte> c = {}) {
   uLong crc = crc32(0L, Z_NULL, 0);
   // zlib takes uInt lengths: feed large inputs in pieces.
-  for (auto part : {a, b}) {
+  for (auto part : {a, b, c}) {
     std::size_t done = 0;
     while (done < part.size()) {
       const std::size_t n = std::min<std::size_t>(part.size() - done, 1u << 30);
@@ -226,13 +228,21 @@ std::string manifest_json(const package_manifest& m) { return to_json(m).dump(2)
 
 std::vector<std::byte> encode_package(const package& p) {
   const std::string manifest = manifest_json(p.manifest);
-  const std::uint64_t manifest_off = package_header_bytes;
+  const bool counted = !p.counted_object.empty();
+  const std::uint64_t header = counted ? package_counted_header_bytes : package_header_bytes;
+  const std::uint64_t manifest_off = header;
   const std::uint64_t object_off = (manifest_off + manifest.size() + object_align - 1) / object_align * object_align;
-  const std::uint64_t total = object_off + p.object.size();
+  const std::uint64_t counted_off = (object_off + p.object.size() + object_align - 1) / object_align * object_align;
+  const std::uint64_t total = counted ? counted_off + p.counted_object.size() : object_off + p.object.size();
   std::vector<std::byte> b(total, std::byte{0});
   std::memcpy(b.data() + off_magic, package_magic, sizeof(package_magic));
-  put_le(b, off_version, package_format_version, 4);
-  put_le(b, off_header_bytes, package_header_bytes, 4);
+  put_le(b, off_version, counted ? package_counted_format_version : package_format_version, 4);
+  put_le(b, off_header_bytes, header, 4);
+  if (counted) {
+    put_le(b, off_counted_off, counted_off, 8);
+    put_le(b, off_counted_len, p.counted_object.size(), 8);
+    std::memcpy(b.data() + counted_off, p.counted_object.data(), p.counted_object.size());
+  }
   put_le(b, off_manifest_off, manifest_off, 8);
   put_le(b, off_manifest_len, manifest.size(), 8);
   put_le(b, off_object_off, object_off, 8);
@@ -241,7 +251,8 @@ std::vector<std::byte> encode_package(const package& p) {
   std::memcpy(b.data() + manifest_off, manifest.data(), manifest.size());
   if (!p.object.empty()) std::memcpy(b.data() + object_off, p.object.data(), p.object.size());
   const auto bytes = std::span<const std::byte>(b);
-  put_le(b, off_crc, crc_of(bytes.subspan(manifest_off, manifest.size()), bytes.subspan(object_off, p.object.size())), 4);
+  put_le(b, off_crc, crc_of(bytes.subspan(manifest_off, manifest.size()), bytes.subspan(object_off, p.object.size()),
+                            counted ? bytes.subspan(counted_off, p.counted_object.size()) : std::span<const std::byte>()), 4);
   return b;
 }
 
@@ -252,12 +263,18 @@ result<package> decode_package(std::span<const std::byte> b) {
   if (std::memcmp(b.data(), package_magic, sizeof(package_magic)) != 0)
     return fail(errc::invalid_argument, "not a spinnic package (bad magic; expected \"SPINPKG\")");
   const std::uint64_t version = get_le(b, off_version, 4);
-  if (version != package_format_version)
+  if (version != package_format_version && version != package_counted_format_version)
     return fail(errc::not_supported, "package format version " + std::to_string(version) + " is not supported (this runtime reads " +
-                                         std::to_string(package_format_version) + ")");
-  if (get_le(b, off_header_bytes, 4) != package_header_bytes)
+                                         std::to_string(package_format_version) + " and " +
+                                         std::to_string(package_counted_format_version) + ")");
+  const bool counted = version == package_counted_format_version;
+  const std::uint64_t header = counted ? package_counted_header_bytes : package_header_bytes;
+  if (get_le(b, off_header_bytes, 4) != header)
     return fail(errc::invalid_argument, "package header size is " + std::to_string(get_le(b, off_header_bytes, 4)) + ", expected " +
-                                            std::to_string(package_header_bytes) + " (corrupted)");
+                                            std::to_string(header) + " (corrupted)");
+  if (b.size() < header)
+    return fail(errc::invalid_argument, "package truncated: " + std::to_string(b.size()) + " bytes, the header alone needs " +
+                                            std::to_string(header));
   const std::uint64_t total = get_le(b, off_total, 8);
   if (total != b.size())
     return fail(errc::invalid_argument, total > b.size() ? "package truncated: header says " + std::to_string(total) +
@@ -266,13 +283,20 @@ result<package> decode_package(std::span<const std::byte> b) {
                                                                " trailing bytes after its declared end (corrupted)");
   const std::uint64_t m_off = get_le(b, off_manifest_off, 8), m_len = get_le(b, off_manifest_len, 8);
   const std::uint64_t o_off = get_le(b, off_object_off, 8), o_len = get_le(b, off_object_len, 8);
-  auto inside = [&](std::uint64_t off, std::uint64_t len) { return off >= package_header_bytes && off <= total && len <= total - off; };
+  const std::uint64_t c_off = counted ? get_le(b, off_counted_off, 8) : 0, c_len = counted ? get_le(b, off_counted_len, 8) : 0;
+  auto inside = [&](std::uint64_t off, std::uint64_t len) { return off >= header && off <= total && len <= total - off; };
+  auto overlap = [](std::uint64_t a, std::uint64_t al, std::uint64_t c, std::uint64_t cl) { return a < c ? a + al > c : c + cl > a; };
   if (!inside(m_off, m_len)) return fail(errc::invalid_argument, "package corrupted: manifest range lies outside the file");
   if (!inside(o_off, o_len)) return fail(errc::invalid_argument, "package corrupted: object range lies outside the file");
-  if (m_off < o_off ? m_off + m_len > o_off : o_off + o_len > m_off)
-    return fail(errc::invalid_argument, "package corrupted: manifest and object overlap");
+  if (overlap(m_off, m_len, o_off, o_len)) return fail(errc::invalid_argument, "package corrupted: manifest and object overlap");
+  if (counted) {
+    if (!inside(c_off, c_len)) return fail(errc::invalid_argument, "package corrupted: counted object range lies outside the file");
+    if (c_len == 0) return fail(errc::invalid_argument, "package corrupted: format 2 with an empty counted object");
+    if (overlap(m_off, m_len, c_off, c_len) || overlap(o_off, o_len, c_off, c_len))
+      return fail(errc::invalid_argument, "package corrupted: the counted object overlaps the manifest or the object");
+  }
   const std::uint32_t stored = static_cast<std::uint32_t>(get_le(b, off_crc, 4));
-  const std::uint32_t computed = crc_of(b.subspan(m_off, m_len), b.subspan(o_off, o_len));
+  const std::uint32_t computed = crc_of(b.subspan(m_off, m_len), b.subspan(o_off, o_len), b.subspan(c_off, c_len));
   if (stored != computed) {
     char msg[128];
     std::snprintf(msg, sizeof msg, "package corrupted: CRC-32 is 0x%08x, the header says 0x%08x", computed, stored);
@@ -284,6 +308,11 @@ result<package> decode_package(std::span<const std::byte> b) {
   p.manifest = std::move(m.value());
   p.object.assign(b.begin() + static_cast<std::ptrdiff_t>(o_off), b.begin() + static_cast<std::ptrdiff_t>(o_off + o_len));
   if (p.object.empty()) return fail(errc::invalid_argument, "package has no object");
+  if (counted) {
+    if (p.manifest.target != package_target::native_x86_64)
+      return fail(errc::invalid_argument, "package has a counted object, which only native packages may have");
+    p.counted_object.assign(b.begin() + static_cast<std::ptrdiff_t>(c_off), b.begin() + static_cast<std::ptrdiff_t>(c_off + c_len));
+  }
   return p;
 }
 

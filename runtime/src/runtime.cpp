@@ -129,6 +129,16 @@ result<ec_id> runtime::install(const ec_config& cfg) {
       l.window_packets > ec_limits_max::window_packets || l.max_parked_packets > ec_limits_max::parked_packets ||
       l.event_queue_depth > ec_limits_max::event_queue_depth || l.handler_budget > ec_limits_max::handler_budget)
     return fail(errc::invalid_argument, "install \"" + cfg.name + "\": a limit exceeds its maximum (ec_limits_max)");
+  if (c.cfg.observer != nullptr) {
+    const handler_set& h = cfg.handlers;
+    const counted_handlers& k = h.counted;
+    if (k.counter == nullptr ? (h.header || h.payload || h.completion)
+                             : (bool(h.header) != (k.header != nullptr) || bool(h.payload) != (k.payload != nullptr) ||
+                                bool(h.completion) != (k.completion != nullptr)))
+      return fail(errc::not_supported, "install \"" + cfg.name + "\": this NIC runs in virtual time, which charges each handler the "
+                                       "instructions it executes; its handlers do not count them (rebuild the package with "
+                                       "spinc --count-instructions)");
+  }
   std::span<std::byte> host;
   if (cfg.window) {
     if (cfg.window->region >= c.regions.size() || c.regions[cfg.window->region].empty())

@@ -67,6 +67,12 @@ struct build_options {
   std::vector<std::string> include_dirs;
   /// -D macros: "NAME" or "NAME=VALUE".
   std::vector<std::string> defines;
+  /// Native only: also build the counted object (rt::package::counted_object): the handlers
+  /// compiled without vectorisation, each function adding the instructions a modelled HPU
+  /// executes to the exported counter rt::instruction_counter_symbol (docs/virtual-time.md,
+  /// "Handler cost"). A runtime in virtual time runs it instead of the plain object. Each
+  /// handler's stack is checked in both objects. eBPF: not_supported.
+  bool count_instructions = false;
   verbosity verbose = verbosity::quiet;
   /// Receives the `verbose` output, one line per call; when empty it goes to stderr.
   std::function<void(const std::string&)> log;

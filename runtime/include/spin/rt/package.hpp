@@ -1,9 +1,11 @@
 // Handler packages: the one file spinc writes and the runtime loads (docs/handler-package.md).
 //
-// A package is a fixed 64-byte little-endian header, a JSON manifest and the compiled object
-// (an x86-64 ELF shared object or a BPF ELF relocatable object). The header carries a CRC-32
-// of manifest and object, so a truncated or corrupted file is rejected with a message naming
-// the problem. Encoding is deterministic: the same package value gives the same bytes.
+// A package is a fixed little-endian header, a JSON manifest and the compiled object (an
+// x86-64 ELF shared object or a BPF ELF relocatable object); a native package built with
+// `spinc --count-instructions` carries a second object, the same handlers counting the
+// instructions a modelled HPU executes (virtual time, docs/virtual-time.md). The header carries
+// a CRC-32 of manifest and objects, so a truncated or corrupted file is rejected with a message
+// naming the problem. Encoding is deterministic: the same package value gives the same bytes.
 //
 // Control path only; every function may be called from any thread.
 #pragma once
@@ -20,10 +22,19 @@
 
 namespace spin::rt {
 
-/// Version of the package container (header + manifest keys). A reader refuses other versions.
+/// Version of the package container (header + manifest keys) of a package without a counted
+/// object. A reader refuses versions other than this and package_counted_format_version.
 inline constexpr std::uint32_t package_format_version = 1;
-/// Bytes of the fixed package header.
+/// Version of a package with a counted object (its header has two more fields).
+inline constexpr std::uint32_t package_counted_format_version = 2;
+/// Bytes of the fixed package header (version 1).
 inline constexpr std::uint32_t package_header_bytes = 64;
+/// Bytes of the fixed package header (version 2: the counted object's offset and length follow).
+inline constexpr std::uint32_t package_counted_header_bytes = 80;
+/// The symbol of a counted object's instruction counter: a 64-bit unsigned integer to which
+/// every function of the object adds the instructions it executes (exact at every spin API call
+/// and at each handler's return; docs/virtual-time.md, "Handler cost").
+inline constexpr const char* instruction_counter_symbol = "spin_instructions";
 /// The first 8 bytes of every package.
 inline constexpr char package_magic[8] = {'S', 'P', 'I', 'N', 'P', 'K', 'G', '\0'};
 
@@ -70,9 +81,14 @@ struct package_manifest {
 struct package {
   package_manifest manifest;
   std::vector<std::byte> object;
+  /// Native packages only, optional: the same handlers built to count their instructions
+  /// (`spinc --count-instructions`), which a runtime in virtual time runs instead of `object`
+  /// (rt::runtime_config::observer). Empty: none.
+  std::vector<std::byte> counted_object;
 };
 
-/// Encodes `p` (header, manifest JSON with sorted keys, object). Same input, same bytes.
+/// Encodes `p` (header, manifest JSON with sorted keys, object, counted object). Same input,
+/// same bytes. Format version 1 without a counted object, 2 with one.
 std::vector<std::byte> encode_package(const package& p);
 
 /// Decodes and validates a package. Errors (errc::invalid_argument unless stated), each with a
@@ -80,7 +96,7 @@ std::vector<std::byte> encode_package(const package& p);
 /// spinnic package"), unsupported format version (errc::not_supported), offsets or sizes that
 /// do not fit the bytes ("truncated"), CRC mismatch ("corrupted"), a manifest that is not
 /// JSON or lacks a key or has a value of the wrong type or range (the key is named), duplicate
-/// handler kinds or names.
+/// handler kinds or names, a counted object in an eBPF package.
 result<package> decode_package(std::span<const std::byte> bytes);
 
 /// Largest package file read_package_file accepts (bytes).

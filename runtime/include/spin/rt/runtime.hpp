@@ -68,6 +68,18 @@ struct handler_ref {
   bool operator==(std::nullptr_t) const { return !*this; }
 };
 
+/// A package's counted object (`spinc --count-instructions`, rt::package::counted_object): the
+/// same handlers, each adding the instructions a modelled HPU executes to `*counter`, which is
+/// exact at every spin API call and when a handler returns (docs/virtual-time.md, "Handler
+/// cost"). A runtime with an invocation_observer runs these instead of the plain handlers. All
+/// null when the package has none (eBPF packages never have one).
+struct counted_handlers {
+  handler_fn header = nullptr;
+  handler_fn payload = nullptr;
+  handler_fn completion = nullptr;
+  std::uint64_t* counter = nullptr;
+};
+
 /// The handlers of an EC; any of them may be null.
 struct handler_set {
   handler_set() = default;
@@ -80,6 +92,8 @@ struct handler_set {
   /// scratchpad: an engine handler may address that far past a region's end (eBPF windows,
   /// `spin::bpf_window_bytes`). The runtime never hands that memory to another EC.
   std::uint64_t guard_bytes = 0;
+  /// The counted twins of the handlers above (virtual time), or all null.
+  counted_handlers counted;
   /// Keeps the handlers' code loaded while any copy of this set exists (a loaded package).
   std::shared_ptr<const void> owner;
 };
@@ -203,6 +217,51 @@ struct packet {
 /// HPU; `user` is runtime_config::release_user.
 using unshare_fn = bool (*)(void* user, packet& p) noexcept;
 
+/// What a handler invocation does that takes time in a model of the NIC
+/// (invocation_observer::action).
+enum class action_kind : std::uint8_t {
+  send,           ///< ctx::send; bytes: payload bytes
+  multicast,      ///< ctx::multicast; bytes: payload bytes of one copy, copies: copies sent
+  forward,        ///< ctx::forward; bytes: payload bytes
+  dma_to_host,    ///< ctx::dma_to_host; blocking unless a handle was asked for (dma_id)
+  dma_from_host,  ///< ctx::dma_from_host; as dma_to_host
+  dma_wait,       ///< ctx::dma_wait on the non-blocking DMA dma_id
+  post_event,     ///< ctx::post_event (an 8-byte write to the host's event queue)
+  deposit,        ///< the runtime's default deposit of a payload into the host window (no handler)
+};
+
+/// One action of an invocation (invocation_observer::action).
+struct action_info {
+  action_kind kind = action_kind::send;
+  /// Instructions the invocation executed before it (its counted handler's counter; 0 for a
+  /// deposit, which no handler makes).
+  std::uint64_t instructions = 0;
+  std::uint64_t bytes = 0;
+  std::uint32_t copies = 1;
+  /// A non-blocking DMA's handle (dma_to_host / dma_from_host with a handle, dma_wait); 0: a
+  /// blocking DMA.
+  std::uint64_t dma_id = 0;
+};
+
+/// How a simulator times what a runtime does (virtual time: docs/virtual-time.md). With
+/// runtime_config::observer set, the runtime runs each EC's counted handlers (install refuses an
+/// EC whose package has none) and reports each invocation, and each action that takes time,
+/// synchronously on the thread driving the HPU, in the order they happen. The actions' effects
+/// (a send's frame reaching the transmitter, a DMA's bytes) take place right after the report.
+class invocation_observer {
+public:
+  virtual ~invocation_observer() = default;
+  /// A handler of `kind` of EC `ec` starts on HPU `hpu`, for message (source_rank, message_id)
+  /// of `packet_count` packets (0 while unknown).
+  virtual void begin(std::uint32_t hpu, ec_id ec, handler_kind kind, std::uint32_t source_rank, std::uint64_t message_id,
+                     std::uint32_t packet_count) noexcept = 0;
+  /// The running invocation (or, for a deposit, the runtime between invocations) does `a`.
+  virtual void action(const action_info& a) noexcept = 0;
+  /// The invocation that began last returned after `instructions`; `stopped`: it was stopped
+  /// (budget, fault), and an error event went to the EC's queue.
+  virtual void end(std::uint64_t instructions, bool stopped) noexcept = 0;
+};
+
 /// Called when the runtime is done with a packet (`user` is runtime_config::release_user).
 using release_fn = void (*)(void* user, std::uint64_t cookie) noexcept;
 
@@ -244,6 +303,10 @@ struct runtime_config {
   /// The signal handlers are installed once per process and pass faults outside handler code
   /// on to the previous handler. Ignored (off) in ThreadSanitizer builds.
   bool catch_faults = true;
+  /// Virtual time (docs/virtual-time.md): run every EC's counted handlers and report each
+  /// invocation and action here. Null (the default): the plain handlers, no reports. Must
+  /// outlive the runtime.
+  invocation_observer* observer = nullptr;
 };
 
 /// An event the host reads from an EC's queue.
@@ -293,8 +356,9 @@ public:
   /// Installs an EC: reserves its handler memory, scratchpads (max_messages x scratchpad_bytes)
   /// and tables. Errors: invalid_argument (window outside its region, a zero limit or one above
   /// ec_limits_max), not_found (unknown region), no_space (max_ecs reached), no_memory (the NIC
-  /// arena or host memory cannot hold it; the message gives the sizes). A failed install takes
-  /// no NIC memory.
+  /// arena or host memory cannot hold it; the message gives the sizes), not_supported (a runtime
+  /// with an observer, and a handler without its counted twin: the message says to rebuild the
+  /// package with spinc --count-instructions). A failed install takes no NIC memory.
   result<ec_id> install(const ec_config& cfg);
 
   /// Uninstalls an EC: its parked packets are dropped (ec_removed), its messages end without
