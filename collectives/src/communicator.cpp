@@ -179,10 +179,10 @@ struct communicator::impl {
     // and waits instead (a NIC in another process) may find its transmit queue full for a while
     // on a loaded machine: try again until the collective's own timeout.
     static_assert(sizeof(c) <= host::post_inline_bytes);
-    const auto deadline = clock::now() + o.timeout;
+    const auto deadline = nic->now() + o.timeout;
     for (;;) {
       auto r = nic->post(m);
-      if (r.ok() || r.err().code != errc::timeout || clock::now() >= deadline) return r;
+      if (r.ok() || r.err().code != errc::timeout || nic->now() >= deadline) return r;
     }
   }
 
@@ -191,7 +191,7 @@ struct communicator::impl {
   template <class Want, class Tick>
   result<std::uint64_t> wait(const engine_ec& e, clock::time_point deadline, Want want, Tick tick, const std::string& what) {
     std::array<rt::host_event, 32> evs;
-    auto next_tick = clock::now() + rto.interval();
+    auto next_tick = nic->now() + rto.interval();
     std::size_t got = nic->poll_events(e.ec, evs);
     for (;;) {
       // Every event goes to `want` (it may record those it does not wait for); the first it
@@ -206,7 +206,7 @@ struct communicator::impl {
         if (want(ev.value) && !hit) hit = ev.value;
       }
       if (hit) return *hit;
-      const auto now = clock::now();
+      const auto now = nic->now();
       if (now >= deadline)
         return fail(errc::timeout, what + " did not finish within " + std::to_string(o.timeout.count()) + " ms (rank " +
                                        std::to_string(g.me) + ", epoch " + std::to_string(e.epoch) + ")");
@@ -261,7 +261,7 @@ struct communicator::impl {
     c.desc_off = members_off;
     if (auto r = send_cmd(engines.back(), c); !r.ok()) return r;
     auto ev = wait(
-        engines.back(), clock::now() + o.timeout, [](std::uint64_t v) { return pr::event_type_of(v) == pr::ev_setup; },
+        engines.back(), nic->now() + o.timeout, [](std::uint64_t v) { return pr::event_type_of(v) == pr::ev_setup; },
         [] { return result<void>(); }, what + " set-up");
     if (!ev.ok()) return ev.err();
     if (pr::event_detail_of(ev.value()) != 0) return fail(errc::invalid_argument, what + " set-up: the NIC refused the member table");
@@ -334,7 +334,7 @@ struct communicator::impl {
                                const op_spec& s, std::size_t recv_off, const char* what) {
     if (auto r = epoch_start(e, p, in, out, 0, recv_off); !r.ok()) return r;
     const std::uint32_t k = e.epoch, nr = n(), me = g.me, eb = s.k.elem_bytes, ab = s.k.acc_bytes;
-    const auto deadline = clock::now() + o.timeout;
+    const auto deadline = nic->now() + o.timeout;
     std::set<std::uint32_t> recv, sent;  // phase << 16 | chunk
     std::optional<std::uint64_t> bad;
     auto record = [&](std::uint64_t v) {
@@ -418,11 +418,11 @@ struct communicator::impl {
 
   result<void> epoch_run(engine_ec& e, const pr::params& p, const pr::buffer_desc& in, const pr::buffer_desc& out,
                          const char* what, std::uint32_t switch_rank) {
-    const auto t0 = clock::now();
+    const auto t0 = nic->now();
     if (auto r = epoch_start(e, p, in, out, switch_rank, 0); !r.ok()) return r;
     const std::uint32_t k = e.epoch;
     auto ev = wait(
-        e, clock::now() + o.timeout,
+        e, nic->now() + o.timeout,
         [&](std::uint64_t v) {
           const std::uint32_t ty = pr::event_type_of(v);
           return pr::event_epoch_of(v) == k && (ty == pr::ev_done || ty == pr::ev_mismatch || ty == pr::ev_error);
@@ -438,7 +438,7 @@ struct communicator::impl {
       ++st.repaired_epochs;
       rto.back_off();
     } else {
-      rto.sample(detail::repair_timer::epoch_sample(clock::now() - t0, pr::done_packets(done), o.window_packets));
+      rto.sample(detail::repair_timer::epoch_sample(nic->now() - t0, pr::done_packets(done), o.window_packets));
     }
     return {};
   }
@@ -924,7 +924,7 @@ result<proto::engine_counters> communicator::engine_counters() {
   auto& e = _p->engines[0];
   if (auto r = _p->send_cmd(e, c); !r.ok()) return r.err();
   auto ev = _p->wait(
-      e, clock::now() + _p->o.timeout, [](std::uint64_t v) { return pr::event_type_of(v) == pr::ev_stats; },
+      e, _p->nic->now() + _p->o.timeout, [](std::uint64_t v) { return pr::event_type_of(v) == pr::ev_stats; },
       [] { return result<void>(); }, "engine statistics");
   if (!ev.ok()) return ev.err();
   pr::engine_counters k;

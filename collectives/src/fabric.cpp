@@ -355,7 +355,7 @@ result<fabric::lease> fabric::join(std::uint32_t wire_id, const std::vector<std:
   if (authenticate_frames) req.frame_key = detail::group_frame_key(job_secret, wire_id);
   // The installer gives up waiting for slots after `wait`; the other members wait for its
   // decision (it sets the group up, or gives up, within wait plus a set-up).
-  const auto start = clock::now();
+  const auto start = rs.nic->now();
   const auto give_up = start + wait;
   const auto others_deadline = give_up + std::chrono::seconds(60);
   auto nap = std::chrono::microseconds(200);
@@ -408,7 +408,7 @@ result<fabric::lease> fabric::join(std::uint32_t wire_id, const std::vector<std:
       return out;
     }
     // wait
-    const auto now = clock::now();
+    const auto now = rs.nic->now();
     if (ans.installer && now >= give_up) {
       host::group_decision d;
       d.group = wire_id;

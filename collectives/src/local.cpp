@@ -92,6 +92,7 @@ public:
     return _nic.install(cfg);
   }
   result<void> uninstall(rt::ec_id ec) override { return _nic.uninstall(ec); }
+  std::chrono::steady_clock::time_point now() const noexcept override { return _nic.now(); }
   std::size_t poll_events(rt::ec_id ec, std::span<rt::host_event> out) override { return _nic.poll_events(ec, out); }
   std::size_t wait_events(rt::ec_id ec, std::span<rt::host_event> out, std::chrono::nanoseconds timeout) override {
     return _nic.wait_events(ec, out, timeout);

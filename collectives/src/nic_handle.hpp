@@ -37,6 +37,9 @@ public:
   virtual ~nic_handle() = default;
   virtual std::uint32_t rank() const noexcept = 0;
   virtual const std::string& name() const noexcept = 0;
+  /// The NIC's clock, which every deadline and repair tick of a collective on it uses:
+  /// steady_clock, or a virtual-time NIC's simulated time (spin::sim; emu::nic_control::now).
+  virtual std::chrono::steady_clock::time_point now() const noexcept { return std::chrono::steady_clock::now(); }
   /// Largest payload of one packet the NIC's handlers can send (bytes).
   virtual std::uint32_t max_payload_bytes() const noexcept = 0;
   /// The same for two ports of one NIC in this process: communicators use it to refuse a

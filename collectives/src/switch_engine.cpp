@@ -58,14 +58,14 @@ result<void> install_switch_engine(nic_handle& nic, switch_engine& pl, std::uint
   msg.region = pl.mem->region;
   msg.offset_bytes = 64;
   msg.len_bytes = sizeof(cmd);
-  const auto deadline = clock::now() + std::chrono::seconds(10);
+  const auto deadline = nic.now() + std::chrono::seconds(10);
   for (;;) {  // a full transmit queue queued nothing of this one-packet message: try again
     auto r = nic.send(msg);
     if (r.ok()) break;
-    if (r.err().code != errc::timeout || clock::now() >= deadline) return r;
+    if (r.err().code != errc::timeout || nic.now() >= deadline) return r;
   }
   std::array<rt::host_event, 4> evs;
-  for (auto now = clock::now(); now < deadline; now = clock::now()) {
+  for (auto now = nic.now(); now < deadline; now = nic.now()) {
     const std::size_t got = nic.wait_events(pl.ec, evs, deadline - now);
     for (std::size_t i = 0; i < got; ++i) {
       if (evs[i].type == rt::host_event::kind::error)

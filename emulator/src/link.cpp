@@ -68,6 +68,8 @@ std::optional<bad_field> first_bad_field(const link_model& m) {
     return std::nullopt;
   };
   if (auto b = delay("latency_ns", m.latency)) return b;
+  if (!(m.gap_ns >= 0 && m.gap_ns <= 1e9))
+    return bad_field{"gap_ns", "gap_ns must be in [0, 1000000000] ns, got " + num(m.gap_ns)};
   if (auto b = delay("reorder_delay_ns", m.reorder_delay)) return b;
   if (m.queue_packets == 0 || m.queue_packets > max_link_queue_packets)
     return bad_field{"queue_packets",
@@ -141,8 +143,9 @@ fate link_sim::on_packet(std::uint32_t len_bytes, std::uint64_t now_ns) noexcept
 
   fate f;
   const std::uint64_t ser = serialisation_ns(len_bytes);
-  const std::uint64_t departure = std::max(now_ns, _busy_until_ns) + ser;
-  _busy_until_ns = departure;
+  const std::uint64_t start = std::max(now_ns, _busy_until_ns);
+  const std::uint64_t departure = start + ser;
+  _busy_until_ns = start + std::max(ser, static_cast<std::uint64_t>(std::ceil(_model.gap_ns)));
   if (u_loss < _model.loss) {
     f.drop = true;
     return f;

@@ -23,15 +23,7 @@ std::uint32_t nic::impl::advance_jobs() noexcept {
       if (st.full()) return built;  // port busy: continue next round
       const std::uint64_t left = j.m.len_bytes - j.next_offset;
       const std::uint32_t n = static_cast<std::uint32_t>(std::min<std::uint64_t>(left, host_payload));
-      rt::wire::header h;
-      h.type = j.mgmt ? rt::wire::packet_type::control : rt::wire::packet_type::data;
-      h.source_rank = cfg.rank;
-      h.match_bits = j.m.match_bits;
-      h.message_id = j.m.message_id;
-      h.seq = j.seq;
-      h.message_len = j.m.len_bytes;
-      h.offset = j.next_offset;
-      h.flags = static_cast<std::uint16_t>((j.seq == 0 ? rt::wire::flag_start : 0) | (n == left ? rt::wire::flag_end : 0));
+      const rt::wire::header h = host::packet_header(j.m, cfg.rank, j.seq, j.next_offset, n, j.mgmt);
       // Straight from host memory into the frame: the one copy a real NIC's DMA also makes.
       bool bad = false;
       rte_mbuf* m = encode_frame(static_cast<std::uint32_t>(pi), rt::wire::rank_endpoint(j.m.dest_rank, cfg.runtime.udp_port),

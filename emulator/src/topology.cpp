@@ -1,5 +1,7 @@
 #include <spin/emu/topology.hpp>
 
+#include "nic_model_keys.hpp"
+
 // toml++ without exceptions, header-only in this file: the packaged shared library (which
 // pkg-config selects with TOML_SHARED_LIB=1 TOML_HEADER_ONLY=0) is built with exceptions and
 // exports only the `ex` ABI namespace; ours is `noex`, so both may coexist in one program.
@@ -175,7 +177,7 @@ const char* type_name(toml::node_type t) {
   return "nothing";
 }
 
-const std::vector<std::string_view> model_keys = {"rate_gbps", "latency_ns", "loss", "duplicate", "reorder",
+const std::vector<std::string_view> model_keys = {"rate_gbps", "latency_ns", "gap_ns", "loss", "duplicate", "reorder",
                                                   "reorder_delay_ns", "seed", "queue_packets", "on_full"};
 
 class reader {
@@ -240,12 +242,12 @@ public:
 
   // Reads the link-model keys of `tbl` over `m`. Sets `seed_set` when the table has a seed.
   result<void> read_model(const toml::table& tbl, const std::string& what, link_model& m, bool& seed_set) const {
-    for (const char* key : {"rate_gbps", "loss", "duplicate", "reorder"}) {
+    for (const char* key : {"rate_gbps", "gap_ns", "loss", "duplicate", "reorder"}) {
       auto v = get_number(tbl, key, what);
       if (!v) return v.err();
       if (!*v) continue;
       const std::string_view k = key;
-      double& field = k == "rate_gbps" ? m.rate_gbps : k == "loss" ? m.loss : k == "duplicate" ? m.duplicate : m.reorder;
+      double& field = k == "rate_gbps" ? m.rate_gbps : k == "gap_ns" ? m.gap_ns : k == "loss" ? m.loss : k == "duplicate" ? m.duplicate : m.reorder;
       field = **v;
     }
     for (const char* key : {"latency_ns", "reorder_delay_ns", "queue_packets", "seed"}) {
@@ -279,6 +281,36 @@ public:
       const toml::node* n = tbl.get(f->key);
       const std::string w = n ? at_node(*n) : place(_src, tbl.source()) + ": ";
       return error{errc::invalid_argument, w + what + ": " + f->message};
+    }
+    return {};
+  }
+
+  // Reads the table `name` ([nic], [switch_nic]) over `m`, when the file has it: every key of
+  // detail::nic_model_keys(), integers where the key takes one, each in its range.
+  result<void> read_nic_model(const toml::table& root, std::string_view name, nic_model& m) const {
+    const toml::node* n = root.get(name);
+    if (n == nullptr) return {};
+    const std::string what = "[" + std::string(name) + "]";
+    if (!n->is_table()) return err_at(*n, what + " must be a table, got " + std::string(type_name(n->type())));
+    const toml::table& tbl = *n->as_table();
+    std::vector<std::string_view> keys;
+    for (const detail::model_key& k : detail::nic_model_keys()) keys.push_back(k.key);
+    if (auto e = check_keys(tbl, keys, what)) return *e;
+    for (const detail::model_key& k : detail::nic_model_keys()) {
+      const toml::node* v = tbl.get(k.key);
+      if (v == nullptr) continue;
+      double x = 0;
+      if (k.type == detail::model_key::f64) {
+        auto d = get_number(tbl, k.key, what);
+        if (!d) return d.err();
+        x = **d;
+      } else {
+        auto i = get_int(tbl, k.key, what);
+        if (!i) return i.err();
+        x = static_cast<double>(**i);
+      }
+      if (auto why = k.check(x)) return err_at(*v, what + ": " + *why);
+      k.set(m, x);
     }
     return {};
   }
@@ -324,7 +356,8 @@ result<topology> parse_topology(std::string_view toml_text, std::string_view sou
   }
   const toml::table& root = parsed.table();
   reader rd(src);
-  if (auto e = rd.check_keys(root, {"defaults", "host", "switch", "link"}, "the top level")) return *e;
+  if (auto e = rd.check_keys(root, {"defaults", "host", "switch", "link", "nic", "switch_nic", "switch_model"}, "the top level"))
+    return *e;
 
   link_model defaults;
   if (const toml::node* d = root.get("defaults")) {
@@ -337,6 +370,20 @@ result<topology> parse_topology(std::string_view toml_text, std::string_view sou
   }
 
   topology t;
+  if (auto r = rd.read_nic_model(root, "nic", t.nic); !r) return r.err();
+  t.switch_nic = t.nic;
+  if (auto r = rd.read_nic_model(root, "switch_nic", t.switch_nic); !r) return r.err();
+  if (const toml::node* n = root.get("switch_model")) {
+    if (!n->is_table()) return rd.err_at(*n, "[switch_model] must be a table, got " + std::string(type_name(n->type())));
+    const toml::table& st = *n->as_table();
+    if (auto e = rd.check_keys(st, {"latency_ns"}, "[switch_model]")) return *e;
+    auto v = rd.get_int(st, "latency_ns", "[switch_model]");
+    if (!v) return v.err();
+    if (*v) {
+      t.switch_params.latency = std::chrono::nanoseconds(**v);
+      if (auto f = detail::first_bad_field(t.switch_params)) return rd.err_at(*st.get("latency_ns"), "[switch_model]: " + f->message);
+    }
+  }
   std::vector<const toml::node*> node_src;  // per node: its table
   std::vector<const toml::node*> link_src;  // per link: its table
 
@@ -444,11 +491,22 @@ result<topology> load_topology_file(const std::string& path) {
 }
 
 result<void> validate(const topology& t) {
+  if (auto r = validate(t.nic, "[nic]"); !r) return r;
+  if (auto r = validate(t.switch_nic, "[switch_nic]"); !r) return r;
+  if (auto r = validate(t.switch_params, "[switch_model]"); !r) return r;
   return check_graph(t, [](bool, std::uint32_t) { return std::string(); });
 }
 
 std::string to_toml(const topology& t) {
   std::string out = "# spin-emu topology (written by spin::emu::to_toml)\n";
+  for (const auto& [name, m] : {std::pair<const char*, const nic_model*>{"nic", &t.nic}, {"switch_nic", &t.switch_nic}}) {
+    out += std::string("\n[") + name + "]\n";
+    for (const detail::model_key& k : detail::nic_model_keys()) {
+      const double v = k.get(*m);
+      out += std::string(k.key) + " = " + (k.type == detail::model_key::f64 ? fmt_double(v) : std::to_string(static_cast<std::uint64_t>(v))) + "\n";
+    }
+  }
+  out += "\n[switch_model]\nlatency_ns = " + std::to_string(t.switch_params.latency.count()) + "\n";
   for (const node& n : t.nodes) {
     if (n.kind != node_kind::host) continue;
     out += "\n[[host]]\nname = \"" + n.name + "\"\nrank = " + std::to_string(n.rank) + "\nhpus = " +
@@ -461,6 +519,7 @@ std::string to_toml(const topology& t) {
     out += "\n[[link]]\na = \"" + t.nodes[s.a].name + "\"\nb = \"" + t.nodes[s.b].name + "\"\n";
     out += "rate_gbps = " + fmt_double(m.rate_gbps) + "\n";
     out += "latency_ns = " + std::to_string(m.latency.count()) + "\n";
+    out += "gap_ns = " + fmt_double(m.gap_ns) + "\n";
     out += "loss = " + fmt_double(m.loss) + "\n";
     out += "duplicate = " + fmt_double(m.duplicate) + "\n";
     out += "reorder = " + fmt_double(m.reorder) + "\n";

@@ -30,8 +30,11 @@ struct link_model {
   /// Line rate in Gbit/s (10^9 bit/s); 0 = unlimited (no serialisation delay). Used with a
   /// resolution of 1 kbit/s; the smallest non-zero rate is 1e-6 Gbit/s.
   double rate_gbps = 0;
-  /// Propagation delay added to every packet, at most 1 s.
+  /// Propagation delay added to every packet, at most 1 s (LogGP's L).
   std::chrono::nanoseconds latency{0};
+  /// Shortest time between the starts of two packets on the link, whatever their sizes (LogGP's
+  /// g; the per-byte gap G is 8 / rate_gbps ns), in [0, 1e9] ns. 0 (the default): none.
+  double gap_ns = 0;
   double loss = 0;       ///< probability that a packet is lost, in [0, 1)
   double duplicate = 0;  ///< probability that a delivered packet arrives twice, in [0, 1)
   double reorder = 0;    ///< probability that a packet is held back by `reorder_delay`, in [0, 1)
@@ -119,9 +122,10 @@ public:
   /// delays.
   explicit link_sim(const link_model& m) noexcept;
 
-  /// Decides the fate of a packet of `len_bytes` handed to the link at `now_ns`. Departure =
-  /// max(now_ns, busy_until) + serialisation time (ceil(len_bytes * 8 / rate) ns, 0 at
-  /// unlimited rate); arrival = departure + latency (+ reorder delay when reordered).
+  /// Decides the fate of a packet of `len_bytes` handed to the link at `now_ns`. Start =
+  /// max(now_ns, busy_until); departure = start + serialisation time (ceil(len_bytes * 8 /
+  /// rate) ns, 0 at unlimited rate); the wire is busy until start + max(serialisation time,
+  /// gap_ns rounded up); arrival = departure + latency (+ reorder delay when reordered).
   fate on_packet(std::uint32_t len_bytes, std::uint64_t now_ns) noexcept;
 
   /// Serialisation time of `len_bytes` in ns, rounded up (0 at unlimited rate).

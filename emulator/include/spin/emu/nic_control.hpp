@@ -40,6 +40,11 @@ public:
   virtual std::uint32_t rank() const noexcept = 0;
   /// Name from the topology or command line ("host0", ...).
   virtual const std::string& name() const noexcept = 0;
+  /// The NIC's clock, which a host program's timeouts on this NIC must use (spin::coll's do):
+  /// steady_clock for a NIC in wall-clock time (the default); a NIC in virtual time
+  /// (spin::sim) gives its simulated time as steady_clock's epoch plus the virtual ns, and its
+  /// wait_events timeouts are virtual too. Any thread.
+  virtual std::chrono::steady_clock::time_point now() const noexcept { return std::chrono::steady_clock::now(); }
   /// Largest payload (bytes) of one packet a handler on this NIC can send (rt::transmitter).
   virtual std::uint32_t max_payload_bytes() const noexcept = 0;
 

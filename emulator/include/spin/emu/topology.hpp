@@ -21,6 +21,7 @@
 //   b = "s0"
 //   rate_gbps = 100       # every key below: default from [defaults], else link_model's default
 //   latency_ns = 500
+//   gap_ns = 0            # LogGP g: shortest time between two packets' starts, ns (float) default 0
 //   loss = 0.0            # probabilities in [0, 1)
 //   duplicate = 0.0
 //   reorder = 0.0
@@ -29,12 +30,23 @@
 //   queue_packets = 4096  # 1 .. 1048576
 //   on_full = "drop"      # "drop" or "backpressure" (overflow_policy)
 //
+//   [nic]                 # optional, virtual time only (docs/virtual-time.md): every host's
+//   clusters = 4          #   NIC model, emu::nic_model; each key defaults to PsPIN's value
+//   hpus_per_cluster = 8  #   (keys: clusters, hpus_per_cluster, hpu_ghz, cpi, invocation_cycles,
+//   ...                   #   command_cycles, scheduler_latency_ns, l1_copy_gbps,
+//                         #   packet_buffer_bytes, tx_latency_ns, pcie_latency_ns, pcie_gbps,
+//                         #   memory_bytes)
+//   [switch_nic]          # optional: the switches' handler units, the same keys; a key not given
+//                         #   takes [nic]'s value
+//   [switch_model]        # optional: latency_ns = 300, a switch's forwarding latency
+//
 // Node order: all hosts in file order, then all switches in file order. Ports: each node numbers
 // its links 0, 1, ... in the order the [[link]] tables appear. Every pair of hosts must be
 // connected; parallel links between two nodes are allowed; a link from a node to itself is not.
 #pragma once
 
 #include <spin/emu/link.hpp>
+#include <spin/emu/nic_model.hpp>
 #include <spin/result.hpp>
 
 #include <cstdint>
@@ -80,10 +92,13 @@ struct link_spec {
   bool operator==(const link_spec&) const = default;
 };
 
-/// A cluster: nodes (hosts first) and links.
+/// A cluster: nodes (hosts first) and links, and the models virtual time runs them with.
 struct topology {
   std::vector<node> nodes;
   std::vector<link_spec> links;
+  nic_model nic;         ///< [nic]: every host's NIC in virtual time
+  nic_model switch_nic;  ///< [switch_nic]: every switch's handler unit in virtual time
+  switch_model switch_params;  ///< [switch_model]: what a switch adds to a frame it forwards
 
   /// Index of the node called `name`, or nullopt.
   std::optional<std::uint32_t> find(std::string_view name) const;
@@ -109,7 +124,8 @@ result<topology> load_topology_file(const std::string& path);
 
 /// Checks a topology built in code (as parse_topology checks a file): names, unique names and
 /// ranks, ranks and hpus in range, link endpoints and ports consistent with node::ports, no
-/// self-links, valid link models, at least one host, all hosts connected. Errors:
+/// self-links, valid link models and NIC and switch models, at least one host, all hosts
+/// connected. Errors:
 /// invalid_argument with a message naming the node or link.
 result<void> validate(const topology& t);
 

@@ -25,4 +25,22 @@ struct message {
 /// RDMA NIC's inline send), so their buffer may be reused at once.
 inline constexpr std::size_t post_inline_bytes = 256;
 
+/// The spin header of one packet of host message `m` as the NIC of rank `source_rank` sends
+/// it: packet `seq`, `len` payload bytes at byte `offset` of the message; a `control` packet
+/// carries a management datagram (emu::nic_control::send_mgmt). Every NIC model (spin-emu's,
+/// spin::sim's) cuts host messages into packets with it.
+inline rt::wire::header packet_header(const message& m, std::uint32_t source_rank, std::uint64_t seq, std::uint64_t offset,
+                                      std::uint32_t len, bool control = false) {
+  rt::wire::header h;
+  h.type = control ? rt::wire::packet_type::control : rt::wire::packet_type::data;
+  h.source_rank = source_rank;
+  h.match_bits = m.match_bits;
+  h.message_id = m.message_id;
+  h.seq = seq;
+  h.message_len = m.len_bytes;
+  h.offset = offset;
+  h.flags = static_cast<std::uint16_t>((seq == 0 ? rt::wire::flag_start : 0) | (offset + len == m.len_bytes ? rt::wire::flag_end : 0));
+  return h;
+}
+
 } // namespace spin::host
