@@ -337,7 +337,8 @@ result<fabric::lease> fabric::join(std::uint32_t wire_id, const std::vector<std:
                                    std::uint32_t slots, std::uint32_t packet_bytes, std::chrono::milliseconds wait,
                                    const engine_package& pkg, const std::array<std::uint8_t, 16>& job_secret,
                                    bool authenticate_frames) {
-  std::unique_lock<std::mutex> l(_p->m);
+  std::unique_lock<std::mutex> l(_p->m, std::defer_lock);
+  detail::lock_on_clock(l, *_p->switches.front().nic);
   lease out;
   const std::int32_t root = _p->switch_for(members);
   if (root < 0) {
@@ -422,14 +423,15 @@ result<fabric::lease> fabric::join(std::uint32_t wire_id, const std::vector<std:
       return abandon(fail(errc::timeout, "group " + std::to_string(wire_id >> 4) + " on " + rs.name +
                                              ": its first member did not set it up within 60 s (" + ans.reason + ")"));
     l.unlock();
-    std::this_thread::sleep_for(nap);
+    rs.nic->sleep_for(nap);
     nap = std::min<std::chrono::microseconds>(nap * 2, std::chrono::milliseconds(10));
-    l.lock();
+    detail::lock_on_clock(l, *rs.nic);
   }
 }
 
 void fabric::leave(std::uint32_t wire_id, std::uint32_t me) {
-  std::lock_guard<std::mutex> l(_p->m);
+  std::unique_lock<std::mutex> l(_p->m, std::defer_lock);
+  detail::lock_on_clock(l, *_p->switches.front().nic);
   auto it = _p->jobs.find(wire_id);
   if (it == _p->jobs.end()) return;
   impl::job& j = it->second;

@@ -93,6 +93,8 @@ public:
   }
   result<void> uninstall(rt::ec_id ec) override { return _nic.uninstall(ec); }
   std::chrono::steady_clock::time_point now() const noexcept override { return _nic.now(); }
+  void sleep_for(std::chrono::nanoseconds d) override { _nic.sleep_for(d); }
+  bool virtual_time() const noexcept override { return _nic.virtual_time(); }
   std::size_t poll_events(rt::ec_id ec, std::span<rt::host_event> out) override { return _nic.poll_events(ec, out); }
   std::size_t wait_events(rt::ec_id ec, std::span<rt::host_event> out, std::chrono::nanoseconds timeout) override {
     return _nic.wait_events(ec, out, timeout);
@@ -134,13 +136,17 @@ result<std::unique_ptr<communicator>> communicator::create(emu::nic_control& nic
   return create_on(detail::local_nic(nic), g, o);
 }
 
-result<std::unique_ptr<fabric>> fabric::create(emu::cluster& c, const fabric_options& o) {
-  const emu::topology& t = c.topo();
+result<std::unique_ptr<fabric>> fabric::create(emu::cluster& c, const fabric_options& o) { return create(c.topo(), c.controls(), o); }
+
+result<std::unique_ptr<fabric>> fabric::create(const emu::topology& t, const std::vector<emu::nic_control*>& nodes, const fabric_options& o) {
+  if (nodes.size() != t.nodes.size())
+    return fail(errc::invalid_argument, "fabric: " + std::to_string(nodes.size()) + " NICs for a topology of " +
+                                            std::to_string(t.nodes.size()) + " nodes");
   std::vector<std::unique_ptr<detail::nic_handle>> switches;
   std::vector<std::pair<std::uint32_t, std::uint32_t>> links;
   for (std::uint32_t i = 0; i < t.nodes.size(); ++i)
-    if (t.nodes[i].kind == emu::node_kind::switch_) switches.push_back(detail::local_nic(c.node(i)));
-  for (const auto& l : t.links) links.emplace_back(c.node(l.a).rank(), c.node(l.b).rank());
+    if (t.nodes[i].kind == emu::node_kind::switch_) switches.push_back(detail::local_nic(*nodes[i]));
+  for (const auto& l : t.links) links.emplace_back(nodes[l.a]->rank(), nodes[l.b]->rank());
   auto f = over(std::move(switches), links, o);
   if (!f.ok() && f.err().code == errc::not_found) return fail(errc::not_found, "fabric: the cluster has no switch");
   return f;

@@ -14,6 +14,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <optional>
 #include <span>
 #include <string>
@@ -40,6 +42,10 @@ public:
   /// The NIC's clock, which every deadline and repair tick of a collective on it uses:
   /// steady_clock, or a virtual-time NIC's simulated time (spin::sim; emu::nic_control::now).
   virtual std::chrono::steady_clock::time_point now() const noexcept { return std::chrono::steady_clock::now(); }
+  /// Waits `d` on the NIC's clock (emu::nic_control::sleep_for).
+  virtual void sleep_for(std::chrono::nanoseconds d) { std::this_thread::sleep_for(d); }
+  /// A NIC in virtual time (emu::nic_control::virtual_time): lock with lock_on_clock.
+  virtual bool virtual_time() const noexcept { return false; }
   /// Largest payload of one packet the NIC's handlers can send (bytes).
   virtual std::uint32_t max_payload_bytes() const noexcept = 0;
   /// The same for two ports of one NIC in this process: communicators use it to refuse a
@@ -73,6 +79,13 @@ public:
   virtual result<void> leave_group(std::uint32_t group, std::uint32_t me, std::uint32_t via) = 0;
   result<void> leave_group(std::uint32_t group, std::uint32_t me) { return leave_group(group, me, host::group_join::own_registry); }
 };
+
+/// Takes `l`'s mutex: blocking, or, on a NIC in virtual time, by try_lock and sleep_for on its
+/// clock, so that the host program holding it can run (emu::nic_control::virtual_time).
+inline void lock_on_clock(std::unique_lock<std::mutex>& l, nic_handle& nic) {
+  if (!nic.virtual_time()) return l.lock();
+  while (!l.try_lock()) nic.sleep_for(std::chrono::microseconds(50));
+}
 
 /// A switch reached in-band through `nic`, a member's own NIC (its group agent sends the group
 /// operations on to `switch_rank`). Only group operations: a switch sets its in-band groups up

@@ -41,6 +41,7 @@
 namespace spin::emu {
 class cluster;
 class nic_control;
+struct topology;
 } // namespace spin::emu
 
 namespace spin::coll {
@@ -184,6 +185,11 @@ public:
   /// The switches of an in-process cluster. Errors: invalid_argument (options out of range),
   /// not_found (the cluster has no switch).
   static result<std::unique_ptr<fabric>> create(emu::cluster& c, const fabric_options& o = {});
+  /// The switches of topology `t` whose nodes, in topology order, are `nodes` (a virtual-time
+  /// cluster's, spin::sim::cluster::controls()). Errors: those of create(cluster), and
+  /// invalid_argument when `nodes` does not have one NIC per node of `t`.
+  static result<std::unique_ptr<fabric>> create(const emu::topology& t, const std::vector<emu::nic_control*>& nodes,
+                                                const fabric_options& o = {});
   /// Switches of other spin-emu processes, each reached through its own control-socket
   /// connection, with the links between them and the hosts as given (the fabric cannot see
   /// the wiring of other processes). Errors: invalid_argument (options out of range, no

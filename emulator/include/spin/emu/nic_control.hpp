@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace spin::emu {
@@ -45,6 +46,15 @@ public:
   /// (spin::sim) gives its simulated time as steady_clock's epoch plus the virtual ns, and its
   /// wait_events timeouts are virtual too. Any thread.
   virtual std::chrono::steady_clock::time_point now() const noexcept { return std::chrono::steady_clock::now(); }
+  /// Waits `d` on the NIC's clock: a real sleep by default; in virtual time a simulated wait, in
+  /// which the simulation goes on. The threads allowed to wait on the NIC (wait_events).
+  virtual void sleep_for(std::chrono::nanoseconds d) { std::this_thread::sleep_for(d); }
+  /// True for a NIC in virtual time (spin::sim). Its host programs run one at a time and hand
+  /// over only in wait_events and sleep_for: a host program there must not block on anything
+  /// else that another host program releases (a mutex held across a wait would stop the
+  /// simulation), so code shared with such programs takes its locks with try_lock and
+  /// sleep_for (spin::coll's fabric does).
+  virtual bool virtual_time() const noexcept { return false; }
   /// Largest payload (bytes) of one packet a handler on this NIC can send (rt::transmitter).
   virtual std::uint32_t max_payload_bytes() const noexcept = 0;
 
