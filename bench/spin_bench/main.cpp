@@ -19,6 +19,7 @@
 #endif
 #include "handlers.hpp"
 #include "reductions.hpp"
+#include "vt.hpp"
 #if SPIN_BENCH_HAVE_COLL
 #include "sparse.hpp"
 #endif
@@ -220,6 +221,18 @@ int main(int argc, char** argv) {
   sc->add_option("--out", sp.out_dir, "directory for sparse.csv")->capture_default_str();
 #endif
 
+#if SPIN_BENCH_HAVE_COLL
+  spin::bench::vt_options vo;
+  CLI::App* vc = app.add_subcommand(
+      "vt",
+      "Benchmarks in VIRTUAL TIME (spin::sim, docs/virtual-time.md): modelled time of the topology's NIC and network models, the same "
+      "on any machine. pspin: the standard ping-pong handler on PsPIN's default NIC beside PsPIN's published figures.");
+  vc->add_option("what", vo.what, "pspin")->capture_default_str()->check(CLI::IsMember({"pspin"}));
+  vc->add_option("--topology", vo.topology_file, "take the NIC, switch and link models from this topology file ([nic], [switch_nic], ...)");
+  vc->add_option("--link-gbps", vo.link_gbps, "line rate of the generated topologies' links")->capture_default_str()->check(CLI::Range(1e-3, 1e4));
+  vc->add_option("--packets", vo.packets, "pspin: packets of the loaded stream")->capture_default_str()->check(CLI::Range(16u, 1u << 22));
+#endif
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -234,6 +247,7 @@ int main(int argc, char** argv) {
   }
   if (gc->parsed()) return spin::bench::run_groups(gr);
   if (sc->parsed()) return spin::bench::run_sparse(sp);
+  if (vc->parsed()) return spin::bench::run_vt(vo);
 #endif
   return 2;
 }

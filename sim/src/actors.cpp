@@ -131,7 +131,6 @@ result<void> cluster::run(picoseconds limit) {
       s.resume(*a);
       continue;
     }
-    if (!s.actors.empty() && s.alive == 0) break;
     if (s.heap.empty()) {
       if (s.alive == 0) break;
       std::string names;
@@ -141,7 +140,7 @@ result<void> cluster::run(picoseconds limit) {
     }
     if (s.heap.front().t > limit.count())
       return finish(fail(errc::timeout, "virtual time: the limit of " + std::to_string(limit.count()) + " ps was reached"));
-    s.step();
+    if (!s.step()) continue;  // only stale timeouts were left
   }
   return finish({});
 }

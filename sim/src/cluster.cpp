@@ -12,17 +12,26 @@ namespace spin::sim {
 // ---- events ------------------------------------------------------------------------------
 
 void cluster::impl::schedule(ps t, ev k, std::uint32_t a, std::uint64_t b, frame* p) {
+  if (k != ev::sample && k != ev::actor_timeout) ++live_events;
   heap.push_back(event{std::max(t, now), next_seq++, k, a, b, p});
   std::push_heap(heap.begin(), heap.end(), event_later{});
 }
 
 bool cluster::impl::step() {
-  if (heap.empty()) return false;
-  std::pop_heap(heap.begin(), heap.end(), event_later{});
-  const event e = heap.back();
-  heap.pop_back();
+  event e{};
+  for (;;) {
+    if (heap.empty()) return false;
+    std::pop_heap(heap.begin(), heap.end(), event_later{});
+    e = heap.back();
+    heap.pop_back();
+    // A timeout of an actor that woke or ended meanwhile: gone without moving the clock.
+    if (e.kind != ev::actor_timeout) break;
+    const actor& w = *actors[e.a];
+    if (e.b == w.token && !w.done && !w.runnable) break;
+  }
   now = e.t;
   ++events_run;
+  if (e.kind != ev::sample && e.kind != ev::actor_timeout) --live_events;
   run_event(e);
   return true;
 }
@@ -38,8 +47,8 @@ void cluster::impl::run_event(const event& e) {
   case ev::actor_timeout: actor_timeout(e.a, e.b); break;
   case ev::sample:
     take_sample();
-    // Only while something else is pending: samples alone do not keep the simulation going.
-    if (!heap.empty()) schedule(now + opts.sample_interval.count(), ev::sample, 0);
+    // Only while the network or a NIC has work: samples alone do not keep the simulation going.
+    if (live_events > 0) schedule(now + opts.sample_interval.count(), ev::sample, 0);
     break;
   }
 }

@@ -148,6 +148,7 @@ public:
   std::uint64_t next_seq = 0;
   ps now = 0;
   std::uint64_t events_run = 0;
+  std::uint64_t live_events = 0;  // pending events other than samples and actor timeouts
   void schedule(ps t, ev k, std::uint32_t a, std::uint64_t b = 0, frame* p = nullptr);
   bool step();  // runs the earliest event; false when none
   void run_event(const event& e);

@@ -169,8 +169,8 @@ public:
   /// runs while the simulation hands over to it (run()). Actors start in the order spawned, at
   /// the virtual time run() finds them. Call before run() or from an actor.
   void spawn(std::string name, std::function<void()> body);
-  /// Runs the simulation until every actor has returned (events still pending stay pending),
-  /// or, without actors, until no event is left. Errors: timeout (virtual time would pass
+  /// Runs the simulation until every actor has returned and no event is left (frames in
+  /// flight land, handlers run; a wait that ended early leaves nothing behind). Errors: timeout (virtual time would pass
   /// `limit`; the actors still wait and run() may be called again), bad_state (actors wait for
   /// events none of which can come: the message names them).
   result<void> run(picoseconds limit = picoseconds::max());

@@ -1,0 +1,33 @@
+// spin-bench vt: benchmarks in virtual time (spin::sim, docs/virtual-time.md). Every figure is
+// modelled time of the topology's NIC and network models, not this machine's wall clock, and
+// the output says so; the same options give the same figures on any machine under any load.
+//   pspin     the standard ping-pong handler on PsPIN's default NIC beside PsPIN's published
+//             figures (ISCA 2021): handler time, feedback throughput, latency idle and loaded
+//   allreduce spin::coll's allreduce (switch, edge_ring, host_ring) per host count and size
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace spin::bench {
+
+struct vt_options {
+  std::string what = "pspin";       ///< pspin, allreduce
+  std::string topology_file;        ///< models (and, for allreduce, the hosts) from a topology file; empty: defaults
+  std::vector<std::uint32_t> hosts{4};
+  std::vector<std::uint64_t> sizes{std::uint64_t{1} << 20};  ///< bytes (float32 elements)
+  std::vector<std::string> algorithms{"switch", "edge_ring", "host_ring"};
+  double link_gbps = 400;           ///< links of the generated topologies
+  double link_latency_ns = 500;
+  std::uint32_t iters = 2;          ///< timed calls (after one warm-up)
+  std::uint32_t packets = 4096;     ///< pspin: packets per stream
+  std::string out_dir = "spin-bench-out";
+  bool json = false;                ///< also print the statistics as JSON
+};
+
+/// Exit status: 0 when every result was exact (and, for pspin, every figure within 2x of
+/// PsPIN's), 1 otherwise, 2 on bad options or a set-up error.
+int run_vt(const vt_options& o);
+
+} // namespace spin::bench
