@@ -1,0 +1,365 @@
+// Virtual time (spin::sim): determinism, the models' bounds, equality with wall-clock results,
+// and the refusal of bad model parameters.
+#include <doctest/doctest.h>
+
+#include <spin/coll/coll.hpp>
+#include <spin/emu/cluster.hpp>
+#include <spin/host/message.hpp>
+#include <spin/rt/loader.hpp>
+#include <spin/sim/cluster.hpp>
+
+#include <csignal>
+#include <cstring>
+#include <random>
+#include <sys/wait.h>
+#include <unistd.h>
+
+using namespace spin;
+
+namespace {
+
+const std::string package_dir = SPIN_TEST_PACKAGE_DIR;
+
+// The allreduce of `count` float32 values on every host of `t` with `algo`; rank r's input is
+// a reproducible pseudo-random vector. Returns every rank's output and, in `elapsed`, rank 0's
+// virtual time of the call.
+struct vt_result {
+  std::vector<std::vector<float>> out;
+  std::vector<std::string> errors;
+  std::string stats_json;
+  std::uint64_t elapsed_ns = 0;
+};
+
+std::vector<float> input_of(std::uint32_t r, std::size_t count) {
+  std::mt19937 g(1234 + r);
+  std::uniform_real_distribution<float> d(-1e3f, 1e3f);
+  std::vector<float> v(count);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+vt_result allreduce_vt(const emu::topology& t, std::size_t count, coll::algorithm algo) {
+  vt_result res;
+  auto c = sim::cluster::create(t);
+  REQUIRE_MESSAGE(c.ok(), c.err().message);
+  sim::cluster& cl = *c.value();
+  auto fab = coll::fabric::create(t, cl.controls());
+  REQUIRE_MESSAGE(fab.ok(), fab.err().message);
+  const auto n = static_cast<std::uint32_t>(t.host_count());
+  res.out.resize(n);
+  res.errors.resize(n);
+  for (std::uint32_t r = 0; r < n; ++r)
+    cl.spawn("rank" + std::to_string(r), [&, r] {
+      coll::group g;
+      g.id = 1;
+      g.me = r;
+      for (std::uint32_t i = 0; i < n; ++i) g.members.push_back(i);
+      coll::options o;
+      o.switches = fab.value().get();
+      o.arena_bytes = 16 << 20;
+      o.staging_bytes = 1 << 20;
+      auto cm = coll::communicator::create(*cl.host(r), g, o);
+      if (!cm) {
+        res.errors[r] = cm.err().message;
+        return;
+      }
+      const std::vector<float> in = input_of(r, count);
+      res.out[r].resize(count);
+      const auto t0 = cl.host(r)->now();
+      auto a = cm.value()->allreduce(in.data(), res.out[r].data(), count, coll::dtype::f32, coll::op::sum, algo);
+      if (!a) res.errors[r] = a.err().message;
+      if (r == 0) res.elapsed_ns = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(cl.host(r)->now() - t0).count());
+    });
+  auto run = cl.run();
+  REQUIRE_MESSAGE(run.ok(), run.err().message);
+  res.stats_json = sim::to_json(cl.stats());
+  return res;
+}
+
+emu::link_model fast_link() {
+  emu::link_model lm;
+  lm.rate_gbps = 100;
+  lm.latency = std::chrono::nanoseconds(500);
+  return lm;
+}
+
+// A child process that keeps one CPU busy until killed: load from another process.
+struct cpu_hog {
+  pid_t pid = -1;
+  cpu_hog() {
+    pid = fork();
+    if (pid == 0) {
+      volatile std::uint64_t x = 0;
+      for (;;) x = x + 1;
+    }
+  }
+  ~cpu_hog() {
+    if (pid > 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  }
+};
+
+// Ping-pong streams (handlers/std/pingpong.cpp) from h0 to h1 and back: h1's statistics and when
+// the last echo landed.
+struct stream_result {
+  sim::node_stats echo;
+  std::uint64_t end_ps = 0;
+  std::uint64_t echoed = 0;
+};
+
+stream_result pingpong_stream(emu::topology t, std::uint32_t packets, std::uint32_t payload) {
+  stream_result out;
+  auto c = sim::cluster::create(t);
+  REQUIRE_MESSAGE(c.ok(), c.err().message);
+  sim::cluster& cl = *c.value();
+  auto pkg = rt::load_package_file(package_dir + "/pingpong.native.spkg");
+  REQUIRE_MESSAGE(pkg.ok(), pkg.err().message);
+  rt::ec_config pp;
+  pp.name = "pingpong";
+  pp.match.bits = 7;
+  REQUIRE(pkg.value().bind(pp).ok());
+  REQUIRE(cl.node(1).install(pp).ok());
+  rt::ec_config sink;
+  sink.name = "sink";
+  sink.match.bits = 7;
+  REQUIRE(cl.node(0).install(sink).ok());
+  std::vector<std::byte> mem(payload);
+  auto region = cl.node(0).register_host_memory(mem);
+  REQUIRE(region.ok());
+  cl.spawn("h0", [&] {
+    for (std::uint32_t i = 0; i < packets; ++i) {
+      host::message m;
+      m.dest_rank = 1;
+      m.match_bits = 7;
+      m.message_id = i + 1;
+      m.region = region.value();
+      m.len_bytes = payload;
+      REQUIRE(cl.node(0).post(m).ok());
+    }
+  });
+  REQUIRE(cl.run().ok());
+  const auto st = cl.stats();
+  out.echo = st.nodes[1];
+  out.end_ps = st.now.count();
+  out.echoed = st.nodes[0].packets_in;
+  return out;
+}
+
+} // namespace
+
+TEST_SUITE("sim") {
+
+TEST_CASE("two runs of the same collectives give byte-identical timings and statistics, also under load from another process") {
+  const emu::topology t = emu::star(4, fast_link());
+  const vt_result a = allreduce_vt(t, 20000, coll::algorithm::switch_agg);
+  vt_result b;
+  {
+    cpu_hog hog1, hog2;  // both cores busy elsewhere while the second run runs
+    b = allreduce_vt(t, 20000, coll::algorithm::switch_agg);
+  }
+  for (const auto& e : a.errors) CHECK(e.empty());
+  CHECK(a.elapsed_ns > 0);
+  CHECK(a.elapsed_ns == b.elapsed_ns);
+  CHECK(a.stats_json == b.stats_json);
+  CHECK(a.out == b.out);
+  const vt_result c = allreduce_vt(t, 20000, coll::algorithm::edge_ring);
+  const vt_result d = allreduce_vt(t, 20000, coll::algorithm::edge_ring);
+  CHECK(c.stats_json == d.stats_json);
+  CHECK(c.elapsed_ns == d.elapsed_ns);
+}
+
+TEST_CASE("virtual-time results equal the wall-clock cluster's bit for bit") {
+  emu::link_model lm;
+  const emu::topology t = emu::star(4, lm);
+  const std::size_t count = 50000;
+  for (const auto algo : {coll::algorithm::switch_agg, coll::algorithm::edge_ring, coll::algorithm::host_ring}) {
+    CAPTURE(static_cast<int>(algo));
+    const vt_result v = allreduce_vt(t, count, algo);
+    for (const auto& e : v.errors) REQUIRE_MESSAGE(e.empty(), e);
+    // The same calls on spin-emu's wall-clock cluster.
+    auto cl = emu::cluster::create(t, {});
+    REQUIRE_MESSAGE(cl.ok(), cl.err().message);
+    emu::cluster_runner running(*cl.value());
+    auto fab = coll::fabric::create(*cl.value());
+    REQUIRE(fab.ok());
+    std::vector<std::vector<float>> out(4, std::vector<float>(count));
+    std::vector<std::string> errors(4);
+    std::vector<std::thread> ts;
+    for (std::uint32_t r = 0; r < 4; ++r)
+      ts.emplace_back([&, r] {
+        coll::group g;
+        g.id = 1;
+        g.me = r;
+        g.members = {0, 1, 2, 3};
+        coll::options o;
+        o.switches = fab.value().get();
+        o.arena_bytes = 16 << 20;
+        o.staging_bytes = 1 << 20;
+        auto cm = coll::communicator::create(*cl.value()->host(r), g, o);
+        if (!cm) {
+          errors[r] = cm.err().message;
+          return;
+        }
+        const std::vector<float> in = input_of(r, count);
+        if (auto a = cm.value()->allreduce(in.data(), out[r].data(), count, coll::dtype::f32, coll::op::sum, algo); !a) errors[r] = a.err().message;
+      });
+    for (auto& th : ts) th.join();
+    for (const auto& e : errors) REQUIRE_MESSAGE(e.empty(), e);
+    for (std::uint32_t r = 0; r < 4; ++r) CHECK(std::memcmp(out[r].data(), v.out[r].data(), count * sizeof(float)) == 0);
+    // And every rank holds the same bits.
+    for (std::uint32_t r = 1; r < 4; ++r) CHECK(v.out[r] == v.out[0]);
+  }
+}
+
+TEST_CASE("an HPU-bound NIC runs the handler formula's rate, a line-bound one the line rate") {
+  // One HPU at 1 GHz: the ping-pong handler's modelled time (invocation + 39 x cpi + command
+  // cycles) sets the rate; the link (4 Tbit/s) is far faster.
+  emu::link_model fast;
+  fast.rate_gbps = 4000;
+  fast.queue_packets = 1 << 16;
+  emu::topology t = emu::pair(fast);
+  t.nic.clusters = 1;
+  t.nic.hpus_per_cluster = 1;
+  const stream_result one = pingpong_stream(t, 2000, 1024);
+  const stream_result two = pingpong_stream(t, 4000, 1024);
+  REQUIRE(one.echoed == 2000);
+  REQUIRE(two.echoed == 4000);
+  const double handler_ns = static_cast<double>(one.echo.hpu_busy.count()) / 1000.0 / 2000;
+  const double per_packet_ns = static_cast<double>(two.end_ps - one.end_ps) / 1000.0 / 2000;
+  CHECK(per_packet_ns == doctest::Approx(handler_ns).epsilon(0.01));
+  const double instr = static_cast<double>(one.echo.instructions) / static_cast<double>(one.echo.invocations);
+  CHECK(handler_ns == doctest::Approx(t.nic.invocation_cycles + instr * t.nic.cpi + t.nic.command_cycles).epsilon(0.02));
+
+  // 32 HPUs behind a 10 Gbit/s link: the line sets the rate, a frame's bytes x 8 / 10 ns each.
+  emu::link_model slow;
+  slow.rate_gbps = 10;
+  slow.queue_packets = 1 << 16;
+  const emu::topology u = emu::pair(slow);
+  const stream_result a = pingpong_stream(u, 500, 1024);
+  const stream_result b = pingpong_stream(u, 1000, 1024);
+  REQUIRE(b.echoed == 1000);
+  const double frame_bytes = static_cast<double>(a.echo.bytes_in) / 500;
+  const double line_ns = frame_bytes * 8 / 10;
+  CHECK(static_cast<double>(b.end_ps - a.end_ps) / 1000.0 / 500 == doctest::Approx(line_ns).epsilon(0.01));
+  CHECK(a.echo.waiting_max <= 1);  // the HPUs never make a packet wait at this rate
+}
+
+TEST_CASE("a port queue never holds more than queue_packets: the excess is dropped and counted, and the NIC's packet buffer likewise") {
+  // Incast: three hosts stream at 100 Gbit/s into one 100 Gbit/s switch port.
+  emu::link_model lm;
+  lm.rate_gbps = 100;
+  lm.queue_packets = 16;
+  const emu::topology t = emu::star(4, lm);
+  auto c = sim::cluster::create(t);
+  REQUIRE(c.ok());
+  sim::cluster& cl = *c.value();
+  rt::ec_config sink;
+  sink.name = "sink";
+  sink.match.bits = 9;
+  REQUIRE(cl.node(0).install(sink).ok());
+  std::vector<std::vector<std::byte>> mem(4, std::vector<std::byte>(1024));
+  const std::uint32_t per_host = 300;
+  for (std::uint32_t h = 1; h < 4; ++h) {
+    auto region = cl.node(h).register_host_memory(mem[h]);
+    REQUIRE(region.ok());
+    cl.spawn("h" + std::to_string(h), [&, h, reg = region.value()] {
+      for (std::uint32_t i = 0; i < per_host; ++i) {
+        host::message m;
+        m.dest_rank = 0;
+        m.match_bits = 9;
+        m.message_id = i + 1;
+        m.region = reg;
+        m.len_bytes = 1024;
+        REQUIRE(cl.node(h).post(m).ok());
+      }
+    });
+  }
+  REQUIRE(cl.run().ok());
+  const auto st = cl.stats();
+  const sim::port_stats* down = nullptr;
+  for (const auto& p : st.ports)
+    if (p.from == "s0" && p.to == "h0") down = &p;
+  REQUIRE(down != nullptr);
+  CHECK(down->depth_max <= 16);
+  CHECK(down->dropped_queue_full > 0);
+  CHECK(down->packets + down->dropped_queue_full == 3 * per_host);
+  CHECK(st.nodes[0].packets_in == down->packets);
+  CHECK(st.nodes[4].drops[static_cast<std::size_t>(sim::drop::queue_full)] == down->dropped_queue_full);
+
+  // A packet buffer of 2 KiB holds one 1 KiB frame while its handler runs: a burst overflows it.
+  emu::link_model fast;
+  fast.rate_gbps = 4000;
+  fast.queue_packets = 1 << 16;
+  emu::topology p = emu::pair(fast);
+  p.nic.packet_buffer_bytes = 2048;
+  p.nic.clusters = 1;
+  p.nic.hpus_per_cluster = 1;
+  const stream_result s = pingpong_stream(p, 200, 1024);
+  CHECK(s.echo.packet_buffer_max <= 2048);
+  CHECK(s.echo.drops[static_cast<std::size_t>(sim::drop::packet_buffer_full)] > 0);
+  CHECK(s.echo.handled + s.echo.drops[static_cast<std::size_t>(sim::drop::packet_buffer_full)] == 200);
+}
+
+TEST_CASE("bad model parameters are refused, naming the key") {
+  auto refused = [](const std::string& text, const std::string& key) {
+    auto t = emu::parse_topology("[[host]]\nname = \"h0\"\n[[host]]\nname = \"h1\"\n[[link]]\na = \"h0\"\nb = \"h1\"\n" + text, "t.toml");
+    REQUIRE_FALSE(t.ok());
+    CHECK(t.err().code == errc::invalid_argument);
+    CHECK_MESSAGE(t.err().message.find(key) != std::string::npos, t.err().message);
+  };
+  refused("[nic]\ncpi = 0\n", "cpi");
+  refused("[nic]\nhpu_ghz = -1\n", "hpu_ghz");
+  refused("[nic]\nclusters = 0\n", "clusters");
+  refused("[nic]\nhpus_per_cluster = 65\n", "hpus_per_cluster");
+  refused("[nic]\npacket_buffer_bytes = 10\n", "packet_buffer_bytes");
+  refused("[nic]\npcie_latency_ns = 2000000000\n", "pcie_latency_ns");
+  refused("[nic]\nclusters = 2.5\n", "clusters");
+  refused("[nic]\ncpi = \"fast\"\n", "cpi");
+  refused("[nic]\nhpus = 4\n", "hpus");  // unknown key: the known ones are listed
+  refused("[switch_nic]\nl1_copy_gbps = 0\n", "l1_copy_gbps");
+  refused("[switch_model]\nlatency_ns = -5\n", "latency_ns");
+  refused("[defaults]\ngap_ns = -1\n", "gap_ns");
+  // In code: validate() names the key too, and sim::cluster::create refuses what it refuses.
+  emu::topology t = emu::pair({});
+  t.nic.cpi = std::nan("");
+  auto c = sim::cluster::create(t);
+  REQUIRE_FALSE(c.ok());
+  CHECK(c.err().message.find("cpi") != std::string::npos);
+  t.nic.cpi = 1;
+  sim::options o;
+  o.payload_bytes = 10;
+  auto d = sim::cluster::create(t, o);
+  REQUIRE_FALSE(d.ok());
+  CHECK(d.err().message.find("payload_bytes") != std::string::npos);
+  // A good file round-trips through to_toml with its models.
+  auto good = emu::parse_topology("[nic]\ncpi = 1.5\nclusters = 2\n[switch_model]\nlatency_ns = 100\n"
+                                  "[[host]]\nname = \"h0\"\n[[host]]\nname = \"h1\"\n[[link]]\na = \"h0\"\nb = \"h1\"\ngap_ns = 2.5\n",
+                                  "t.toml");
+  REQUIRE_MESSAGE(good.ok(), good.err().message);
+  CHECK(good.value().nic.cpi == 1.5);
+  CHECK(good.value().switch_nic.clusters == 2);  // [switch_nic] takes [nic]'s values
+  auto again = emu::parse_topology(emu::to_toml(good.value()), "again.toml");
+  REQUIRE(again.ok());
+  CHECK(again.value() == good.value());
+}
+
+TEST_CASE("a NIC in virtual time refuses handlers that do not count their instructions") {
+  auto c = sim::cluster::create(emu::pair({}));
+  REQUIRE(c.ok());
+  auto pkg = rt::read_package_file(package_dir + "/pingpong.native.spkg");
+  REQUIRE(pkg.ok());
+  pkg.value().counted_object.clear();  // as spinc builds it without --count-instructions
+  auto lp = rt::load_package(pkg.value());
+  REQUIRE(lp.ok());
+  rt::ec_config cfg;
+  cfg.name = "uncounted";
+  REQUIRE(lp.value().bind(cfg).ok());
+  auto r = c.value()->node(0).install(cfg);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.err().code == errc::not_supported);
+  CHECK(r.err().message.find("--count-instructions") != std::string::npos);
+}
+
+} // TEST_SUITE
