@@ -227,7 +227,18 @@ int main(int argc, char** argv) {
       "vt",
       "Benchmarks in VIRTUAL TIME (spin::sim, docs/virtual-time.md): modelled time of the topology's NIC and network models, the same "
       "on any machine. pspin: the standard ping-pong handler on PsPIN's default NIC beside PsPIN's published figures.");
-  vc->add_option("what", vo.what, "pspin")->capture_default_str()->check(CLI::IsMember({"pspin"}));
+  vc->add_option("what", vo.what, "pspin, allreduce")->capture_default_str()->check(CLI::IsMember({"pspin", "allreduce"}));
+  vc->add_option("-n,--hosts", vo.hosts, "allreduce: host counts (repeatable), 2 .. 4096")->capture_default_str()->check(CLI::Range(2u, 4096u));
+  vc->add_option("--size", vo.sizes, "allreduce: message sizes in bytes (repeatable; float32)")
+      ->capture_default_str()
+      ->check(CLI::Range(std::uint64_t{4}, std::uint64_t{1} << 36));
+  vc->add_option("--algorithm", vo.algorithms, "allreduce: switch, edge_ring, host_ring (repeatable)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"switch", "edge_ring", "host_ring"}));
+  vc->add_option("--iters", vo.iters, "allreduce: timed calls after one warm-up")->capture_default_str()->check(CLI::Range(1u, 1000u));
+  vc->add_option("--link-latency-ns", vo.link_latency_ns, "propagation delay of the generated links")->capture_default_str()->check(CLI::Range(0.0, 1e9));
+  vc->add_flag("--json", vo.json, "also print each run's statistics as JSON");
+  vc->add_option("--out", vo.out_dir, "directory for vt_allreduce.csv")->capture_default_str();
   vc->add_option("--topology", vo.topology_file, "take the NIC, switch and link models from this topology file ([nic], [switch_nic], ...)");
   vc->add_option("--link-gbps", vo.link_gbps, "line rate of the generated topologies' links")->capture_default_str()->check(CLI::Range(1e-3, 1e4));
   vc->add_option("--packets", vo.packets, "pspin: packets of the loaded stream")->capture_default_str()->check(CLI::Range(16u, 1u << 22));

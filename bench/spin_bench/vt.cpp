@@ -173,10 +173,186 @@ int run_pspin(const vt_options& o) {
   return all && exact ? 0 : 1;
 }
 
+// ---- allreduce ------------------------------------------------------------------------------
+
+coll::algorithm algorithm_named(const std::string& a) {
+  if (a == "switch") return coll::algorithm::switch_agg;
+  if (a == "edge_ring") return coll::algorithm::edge_ring;
+  return coll::algorithm::host_ring;
+}
+
+struct allreduce_row {
+  std::uint32_t hosts = 0;
+  std::string algorithm;
+  std::uint64_t bytes = 0;
+  double time_us = 0;          // virtual time of one call (rank 0, mean of the timed calls)
+  std::uint64_t wrong = 0;
+  std::string error;
+  sim::cluster_stats st;
+  double wall_s = 0;           // wall-clock seconds the simulation took (this machine)
+};
+
+// The values every rank contributes (one shared vector, so that 256 ranks of 1 GiB fit): small
+// integers, whose sum over up to 2^16 ranks is exact in float32.
+float value_at(std::uint64_t i) { return static_cast<float>(i % 13); }
+
+allreduce_row run_allreduce(const emu::topology& models, const vt_options& o, std::uint32_t n, std::uint64_t bytes, const std::string& algo) {
+  allreduce_row row;
+  row.hosts = n;
+  row.algorithm = algo;
+  row.bytes = bytes;
+  emu::topology t = emu::star(n, link_of(o));
+  t.nic = models.nic;
+  t.switch_nic = models.switch_nic;
+  t.switch_params = models.switch_params;
+  const auto w0 = std::chrono::steady_clock::now();
+  auto c = sim::cluster::create(t);
+  if (!c) {
+    row.error = c.err().message;
+    return row;
+  }
+  sim::cluster& cl = *c.value();
+  auto fab = coll::fabric::create(t, cl.controls());
+  if (!fab) {
+    row.error = fab.err().message;
+    return row;
+  }
+  const std::uint64_t count = bytes / 4;
+  std::vector<float> in(count);
+  for (std::uint64_t i = 0; i < count; ++i) in[i] = value_at(i);
+  // One output per rank while they fit in 2 GiB; else one shared (each rank checks it right
+  // after its call, before any other rank runs: actors hand over only in waits).
+  const bool shared_out = static_cast<double>(n) * static_cast<double>(bytes) > 2.0 * (1ull << 30);
+  std::vector<std::vector<float>> out(shared_out ? 1 : n, std::vector<float>(count));
+  std::vector<std::uint64_t> wrong(n, 0);
+  std::vector<std::string> errors(n);
+  std::vector<double> elapsed(n, 0);
+  const coll::algorithm a = algorithm_named(algo);
+  for (std::uint32_t r = 0; r < n; ++r)
+    cl.spawn("rank" + std::to_string(r), [&, r] {
+      coll::group g;
+      g.id = 1;
+      g.me = r;
+      for (std::uint32_t i = 0; i < n; ++i) g.members.push_back(i);
+      coll::options co;
+      co.switches = fab.value().get();
+      co.staging_bytes = 1 << 20;
+      co.arena_bytes = 8 << 20;
+      co.timeout = std::chrono::milliseconds(600'000);
+      auto cm = coll::communicator::create(*cl.host(r), g, co);
+      if (!cm) {
+        errors[r] = cm.err().message;
+        return;
+      }
+      float* res = out[shared_out ? 0 : r].data();
+      for (std::uint32_t it = 0; it < 1 + o.iters; ++it) {  // one warm-up call
+        const auto t0 = cl.host(r)->now();
+        auto x = cm.value()->allreduce(in.data(), res, count, coll::dtype::f32, coll::op::sum, a);
+        if (!x) {
+          errors[r] = x.err().message;
+          return;
+        }
+        if (it > 0) elapsed[r] += std::chrono::duration<double, std::micro>(cl.host(r)->now() - t0).count();
+      }
+      for (std::uint64_t i = 0; i < count; ++i) wrong[r] += res[i] != value_at(i) * static_cast<float>(n);
+    });
+  if (auto rr = cl.run(); !rr) row.error = rr.err().message;
+  for (std::uint32_t r = 0; r < n && row.error.empty(); ++r)
+    if (!errors[r].empty()) row.error = "rank " + std::to_string(r) + ": " + errors[r];
+  for (auto w : wrong) row.wrong += w;
+  row.time_us = elapsed[0] / o.iters;
+  row.st = cl.stats();
+  row.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+  return row;
+}
+
+std::string fmt_bytes(std::uint64_t b) {
+  char buf[32];
+  if (b >= (1ull << 30) && b % (1ull << 30) == 0) std::snprintf(buf, sizeof buf, "%llu GiB", static_cast<unsigned long long>(b >> 30));
+  else if (b >= (1ull << 20) && b % (1ull << 20) == 0) std::snprintf(buf, sizeof buf, "%llu MiB", static_cast<unsigned long long>(b >> 20));
+  else if (b >= 1024 && b % 1024 == 0) std::snprintf(buf, sizeof buf, "%llu KiB", static_cast<unsigned long long>(b >> 10));
+  else std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(b));
+  return buf;
+}
+
+int run_allreduce_table(const vt_options& o) {
+  auto base = base_topology(o);
+  if (!base) {
+    std::fprintf(stderr, "spin-bench vt: %s\n", base.err().message.c_str());
+    return 2;
+  }
+  const emu::nic_model& m = base.value().nic;
+  std::printf("spin-bench vt allreduce: VIRTUAL TIME (spin::sim): spin::coll's float32 sum allreduce, its handlers' counted objects on\n"
+              "modelled NICs (%u x %u HPUs at %.2f GHz, cpi %.2f, PCIe %.0f Gbit/s) and a star of %.0f Gbit/s links (%.0f ns) around one\n"
+              "switch (its handler unit the same NIC model, %lld ns forwarding). time: modelled time of one call on rank 0 (mean of %u\n"
+              "after one warm-up); algbw = bytes/time, busbw = algbw x 2(n-1)/n. wall s: what simulating the row took on this machine.\n\n",
+              m.clusters, m.hpus_per_cluster, m.hpu_ghz, m.cpi, m.pcie_gbps, o.link_gbps, o.link_latency_ns,
+              static_cast<long long>(base.value().switch_params.latency.count()), o.iters);
+  std::printf("%6s %-10s %9s %12s %9s %9s %6s %10s %10s %9s %9s %7s %9s %6s %7s\n", "hosts", "algorithm", "size", "time us", "algbw",
+              "busbw", "#wrong", "pkt p50 ns", "pkt p99 ns", "host HPU%", "sw HPU%", "sw q max", "sw buf KiB", "drops", "wall s");
+  std::vector<allreduce_row> rows;
+  bool ok = true;
+  for (std::uint32_t n : o.hosts)
+    for (std::uint64_t b : o.sizes)
+      for (const std::string& algo : o.algorithms) {
+        allreduce_row r = run_allreduce(base.value(), o, n, b, algo);
+        if (!r.error.empty() || r.wrong != 0) ok = false;
+        if (!r.error.empty()) {
+          std::printf("%6u %-10s %9s  failed: %s\n", n, algo.c_str(), fmt_bytes(b).c_str(), r.error.c_str());
+          rows.push_back(std::move(r));
+          continue;
+        }
+        // Per-packet latency at the hosts' NICs (all hosts' histograms merged), HPU occupancy
+        // of the hosts (mean) and of the switch, the deepest switch port queue.
+        sim::histogram lat;
+        double host_busy = 0, sw_busy = 0;
+        std::uint64_t drops = 0, sw_buf = 0;
+        std::uint32_t qmax = 0;
+        const double now = static_cast<double>(r.st.now.count());
+        for (const auto& nd : r.st.nodes) {
+          for (auto d : nd.drops) drops += d;
+          const double occ = now > 0 ? static_cast<double>(nd.hpu_busy.count()) / now / nd.hpus : 0;
+          if (nd.is_switch) {
+            sw_busy = occ;
+            sw_buf = nd.packet_buffer_max;
+          } else {
+            host_busy += occ / n;
+            for (std::size_t k = 0; k < lat.buckets.size(); ++k) lat.buckets[k] += nd.latency.buckets[k];
+            lat.count += nd.latency.count;
+            lat.max = std::max(lat.max, nd.latency.max);
+          }
+        }
+        for (const auto& p : r.st.ports)
+          if (p.from == "s0") qmax = std::max(qmax, p.depth_max);
+        const double algbw = r.time_us > 0 ? static_cast<double>(b) / r.time_us / 1e3 : 0;
+        std::printf("%6u %-10s %9s %12.1f %9.2f %9.2f %6llu %10.0f %10.0f %9.2f %9.2f %7u %9.0f %6llu %7.1f\n", n, algo.c_str(),
+                    fmt_bytes(b).c_str(), r.time_us, algbw, algbw * (n > 1 ? 2.0 * (n - 1) / n : 0), static_cast<unsigned long long>(r.wrong),
+                    ps_to_ns(lat.quantile(0.5)), ps_to_ns(lat.quantile(0.99)), 100 * host_busy, 100 * sw_busy, qmax,
+                    static_cast<double>(sw_buf) / 1024, static_cast<unsigned long long>(drops), r.wall_s);
+        std::fflush(stdout);
+        if (o.json) std::printf("%s", sim::to_json(r.st).c_str());
+        rows.push_back(std::move(r));
+      }
+  // CSV for plots.
+  std::filesystem::create_directories(o.out_dir);
+  std::string csv = "hosts,algorithm,bytes,time_us,algbw_gbs,busbw_gbs,wrong,error\n";
+  for (const auto& r : rows) {
+    const double algbw = r.time_us > 0 ? static_cast<double>(r.bytes) / r.time_us / 1e3 : 0;
+    csv += std::to_string(r.hosts) + "," + r.algorithm + "," + std::to_string(r.bytes) + "," + std::to_string(r.time_us) + "," +
+           std::to_string(algbw) + "," + std::to_string(algbw * (r.hosts > 1 ? 2.0 * (r.hosts - 1) / r.hosts : 0)) + "," +
+           std::to_string(r.wrong) + "," + csv_field(r.error) + "\n";
+  }
+  const std::string path = o.out_dir + "/vt_allreduce.csv";
+  if (!write_text(path, csv)) std::fprintf(stderr, "spin-bench vt: cannot write %s\n", path.c_str());
+  else std::printf("\nwrote %s\n", path.c_str());
+  return ok ? 0 : 1;
+}
+
 } // namespace
 
 int run_vt(const vt_options& o) {
   if (o.what == "pspin") return run_pspin(o);
+  if (o.what == "allreduce") return run_allreduce_table(o);
   std::fprintf(stderr, "spin-bench vt: unknown benchmark '%s' (pspin)\n", o.what.c_str());
   return 2;
 }

@@ -389,6 +389,7 @@ struct communicator::impl {
     // Reduce-scatter: chunk c leaves rank c+1 and is folded up to its owner c.
     const std::uint64_t first = (me + nr - 1) % nr;
     for_chunk(first, [&](std::uint64_t at, std::uint32_t m) { s.k.widen(recv_at(at), in_at(at), m); });
+    nic->charge_host(host::work::copy, geo.chunk_len(first) * eb);
     if (auto r = transfer(pr::xfer_rs, first, recv_off + geo.chunk_lo(first) * ab); !r.ok()) return r;
     for (std::uint32_t step = 1; step < nr; ++step) {
       const std::uint64_t c = (me + 2 * nr - 1 - step) % nr;
@@ -396,10 +397,12 @@ struct communicator::impl {
       if (auto r = wait_until([&] { return geo.chunk_packets(c) == 0 || recv.count(key(pr::xfer_rs, c)) != 0; }); !r.ok())
         return r;
       for_chunk(c, [&](std::uint64_t at, std::uint32_t m) { s.k.fold(recv_at(at), in_at(at), m); });
+      nic->charge_host(host::work::reduce, geo.chunk_len(c) * eb);
       if (step + 1 < nr) {
         if (auto r = transfer(pr::xfer_rs, c, recv_off + geo.chunk_lo(c) * ab); !r.ok()) return r;
       } else {  // c == me: round once, then start the allgather
         for_chunk(c, [&](std::uint64_t at, std::uint32_t m) { s.k.narrow(out_at(at), recv_at(at), m); });
+        nic->charge_host(host::work::copy, geo.chunk_len(c) * eb);
         if (auto r = transfer(pr::xfer_ag, c, out.off + geo.chunk_lo(c) * eb); !r.ok()) return r;
       }
     }
@@ -650,6 +653,7 @@ struct communicator::impl {
           for (std::uint32_t c = 0; c < nr && mb > 0; ++c)  // count 0 may come with null buffers
             std::memcpy(arena + bi.off + c * mb, static_cast<const std::byte*>(in) + c * count * eb + at, mb);
           st.staged_bytes += mb * nr;
+          nic->charge_host(host::work::copy, mb * nr);
         }
       } else if (kind == pr::coll_kind::allgather) {
         bi.blocked = 1;  // this rank's block only
@@ -658,12 +662,14 @@ struct communicator::impl {
         if (in_arena == npos && mb > 0) {
           std::memcpy(arena + bi.off, static_cast<const std::byte*>(in) + at, mb);
           st.staged_bytes += mb;
+          nic->charge_host(host::work::copy, mb);
         }
       } else {
         bi.off = in_arena != npos ? in_arena + at : staging_in();
         if (reads_in && in_arena == npos && mb > 0) {
           std::memcpy(arena + bi.off, static_cast<const std::byte*>(in) + at, mb);
           st.staged_bytes += mb;
+          nic->charge_host(host::work::copy, mb);
         }
       }
       // Output.
@@ -694,9 +700,11 @@ struct communicator::impl {
           for (std::uint32_t c = 0; c < nr; ++c)
             std::memcpy(static_cast<std::byte*>(out) + c * count * eb + at, arena + bo.off + c * mb, mb);
           st.staged_bytes += mb * nr;
+          nic->charge_host(host::work::copy, mb * nr);
         } else {
           std::memcpy(static_cast<std::byte*>(out) + at, arena + bo.off, mb);
           st.staged_bytes += mb;
+          nic->charge_host(host::work::copy, mb);
         }
       }
       done += m;

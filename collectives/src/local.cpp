@@ -95,6 +95,7 @@ public:
   std::chrono::steady_clock::time_point now() const noexcept override { return _nic.now(); }
   void sleep_for(std::chrono::nanoseconds d) override { _nic.sleep_for(d); }
   bool virtual_time() const noexcept override { return _nic.virtual_time(); }
+  void charge_host(host::work op, std::uint64_t bytes) override { _nic.charge_host(op, bytes); }
   std::size_t poll_events(rt::ec_id ec, std::span<rt::host_event> out) override { return _nic.poll_events(ec, out); }
   std::size_t wait_events(rt::ec_id ec, std::span<rt::host_event> out, std::chrono::nanoseconds timeout) override {
     return _nic.wait_events(ec, out, timeout);

@@ -44,6 +44,11 @@ public:
   virtual std::chrono::steady_clock::time_point now() const noexcept { return std::chrono::steady_clock::now(); }
   /// Waits `d` on the NIC's clock (emu::nic_control::sleep_for).
   virtual void sleep_for(std::chrono::nanoseconds d) { std::this_thread::sleep_for(d); }
+  /// The host's own work, for a NIC in virtual time (emu::nic_control::charge_host).
+  virtual void charge_host(host::work op, std::uint64_t bytes) {
+    (void)op;
+    (void)bytes;
+  }
   /// A NIC in virtual time (emu::nic_control::virtual_time): lock with lock_on_clock.
   virtual bool virtual_time() const noexcept { return false; }
   /// Largest payload of one packet the NIC's handlers can send (bytes).

@@ -32,6 +32,8 @@ const std::vector<model_key>& nic_model_keys() {
       {"pcie_latency_ns", model_key::ns, 0, 1e9, &nic_model::pcie_latency},
       {"pcie_gbps", model_key::f64, 0, 1e6, &nic_model::pcie_gbps},
       {"memory_bytes", model_key::u64, 4096, 1099511627776.0, &nic_model::memory_bytes},
+      {"host_copy_gbps", model_key::f64, 0, 1e6, &nic_model::host_copy_gbps},
+      {"host_reduce_gbps", model_key::f64, 0, 1e6, &nic_model::host_reduce_gbps},
   };
   return keys;
 }

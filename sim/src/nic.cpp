@@ -335,6 +335,12 @@ void vnic::sleep_for(std::chrono::nanoseconds d) {
   sim.wait_visible(_nd.index, static_cast<rt::ec_id>(-1), sim.now + static_cast<ps>(d.count()) * 1000);
 }
 
+void vnic::charge_host(host::work op, std::uint64_t bytes) {
+  const double gbps = op == host::work::copy ? _nd.model.host_copy_gbps : _nd.model.host_reduce_gbps;
+  const auto ns = static_cast<std::int64_t>(std::ceil(static_cast<double>(bytes) * 8.0 / gbps));
+  sleep_for(std::chrono::nanoseconds(ns));
+}
+
 result<void> vnic::send(const host::message& m, std::chrono::milliseconds) {
   cluster::impl& sim = *_nd.sim;
   auto reg = _regions.find(m.region);

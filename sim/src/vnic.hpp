@@ -25,6 +25,8 @@ public:
   /// A wait in virtual time: the simulation runs meanwhile.
   void sleep_for(std::chrono::nanoseconds d) override;
   bool virtual_time() const noexcept override { return true; }
+  /// The host model's time for the work (nic_model::host_copy_gbps, host_reduce_gbps).
+  void charge_host(host::work op, std::uint64_t bytes) override;
   result<rt::region_id> register_host_memory(std::span<std::byte> mem) override;
   result<void> unregister_host_memory(rt::region_id region) override;
   result<rt::ec_id> install(const rt::ec_config& cfg) override { return _nd.rt->install(cfg); }

@@ -49,6 +49,14 @@ public:
   /// Waits `d` on the NIC's clock: a real sleep by default; in virtual time a simulated wait, in
   /// which the simulation goes on. The threads allowed to wait on the NIC (wait_events).
   virtual void sleep_for(std::chrono::nanoseconds d) { std::this_thread::sleep_for(d); }
+  /// Tells a NIC in virtual time that the calling host program did `bytes` of `op` (a staging
+  /// copy, a fold of received data): the program's virtual clock moves by the time the host
+  /// model gives (emu::nic_model::host_copy_gbps, host_reduce_gbps). Wall-clock NICs ignore it
+  /// (the work took its real time). The threads allowed to wait on the NIC.
+  virtual void charge_host(host::work op, std::uint64_t bytes) {
+    (void)op;
+    (void)bytes;
+  }
   /// True for a NIC in virtual time (spin::sim). Its host programs run one at a time and hand
   /// over only in wait_events and sleep_for: a host program there must not block on anything
   /// else that another host program releases (a mutex held across a wait would stop the

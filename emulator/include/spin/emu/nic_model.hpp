@@ -30,10 +30,10 @@ struct nic_model {
   double hpu_ghz = 1.0;
   /// Cycles per counted instruction (spinc --count-instructions counts an RV32 estimate of each
   /// handler's instructions). Calibrated so that the standard ping-pong handler takes PsPIN's
-  /// 38 ns: it counts 39 instructions where PsPIN's has 29, so with invocation_cycles and
-  /// command_cycles (6) a counted instruction costs (38 - 6) / 39 = 0.82 cycles
+  /// 38 ns: it counts 38 instructions where PsPIN's has 29, so with invocation_cycles and
+  /// command_cycles (6) a counted instruction costs (38 - 6) / 38 = 0.84 cycles
   /// (docs/virtual-time.md, "Calibration"). (0, 100].
-  double cpi = 0.82;
+  double cpi = 0.84;
   /// Cycles an HPU spends per handler invocation outside the handler's code: reading the
   /// handler's arguments and returning to the scheduler. 0..1e6.
   std::uint32_t invocation_cycles = 4;
@@ -64,6 +64,14 @@ struct nic_model {
   /// the default is larger because a collective engine's state for many ranks needs it.
   /// 4 KiB..1 TiB (reserved, touched only where used).
   std::uint64_t memory_bytes = 64ull << 20;
+  /// The host behind the NIC: what one host thread copies (memcpy into and out of staging
+  /// buffers) per second, Gbit/s. One core of the development machine: about 94 (11.7 GB/s).
+  /// Host programs charge it through nic_control::charge_host. (0, 1e6].
+  double host_copy_gbps = 94;
+  /// The host's reduction rate (a ring's fold of received data into its own, in the
+  /// collective's element type), Gbit/s of the reduced vector. One core here: about 120 (float32
+  /// sums into a resident accumulator at 15 GB/s). (0, 1e6].
+  double host_reduce_gbps = 120;
 
   bool operator==(const nic_model&) const = default;
 };

@@ -25,6 +25,13 @@ struct message {
 /// RDMA NIC's inline send), so their buffer may be reused at once.
 inline constexpr std::size_t post_inline_bytes = 256;
 
+/// A host program's own work on data, which a NIC in virtual time charges to the program's
+/// clock (emu::nic_control::charge_host).
+enum class work : std::uint8_t {
+  copy,    ///< bytes copied (into or out of staging buffers)
+  reduce,  ///< bytes of a vector reduced into another (a ring's fold)
+};
+
 /// The spin header of one packet of host message `m` as the NIC of rank `source_rank` sends
 /// it: packet `seq`, `len` payload bytes at byte `offset` of the message; a `control` packet
 /// carries a management datagram (emu::nic_control::send_mgmt). Every NIC model (spin-emu's,
