@@ -242,6 +242,23 @@ def main():
                                     "--no-plot", "--out", cd], 120)
                 check(rc == 2 and why in err, "--mpirun %r: status %d, stderr %r" % (launcher, rc, err[-300:]))
 
+        # ---- vt: virtual time ----
+        rc, out, err = run([exe, "vt", "pspin"], 300)
+        print(out[-2500:])
+        check(rc == 0 and "VIRTUAL TIME" in out and out.count(" yes") >= 6,
+              "vt pspin: status %d, every figure within 2x of PsPIN's (stderr %r)" % (rc, err[-300:]))
+        rc2, out2, err2 = run([exe, "vt", "pspin"], 300)
+        check(out2 == out, "vt pspin prints the same figures twice")
+        vd = os.path.join(d, "vt")
+        rc, out, err = run([exe, "vt", "allreduce", "-n", "4", "--size", "65536", "--iters", "1", "--out", vd], 300)
+        print(out[-2000:])
+        check(rc == 0, "vt allreduce: status %d (stderr %r)" % (rc, err[-300:]))
+        rows = [l.split(",") for l in open(os.path.join(vd, "vt_allreduce.csv")).read().splitlines()[1:]]
+        check(sorted(r[1] for r in rows) == ["edge_ring", "host_ring", "switch"] and all(r[6] == "0" and float(r[3]) > 0 for r in rows),
+              "vt_allreduce.csv: three exact rows with a time: %s" % rows)
+        rc, out, err = run([exe, "vt", "pspin", "--topology", os.path.join(d, "no-such.toml")], 60)
+        check(rc == 2 and "no-such.toml" in err, "vt with a missing topology file: status %d (stderr %r)" % (rc, err[-300:]))
+
         # ---- runtime_dispatch and handler_call ----
         def load_after(path):
             try:
