@@ -371,7 +371,7 @@ result<topology> parse_topology(std::string_view toml_text, std::string_view sou
 
   topology t;
   if (auto r = rd.read_nic_model(root, "nic", t.nic); !r) return r.err();
-  t.switch_nic = t.nic;
+  t.switch_nic = switch_nic_of(t.nic);
   if (auto r = rd.read_nic_model(root, "switch_nic", t.switch_nic); !r) return r.err();
   if (const toml::node* n = root.get("switch_model")) {
     if (!n->is_table()) return rd.err_at(*n, "[switch_model] must be a table, got " + std::string(type_name(n->type())));

@@ -340,6 +340,7 @@ TEST_CASE("bad model parameters are refused, naming the key") {
   REQUIRE_MESSAGE(good.ok(), good.err().message);
   CHECK(good.value().nic.cpi == 1.5);
   CHECK(good.value().switch_nic.clusters == 2);  // [switch_nic] takes [nic]'s values
+  CHECK(good.value().switch_nic.memory_bytes == emu::switch_memory_bytes);  // but at least 1 GiB of memory
   auto again = emu::parse_topology(emu::to_toml(good.value()), "again.toml");
   REQUIRE(again.ok());
   CHECK(again.value() == good.value());

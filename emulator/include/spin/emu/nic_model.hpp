@@ -76,6 +76,25 @@ struct nic_model {
   bool operator==(const nic_model&) const = default;
 };
 
+/// Bytes of NIC memory a switch's handler unit has unless [switch_nic] says otherwise: 1 GiB (a
+/// switch aggregating for many members keeps every member's contribution per slot: 256 members
+/// x 64 slots x 2 shadow copies x 4 KiB take 128 MiB).
+inline constexpr std::uint64_t switch_memory_bytes = 1ull << 30;
+
+/// Bytes of packet buffer a switch's handler unit has unless [switch_nic] says otherwise: 64 MiB,
+/// a data-centre switch's shared buffer (Tofino 2: 64 MB). With PsPIN's 4 MiB, 64 members
+/// sending 32 packets of 4 KiB each (8 MiB) overflow it.
+inline constexpr std::uint64_t switch_packet_buffer_bytes = 64ull << 20;
+
+/// The switches' model when [switch_nic] gives none of its keys: the hosts' `nic`, with at least
+/// switch_memory_bytes of memory and switch_packet_buffer_bytes of packet buffer.
+inline nic_model switch_nic_of(const nic_model& nic) {
+  nic_model m = nic;
+  if (m.memory_bytes < switch_memory_bytes) m.memory_bytes = switch_memory_bytes;
+  if (m.packet_buffer_bytes < switch_packet_buffer_bytes) m.packet_buffer_bytes = switch_packet_buffer_bytes;
+  return m;
+}
+
 /// What a switch adds to a frame it forwards (its handler traffic runs on `topology::switch_nic`).
 struct switch_model {
   /// From a frame's last byte at an input port to its first byte eligible at the output port

@@ -37,7 +37,7 @@
 //                         #   packet_buffer_bytes, tx_latency_ns, pcie_latency_ns, pcie_gbps,
 //                         #   memory_bytes)
 //   [switch_nic]          # optional: the switches' handler units, the same keys; a key not given
-//                         #   takes [nic]'s value
+//                         #   takes [nic]'s value (memory_bytes: at least 1 GiB)
 //   [switch_model]        # optional: latency_ns = 300, a switch's forwarding latency
 //
 // Node order: all hosts in file order, then all switches in file order. Ports: each node numbers
@@ -97,7 +97,10 @@ struct topology {
   std::vector<node> nodes;
   std::vector<link_spec> links;
   nic_model nic;         ///< [nic]: every host's NIC in virtual time
-  nic_model switch_nic;  ///< [switch_nic]: every switch's handler unit in virtual time
+  /// [switch_nic]: every switch's handler unit in virtual time; a key the file does not give takes
+  /// [nic]'s value, except memory_bytes and packet_buffer_bytes, at least switch_memory_bytes and
+  /// switch_packet_buffer_bytes (switch_nic_of).
+  nic_model switch_nic = switch_nic_of(nic_model{});
   switch_model switch_params;  ///< [switch_model]: what a switch adds to a frame it forwards
 
   /// Index of the node called `name`, or nullopt.
