@@ -7,17 +7,18 @@
 // would count one instruction where the HPU executes several. The IR is clang's optimised IR
 // without vectorisation (the HPU has no SIMD), so the count is of the code the optimiser left.
 // What each IR instruction costs is `ir_cost` below, an RV32IMF estimate: the calibrated
-// cycles-per-instruction of the NIC model (sim::nic_model::cpi) absorbs the rest.
+// cycles-per-instruction of the NIC model (emu::nic_model::cpi) absorbs the rest.
 //
 // Bulk copies: a call of llvm.memcpy / memmove / memset (what __builtin_memcpy and struct
 // copies become) is charged as an RV32 word loop, 2 instructions per 4 bytes (1 to set), and
 // spinc's own memcpy, memmove and memset are not instrumented, so they are not charged twice.
 //
 // How: each basic block adds its cost to a per-function accumulator (an alloca that mem2reg
-// turns into registers), which goes to the global before every call that is not an intrinsic
-// and before every return. So the counter is exact at every spin API call (the runtime reads
-// it there to time the call) and when a handler returns, and a loop pays one register add per
-// iteration, not a memory update.
+// turns into registers), in segments that end at each call, and the accumulator goes to the
+// global before every call that is not an intrinsic and before every return. So the counter is
+// exact at every spin API call (the runtime reads it there to time the call: the instructions
+// before the call, the call included) and when a handler returns, and a loop pays one register
+// add per iteration, not a memory update.
 #include "icount.hpp"
 
 #include <llvm/Bitcode/BitcodeReader.h>
@@ -59,6 +60,22 @@ std::uint64_t words(llvm::Type* t) {
   return lanes(t) * (b > 32 ? (b + 31) / 32 : 1);
 }
 
+// A bulk copy or clear: llvm.memcpy / memmove / memset, or a call of spinc's memcpy, memmove or
+// memset (which are not instrumented themselves).
+bool is_bulk(const llvm::CallBase& c) {
+  if (const auto* ii = llvm::dyn_cast<llvm::IntrinsicInst>(&c)) {
+    const auto id = ii->getIntrinsicID();
+    return id == llvm::Intrinsic::memcpy || id == llvm::Intrinsic::memmove || id == llvm::Intrinsic::memset;
+  }
+  const llvm::Function* f = c.getCalledFunction();
+  return f != nullptr && c.arg_size() == 3 && (f->getName() == "memcpy" || f->getName() == "memmove" || f->getName() == "memset");
+}
+
+bool is_set(const llvm::CallBase& c) {
+  if (const auto* ii = llvm::dyn_cast<llvm::IntrinsicInst>(&c)) return ii->getIntrinsicID() == llvm::Intrinsic::memset;
+  return c.getCalledFunction()->getName() == "memset";
+}
+
 // Instructions an RV32IMF core executes for `i`, estimated; variable-length memory intrinsics
 // are counted at run time (instrument()).
 std::uint64_t ir_cost(const llvm::Instruction& i) {
@@ -83,7 +100,8 @@ std::uint64_t ir_cost(const llvm::Instruction& i) {
     case llvm::Intrinsic::experimental_noalias_scope_decl:
       return 0;
     default:
-      return words(i.getType()->isVoidTy() ? ii->getArgOperand(0)->getType() : i.getType());
+      if (!i.getType()->isVoidTy()) return words(i.getType());
+      return ii->arg_size() > 0 ? words(ii->getArgOperand(0)->getType()) : 1;
     }
   }
   switch (i.getOpcode()) {
@@ -117,8 +135,16 @@ std::uint64_t ir_cost(const llvm::Instruction& i) {
   case Instruction::ICmp:
   case Instruction::FCmp:
     return words(i.getOperand(0)->getType());
-  case Instruction::Call:
-    return 1 + llvm::cast<llvm::CallBase>(i).arg_size() / 2;  // the jump, about half the arguments moved
+  case Instruction::Call: {
+    const auto& c = llvm::cast<llvm::CallBase>(i);
+    if (is_bulk(c)) {  // spinc's memcpy/memmove/memset: a word loop (counted at run time when n varies)
+      const auto* n = llvm::dyn_cast<llvm::ConstantInt>(c.getArgOperand(2));
+      if (n == nullptr) return 1;
+      const std::uint64_t w = (n->getZExtValue() + 3) / 4;
+      return is_set(c) ? w : 2 * w;
+    }
+    return 1 + c.arg_size() / 2;  // the jump, about half the arguments moved
+  }
   case Instruction::Ret:
   case Instruction::Br:
     return 1;
@@ -127,12 +153,10 @@ std::uint64_t ir_cost(const llvm::Instruction& i) {
   }
 }
 
+// Bulk operations whose length is known only at run time: counted there.
 bool counts_at_run_time(const llvm::Instruction& i) {
-  const auto* ii = llvm::dyn_cast<llvm::IntrinsicInst>(&i);
-  if (ii == nullptr) return false;
-  const auto id = ii->getIntrinsicID();
-  return (id == llvm::Intrinsic::memcpy || id == llvm::Intrinsic::memmove || id == llvm::Intrinsic::memset) &&
-         !llvm::isa<llvm::ConstantInt>(ii->getArgOperand(2));
+  const auto* c = llvm::dyn_cast<llvm::CallBase>(&i);
+  return c != nullptr && is_bulk(*c) && !llvm::isa<llvm::ConstantInt>(c->getArgOperand(2));
 }
 
 // A call the counter must be exact at: anything but an intrinsic (the spin API is an indirect call).
@@ -148,35 +172,48 @@ void instrument(llvm::Function& f, llvm::GlobalVariable* counter) {
   llvm::AllocaInst* acc = b.CreateAlloca(i64, nullptr, "spin.icount");
   llvm::StoreInst* zero = b.CreateStore(llvm::ConstantInt::get(i64, 0), acc);
 
+  // Each block adds its cost in segments: the instructions up to and including a call (or the
+  // return) are added right before it, so the counter is exact at every call; the rest before
+  // the block's terminator.
   std::vector<llvm::BasicBlock*> blocks;
   for (llvm::BasicBlock& bb : f) blocks.push_back(&bb);
+  auto add = [&](llvm::Instruction* before, llvm::Value* v) {
+    llvm::IRBuilder<> r(before);
+    r.CreateStore(r.CreateAdd(r.CreateLoad(i64, acc), v), acc);
+  };
+  auto flush = [&](llvm::Instruction* before) {
+    llvm::IRBuilder<> r(before);
+    llvm::Value* pending = r.CreateLoad(i64, acc);
+    r.CreateStore(r.CreateAdd(r.CreateLoad(i64, counter), pending), counter);
+    r.CreateStore(llvm::ConstantInt::get(i64, 0), acc);
+  };
   for (llvm::BasicBlock* bb : blocks) {
-    std::uint64_t cost = 0;
-    std::vector<llvm::Instruction*> flush_at, run_time;
-    for (llvm::Instruction& i : *bb) {
-      if (&i == acc || &i == zero) continue;
-      cost += ir_cost(i);
-      if (flushes_before(i) || llvm::isa<llvm::ReturnInst>(i)) flush_at.push_back(&i);
-      if (counts_at_run_time(i)) run_time.push_back(&i);
+    std::vector<llvm::Instruction*> insts;
+    for (llvm::Instruction& i : *bb)
+      if (&i != acc && &i != zero && !llvm::isa<llvm::PHINode>(i)) insts.push_back(&i);
+    std::uint64_t seg = 0;
+    for (llvm::Instruction* i : insts) {
+      seg += ir_cost(*i);
+      if (counts_at_run_time(*i)) {
+        // A copy of n bytes: a word loop of (n + 3) / 4 iterations, 2 instructions each (1 to set).
+        llvm::IRBuilder<> r(i);
+        const auto* c = llvm::cast<llvm::CallBase>(i);
+        llvm::Value* n = r.CreateZExtOrTrunc(c->getArgOperand(2), i64);
+        llvm::Value* w = r.CreateLShr(r.CreateAdd(n, llvm::ConstantInt::get(i64, 3)), 2);
+        if (!is_set(*c)) w = r.CreateShl(w, 1);
+        add(i, w);
+      }
+      const bool ret = llvm::isa<llvm::ReturnInst>(i);
+      // After a musttail call only its return may follow: that call was flushed already.
+      const bool after_musttail = ret && i->getPrevNode() != nullptr && llvm::isa<llvm::CallInst>(i->getPrevNode()) &&
+                                  llvm::cast<llvm::CallInst>(i->getPrevNode())->isMustTailCall();
+      if ((flushes_before(*i) || ret) && !after_musttail) {
+        if (seg != 0) add(i, llvm::ConstantInt::get(i64, seg));
+        seg = 0;
+        flush(i);
+      }
     }
-    llvm::IRBuilder<> at(&*bb->getFirstInsertionPt());
-    if (bb == &f.getEntryBlock()) at.SetInsertPoint(zero->getNextNode());
-    if (cost != 0) at.CreateStore(at.CreateAdd(at.CreateLoad(i64, acc), llvm::ConstantInt::get(i64, cost)), acc);
-    for (llvm::Instruction* i : run_time) {
-      // A copy of n bytes: a word loop of (n + 3) / 4 iterations, 2 instructions each (1 to set).
-      llvm::IRBuilder<> r(i);
-      const auto* ii = llvm::cast<llvm::IntrinsicInst>(i);
-      llvm::Value* n = r.CreateZExtOrTrunc(ii->getArgOperand(2), i64);
-      llvm::Value* w = r.CreateLShr(r.CreateAdd(n, llvm::ConstantInt::get(i64, 3)), 2);
-      if (ii->getIntrinsicID() != llvm::Intrinsic::memset) w = r.CreateShl(w, 1);
-      r.CreateStore(r.CreateAdd(r.CreateLoad(i64, acc), w), acc);
-    }
-    for (llvm::Instruction* i : flush_at) {
-      llvm::IRBuilder<> r(i);
-      llvm::Value* pending = r.CreateLoad(i64, acc);
-      r.CreateStore(r.CreateAdd(r.CreateLoad(i64, counter), pending), counter);
-      r.CreateStore(llvm::ConstantInt::get(i64, 0), acc);
-    }
+    if (seg != 0) add(bb->getTerminator(), llvm::ConstantInt::get(i64, seg));
   }
   llvm::DominatorTree dt(f);
   llvm::PromoteMemToReg({acc}, dt);

@@ -21,19 +21,19 @@ const std::vector<model_key>& nic_model_keys() {
   static const std::vector<model_key> keys = {
       {"clusters", model_key::u32, 1, 64, &nic_model::clusters},
       {"hpus_per_cluster", model_key::u32, 1, 64, &nic_model::hpus_per_cluster},
-      {"hpu_ghz", model_key::f64, 0, 100, &nic_model::hpu_ghz},
-      {"cpi", model_key::f64, 0, 100, &nic_model::cpi},
+      {"hpu_ghz", model_key::f64, 0.001, 100, &nic_model::hpu_ghz},
+      {"cpi", model_key::f64, 0.01, 100, &nic_model::cpi},
       {"invocation_cycles", model_key::u32, 0, 1e6, &nic_model::invocation_cycles},
       {"command_cycles", model_key::u32, 0, 1e6, &nic_model::command_cycles},
       {"scheduler_latency_ns", model_key::ns, 0, 1e9, &nic_model::scheduler_latency},
-      {"l1_copy_gbps", model_key::f64, 0, 1e6, &nic_model::l1_copy_gbps},
+      {"l1_copy_gbps", model_key::f64, 0.001, 1e6, &nic_model::l1_copy_gbps},
       {"packet_buffer_bytes", model_key::u64, 1024, 1099511627776.0, &nic_model::packet_buffer_bytes},
       {"tx_latency_ns", model_key::ns, 0, 1e9, &nic_model::tx_latency},
       {"pcie_latency_ns", model_key::ns, 0, 1e9, &nic_model::pcie_latency},
-      {"pcie_gbps", model_key::f64, 0, 1e6, &nic_model::pcie_gbps},
+      {"pcie_gbps", model_key::f64, 0.001, 1e6, &nic_model::pcie_gbps},
       {"memory_bytes", model_key::u64, 4096, 1099511627776.0, &nic_model::memory_bytes},
-      {"host_copy_gbps", model_key::f64, 0, 1e6, &nic_model::host_copy_gbps},
-      {"host_reduce_gbps", model_key::f64, 0, 1e6, &nic_model::host_reduce_gbps},
+      {"host_copy_gbps", model_key::f64, 0.001, 1e6, &nic_model::host_copy_gbps},
+      {"host_reduce_gbps", model_key::f64, 0.001, 1e6, &nic_model::host_reduce_gbps},
   };
   return keys;
 }

@@ -644,6 +644,28 @@ topology star(std::uint32_t n_hosts, const link_model& model) {
   return t;
 }
 
+topology fat_tree(std::uint32_t leaves, std::uint32_t hosts_per_leaf, std::uint32_t spines, const link_model& model) {
+  topology t;
+  const std::uint32_t n_hosts = leaves * hosts_per_leaf;
+  add_hosts(t, n_hosts);
+  for (std::uint32_t l = 0; l < leaves; ++l) {
+    node s;
+    s.kind = node_kind::switch_;
+    s.name = "l" + std::to_string(l);
+    t.nodes.push_back(std::move(s));
+  }
+  for (std::uint32_t p = 0; p < spines; ++p) {
+    node s;
+    s.kind = node_kind::switch_;
+    s.name = "s" + std::to_string(p);
+    t.nodes.push_back(std::move(s));
+  }
+  for (std::uint32_t i = 0; i < n_hosts; ++i) add_link(t, i, n_hosts + i / hosts_per_leaf, model);
+  for (std::uint32_t l = 0; l < leaves; ++l)
+    for (std::uint32_t p = 0; p < spines; ++p) add_link(t, n_hosts + l, n_hosts + leaves + p, model);
+  return t;
+}
+
 topology ring(std::uint32_t n_hosts, const link_model& model) {
   topology t;
   add_hosts(t, n_hosts);

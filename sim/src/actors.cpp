@@ -80,26 +80,30 @@ void cluster::impl::actor_timeout(std::uint32_t ai, std::uint64_t token) {
   make_runnable(w);
 }
 
-void cluster::impl::wait_visible(std::uint32_t n, rt::ec_id ec, ps deadline) {
+bool cluster::impl::wait_visible(std::uint32_t n, rt::ec_id ec, ps deadline) {
   impl_node& nd = *nodes[n];
   auto visible = [&] {
     auto it = nd.visible.find(ec);
     return it != nd.visible.end() && it->second > 0;
   };
+  if (cancelling) return false;
   if (self == nullptr || self_sim != this) {
-    // The one thread driving the simulation (no actor runs): run events until an event is
-    // visible or the deadline; with nothing left to run, time jumps to the deadline.
-    if (running) return;  // another thread runs the simulation: this one may not wait (nic_control doc)
+    // A thread that is not an actor, while run() does not run: it drives the simulation itself,
+    // running events until an event is visible or the deadline; with nothing left to run, time
+    // jumps to the deadline (not to the end of time: an endless wait on an idle cluster returns).
+    if (running) return false;  // another thread runs the simulation: this one may not wait (nic_control doc)
     while (!visible() && now < deadline) {
+      drop_stale();
       if (heap.empty() || heap.front().t > deadline) {
+        if (deadline == UINT64_MAX) return false;
         now = std::max(now, deadline);
         break;
       }
       step();
     }
-    return;
+    return true;
   }
-  if (visible()) return;
+  if (visible()) return true;
   actor& me = *self;
   me.wait_node = n;
   me.wait_ec = ec;
@@ -111,6 +115,7 @@ void cluster::impl::wait_visible(std::uint32_t n, rt::ec_id ec, ps deadline) {
   if (deadline != UINT64_MAX) schedule(deadline, ev::actor_timeout, idx, me.token);
   back.release();  // the simulation goes on
   me.go.acquire();  // until it resumes this actor
+  return !cancelling;
 }
 
 result<void> cluster::run(picoseconds limit) {
@@ -131,6 +136,7 @@ result<void> cluster::run(picoseconds limit) {
       s.resume(*a);
       continue;
     }
+    s.drop_stale();
     if (s.heap.empty()) {
       if (s.alive == 0) break;
       std::string names;
@@ -140,7 +146,7 @@ result<void> cluster::run(picoseconds limit) {
     }
     if (s.heap.front().t > limit.count())
       return finish(fail(errc::timeout, "virtual time: the limit of " + std::to_string(limit.count()) + " ps was reached"));
-    if (!s.step()) continue;  // only stale timeouts were left
+    s.step();
   }
   return finish({});
 }

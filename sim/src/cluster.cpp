@@ -12,23 +12,36 @@ namespace spin::sim {
 // ---- events ------------------------------------------------------------------------------
 
 void cluster::impl::schedule(ps t, ev k, std::uint32_t a, std::uint64_t b, frame* p) {
-  if (k != ev::sample && k != ev::actor_timeout) ++live_events;
+  if (k != ev::sample && k != ev::actor_timeout) {
+    ++live_events;
+    // Sampling stopped while nothing moved (every actor in a long wait): it resumes with the work.
+    if (!sample_armed && opts.sample_interval.count() > 0) {
+      const ps iv = opts.sample_interval.count();
+      sample_armed = true;
+      heap.push_back(event{(now / iv + 1) * iv, next_seq++, ev::sample, 0, 0, nullptr});
+      std::push_heap(heap.begin(), heap.end(), event_later{});
+    }
+  }
   heap.push_back(event{std::max(t, now), next_seq++, k, a, b, p});
   std::push_heap(heap.begin(), heap.end(), event_later{});
 }
 
-bool cluster::impl::step() {
-  event e{};
-  for (;;) {
-    if (heap.empty()) return false;
+void cluster::impl::drop_stale() {
+  // A timeout of an actor that woke or ended meanwhile: gone without moving the clock.
+  while (!heap.empty() && heap.front().kind == ev::actor_timeout) {
+    const actor& w = *actors[heap.front().a];
+    if (heap.front().b == w.token && !w.done && !w.runnable) return;
     std::pop_heap(heap.begin(), heap.end(), event_later{});
-    e = heap.back();
     heap.pop_back();
-    // A timeout of an actor that woke or ended meanwhile: gone without moving the clock.
-    if (e.kind != ev::actor_timeout) break;
-    const actor& w = *actors[e.a];
-    if (e.b == w.token && !w.done && !w.runnable) break;
   }
+}
+
+bool cluster::impl::step() {
+  drop_stale();
+  if (heap.empty()) return false;
+  std::pop_heap(heap.begin(), heap.end(), event_later{});
+  const event e = heap.back();
+  heap.pop_back();
   now = e.t;
   ++events_run;
   if (e.kind != ev::sample && e.kind != ev::actor_timeout) --live_events;
@@ -48,7 +61,8 @@ void cluster::impl::run_event(const event& e) {
   case ev::sample:
     take_sample();
     // Only while the network or a NIC has work: samples alone do not keep the simulation going.
-    if (live_events > 0) schedule(now + opts.sample_interval.count(), ev::sample, 0);
+    sample_armed = live_events > 0;
+    if (sample_armed) schedule(now + opts.sample_interval.count(), ev::sample, 0);
     break;
   }
 }
@@ -112,22 +126,28 @@ bool cluster::impl::route(std::uint32_t n, frame* f, drop& why, bool may_drop) {
   p.queue.push_back(f);
   std::push_heap(p.queue.begin(), p.queue.end(), queue_later);
   p.depth_max = std::max<std::uint32_t>(p.depth_max, static_cast<std::uint32_t>(p.queue.size()));
-  if (!p.kick_pending) {
-    p.kick_pending = true;
-    schedule(std::max({now, p.busy_until, f->ready}), ev::port_kick, static_cast<std::uint32_t>(&p - ports.data()));
+  // A frame eligible before the kick already scheduled (a handler's send may be stamped far
+  // ahead of now) gets a kick of its own; a kick that finds nothing to do is harmless.
+  const ps t = std::max({now, p.busy_until, f->ready});
+  if (t < p.kick_at) {
+    p.kick_at = t;
+    schedule(t, ev::port_kick, static_cast<std::uint32_t>(&p - ports.data()));
   }
   return true;
 }
 
 void cluster::impl::port_kick(std::uint32_t pi) {
   port& p = ports[pi];
-  p.kick_pending = false;
+  if (now >= p.kick_at) p.kick_at = UINT64_MAX;
   if (p.queue.empty()) return;
   const ps start = std::max(now, p.busy_until);
   frame* f = p.queue.front();
   if (f->ready > start || start > now) {
-    p.kick_pending = true;
-    schedule(std::max(f->ready, start), ev::port_kick, pi);
+    const ps t = std::max(f->ready, start);
+    if (t < p.kick_at) {
+      p.kick_at = t;
+      schedule(t, ev::port_kick, pi);
+    }
     return;
   }
   p.depth_area += static_cast<long double>(p.queue.size()) * static_cast<long double>(now - p.depth_since);
@@ -163,8 +183,11 @@ void cluster::impl::port_kick(std::uint32_t pi) {
     schedule(at, ev::arrive, p.peer, 0, f);
   }
   if (!p.queue.empty()) {
-    p.kick_pending = true;
-    schedule(std::max(p.busy_until, p.queue.front()->ready), ev::port_kick, pi);
+    const ps t = std::max(p.busy_until, p.queue.front()->ready);
+    if (t < p.kick_at) {
+      p.kick_at = t;
+      schedule(t, ev::port_kick, pi);
+    }
   }
 }
 
@@ -209,16 +232,18 @@ void cluster::impl::take_sample() {
 cluster::cluster(std::unique_ptr<impl> p) : _p(std::move(p)) {}
 
 cluster::~cluster() {
-  // Actors that never ran (run() was not called) are started and stopped here: each still
-  // blocks on its semaphore.
-  for (auto& a : _p->actors)
-    if (a->th.joinable()) {
-      if (!a->started) {
-        a->body = nullptr;
-        a->go.release();
-      }
-      a->th.join();
+  // Actors still waiting (run() failed or was never called) end here: every wait returns at once
+  // and every deadline has passed, so each runs to its end; one that never started skips its
+  // body. One at a time, as always.
+  _p->cancelling = true;
+  for (auto& a : _p->actors) {
+    if (!a->done) {
+      if (!a->started) a->body = nullptr;
+      a->runnable = false;
+      _p->resume(*a);
     }
+    if (a->th.joinable()) a->th.join();
+  }
   // Runtimes first (they release their frames through the nodes), then the rest.
   for (auto& nd : _p->nodes) nd->rt.reset();
 }
@@ -281,7 +306,10 @@ result<std::unique_ptr<cluster>> cluster::create(const emu::topology& t, const o
     if (p->nodes[i]->is_switch) p->switch_routes[p->nodes[i]->rank] = emu::ports_towards(t, i);
   for (auto& nd : p->nodes)
     if (auto r = make_node_runtime(*p, *nd); !r) return r.err();
-  if (o.sample_interval.count() > 0) p->schedule(0, ev::sample, 0);
+  if (o.sample_interval.count() > 0) {
+    p->sample_armed = true;
+    p->schedule(0, ev::sample, 0);
+  }
   return std::unique_ptr<cluster>(new cluster(std::move(p)));
 }
 

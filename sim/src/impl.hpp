@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <semaphore>
@@ -73,7 +74,7 @@ struct port {
   emu::prng rng{1};
   std::vector<frame*> queue;           // min-heap by (ready, seq)
   ps busy_until = 0;
-  bool kick_pending = false;
+  ps kick_at = UINT64_MAX;             // the earliest kick scheduled (a later one may be pending too)
   // statistics
   std::uint64_t packets = 0, bytes = 0, dropped_queue_full = 0, dropped_loss = 0;
   std::uint32_t depth_max = 0;
@@ -149,8 +150,10 @@ public:
   ps now = 0;
   std::uint64_t events_run = 0;
   std::uint64_t live_events = 0;  // pending events other than samples and actor timeouts
+  bool sample_armed = false;      // a sample event is pending
   void schedule(ps t, ev k, std::uint32_t a, std::uint64_t b = 0, frame* p = nullptr);
   bool step();  // runs the earliest event; false when none
+  void drop_stale();  // pops stale actor timeouts off the front of the heap
   void run_event(const event& e);
 
   // ---- frames ----
@@ -185,13 +188,16 @@ public:
   std::binary_semaphore back{0};     // an actor hands the simulation thread back
   std::size_t alive = 0;
   bool running = false;              // run() is active
+  bool cancelling = false;           // the cluster is going away: waits return at once, deadlines have passed
   std::uint64_t switches = 0;
   void resume(actor& a);
   void make_runnable(actor& a);
   void host_visible(std::uint32_t n, rt::ec_id ec);
   void actor_timeout(std::uint32_t a, std::uint64_t token);
   /// Waits (in virtual time) until node n's EC ec has a visible event or `deadline` passes.
-  void wait_visible(std::uint32_t n, rt::ec_id ec, ps deadline);
+  /// False when the caller cannot wait: a thread that is not an actor while run() runs, the
+  /// cluster is being destroyed, or nothing is left that could end a wait without deadline.
+  bool wait_visible(std::uint32_t n, rt::ec_id ec, ps deadline);
 
   // ---- samples ----
   std::vector<sample> samples;
@@ -216,7 +222,7 @@ public:
   emu::group_registry groups;
   std::vector<cluster_state> clusters;
   std::uint64_t pb_used = 0;
-  ps dma_free = 0;
+  std::map<ps, ps> dma_busy;  // the DMA engine's reserved intervals, [start, end), by start
   std::unordered_map<std::uint64_t, message_times> messages;
   std::unordered_map<rt::ec_id, std::uint64_t> visible;  // events the host may read, per EC
   std::vector<actor*> waiters;

@@ -177,9 +177,23 @@ result<void> make_node_runtime(cluster::impl& sim, impl_node& nd) {
 // ---- the NIC model -------------------------------------------------------------------------
 
 ps cluster::impl::dma(impl_node& nd, ps t, std::uint64_t bytes, bool to_host) {
-  const ps start = std::max(t, nd.dma_free);
+  // Handlers reserve the engine at their own modelled times, which are not the order they run
+  // in here: a transfer takes the first free interval at or after `t` (first come, first served
+  // in virtual time), not the end of the last reservation.
   const ps xfer = static_cast<ps>(std::ceil(static_cast<double>(bytes) * 8000.0 / nd.model.pcie_gbps));
-  nd.dma_free = start + xfer;
+  auto& busy = nd.dma_busy;
+  while (!busy.empty() && busy.begin()->second <= now) busy.erase(busy.begin());
+  ps start = t;
+  auto it = busy.upper_bound(start);
+  if (it != busy.begin()) {
+    auto prev = std::prev(it);
+    if (prev->second > start) start = prev->second;
+  }
+  while (it != busy.end() && it->first < start + xfer) {
+    start = std::max(start, it->second);
+    ++it;
+  }
+  if (xfer > 0) busy.emplace(start, start + xfer);
   nd.st.dma_busy += picoseconds(xfer);
   nd.st.dma_bytes += bytes;
   // A write is posted: it lands one way later; a read is a request and a completion.
@@ -319,20 +333,32 @@ std::size_t vnic::poll_events(rt::ec_id ec, std::span<rt::host_event> out) noexc
   return got;
 }
 
+namespace {
+// now + d, saturated (a wait of nanoseconds::max() is a wait without deadline).
+ps deadline_after(ps now, std::chrono::nanoseconds d) {
+  const auto t = static_cast<std::uint64_t>(std::max<std::int64_t>(0, d.count()));
+  return t > (UINT64_MAX - now) / 1000 ? UINT64_MAX : now + t * 1000;
+}
+} // namespace
+
 std::size_t vnic::wait_events(rt::ec_id ec, std::span<rt::host_event> out, std::chrono::nanoseconds timeout) noexcept {
   if (const std::size_t n = poll_events(ec, out); n > 0 || timeout.count() <= 0) return n;
   cluster::impl& sim = *_nd.sim;
-  const auto t = static_cast<std::uint64_t>(timeout.count());
-  const ps deadline = t > (UINT64_MAX - sim.now) / 1000 ? UINT64_MAX : sim.now + t * 1000;
-  sim.wait_visible(_nd.index, ec, deadline);
-  return poll_events(ec, out);
+  const ps deadline = deadline_after(sim.now, timeout);
+  // Another waiter of the same EC may take the event that woke this one: wait on until the
+  // deadline, as a real wait would.
+  for (;;) {
+    const bool waited = sim.wait_visible(_nd.index, ec, deadline);
+    if (const std::size_t n = poll_events(ec, out); n > 0) return n;
+    if (!waited || sim.now >= deadline) return 0;
+  }
 }
 
 void vnic::sleep_for(std::chrono::nanoseconds d) {
   if (d.count() <= 0) return;
   cluster::impl& sim = *_nd.sim;
   // An EC id no runtime hands out: only the deadline ends this wait.
-  sim.wait_visible(_nd.index, static_cast<rt::ec_id>(-1), sim.now + static_cast<ps>(d.count()) * 1000);
+  sim.wait_visible(_nd.index, static_cast<rt::ec_id>(-1), deadline_after(sim.now, d));
 }
 
 void vnic::charge_host(host::work op, std::uint64_t bytes) {

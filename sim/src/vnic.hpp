@@ -19,7 +19,10 @@ public:
   std::uint32_t rank() const noexcept override { return _nd.rank; }
   const std::string& name() const noexcept override { return _nd.name; }
   std::uint32_t max_payload_bytes() const noexcept override { return _nd.sim->opts.payload_bytes; }
+  /// Virtual time; while the cluster is destroyed with actors left, the end of time (every
+  /// deadline has passed, so they end).
   std::chrono::steady_clock::time_point now() const noexcept override {
+    if (_nd.sim->cancelling) return std::chrono::steady_clock::time_point::max();
     return std::chrono::steady_clock::time_point(std::chrono::nanoseconds(_nd.sim->now / 1000));
   }
   /// A wait in virtual time: the simulation runs meanwhile.

@@ -8,6 +8,7 @@
 #include <spin/rt/loader.hpp>
 #include <spin/sim/cluster.hpp>
 
+#include <array>
 #include <csignal>
 #include <cstring>
 #include <random>
@@ -27,6 +28,7 @@ struct vt_result {
   std::vector<std::vector<float>> out;
   std::vector<std::string> errors;
   std::string stats_json;
+  sim::cluster_stats st;
   std::uint64_t elapsed_ns = 0;
 };
 
@@ -72,7 +74,8 @@ vt_result allreduce_vt(const emu::topology& t, std::size_t count, coll::algorith
     });
   auto run = cl.run();
   REQUIRE_MESSAGE(run.ok(), run.err().message);
-  res.stats_json = sim::to_json(cl.stats());
+  res.st = cl.stats();
+  res.stats_json = sim::to_json(res.st);
   return res;
 }
 
@@ -213,6 +216,25 @@ TEST_CASE("virtual-time results equal the wall-clock cluster's bit for bit") {
   }
 }
 
+TEST_CASE("a two-level fat tree runs the switch allreduce through its spine, with the edge ring's bits") {
+  const emu::topology t = emu::fat_tree(4, 4, 2, fast_link());
+  REQUIRE(emu::validate(t).ok());
+  CHECK(t.host_count() == 16);
+  const vt_result sw = allreduce_vt(t, 30000, coll::algorithm::switch_agg);
+  const vt_result ring = allreduce_vt(t, 30000, coll::algorithm::edge_ring);
+  for (const auto& e : sw.errors) REQUIRE_MESSAGE(e.empty(), e);
+  for (const auto& e : ring.errors) REQUIRE_MESSAGE(e.empty(), e);
+  for (std::uint32_t r = 0; r < 16; ++r) {
+    CHECK(sw.out[r] == ring.out[0]);
+    CHECK(ring.out[r] == ring.out[0]);
+  }
+  // The contributions crossed a leaf and reached a spine's handlers (the aggregating root).
+  bool spine = false;
+  for (const auto& n : sw.st.nodes) spine = spine || (n.is_switch && n.name[0] == 's' && n.handled > 0);
+  CHECK(spine);
+  CHECK(sw.elapsed_ns > 0);
+}
+
 TEST_CASE("an HPU-bound NIC runs the handler formula's rate, a line-bound one the line rate") {
   // One HPU at 1 GHz: the ping-pong handler's modelled time (invocation + 39 x cpi + command
   // cycles) sets the rate; the link (4 Tbit/s) is far faster.
@@ -344,6 +366,75 @@ TEST_CASE("bad model parameters are refused, naming the key") {
   auto again = emu::parse_topology(emu::to_toml(good.value()), "again.toml");
   REQUIRE(again.ok());
   CHECK(again.value() == good.value());
+}
+
+TEST_CASE("a cluster whose run() stopped at its limit ends its waiting actors when destroyed") {
+  bool returned = false;
+  {
+    auto c = sim::cluster::create(emu::pair({}));
+    REQUIRE(c.ok());
+    sim::cluster& cl = *c.value();
+    rt::ec_config quiet;
+    quiet.name = "quiet";
+    auto ec = cl.node(0).install(quiet);
+    REQUIRE(ec.ok());
+    cl.spawn("waiter", [&] {
+      std::array<rt::host_event, 4> evs;
+      // One virtual second, far past the run's limit; then time's end when the cluster goes.
+      while (cl.node(0).wait_events(ec.value(), evs, std::chrono::seconds(1)) == 0 &&
+             cl.node(0).now() < std::chrono::steady_clock::time_point::max()) {
+      }
+      returned = true;
+    });
+    cl.spawn("never runs", [] {});
+    auto r = cl.run(sim::picoseconds(1'000'000));  // 1 us
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.err().code == errc::timeout);
+    CHECK(cl.now().count() <= 1'000'000);
+  }  // the destructor must not hang
+  CHECK(returned);
+}
+
+TEST_CASE("queue depth samples are taken at every interval while packets move") {
+  emu::link_model lm;
+  lm.rate_gbps = 10;
+  lm.queue_packets = 1 << 16;
+  const emu::topology t = emu::pair(lm);
+  sim::options o;
+  o.sample_interval = sim::picoseconds(1'000'000);  // 1 us
+  auto c = sim::cluster::create(t, o);
+  REQUIRE(c.ok());
+  sim::cluster& cl = *c.value();
+  rt::ec_config sink;
+  sink.name = "sink";
+  sink.match.bits = 5;
+  REQUIRE(cl.node(1).install(sink).ok());
+  std::vector<std::byte> mem(1024);
+  auto region = cl.node(0).register_host_memory(mem);
+  REQUIRE(region.ok());
+  cl.spawn("h0", [&] {
+    for (std::uint32_t i = 0; i < 50; ++i) {
+      host::message m;
+      m.dest_rank = 1;
+      m.match_bits = 5;
+      m.message_id = i + 1;
+      m.region = region.value();
+      m.len_bytes = 1024;
+      REQUIRE(cl.node(0).post(m).ok());
+    }
+  });
+  REQUIRE(cl.run().ok());
+  const auto& s = cl.samples();
+  // 50 frames of ~1.1 KB at 10 Gbit/s take ~45 us: a sample per us, depths that fall to 0.
+  REQUIRE(s.size() >= 40);
+  std::uint32_t deepest = 0;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    CHECK(s[i].at.count() == i * 1'000'000);
+    REQUIRE(s[i].port_depth.size() == 2);
+    deepest = std::max(deepest, s[i].port_depth[0]);
+  }
+  CHECK(deepest > 10);
+  CHECK(s.back().port_depth[0] <= 1);
 }
 
 TEST_CASE("a NIC in virtual time refuses handlers that do not count their instructions") {

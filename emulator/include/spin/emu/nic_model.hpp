@@ -26,13 +26,13 @@ struct nic_model {
   std::uint32_t clusters = 4;
   /// HPUs per cluster: a cluster runs this many packets' handlers at once. 1..64.
   std::uint32_t hpus_per_cluster = 8;
-  /// HPU clock (GHz), (0, 100].
+  /// HPU clock (GHz), (0.001, 100].
   double hpu_ghz = 1.0;
   /// Cycles per counted instruction (spinc --count-instructions counts an RV32 estimate of each
   /// handler's instructions). Calibrated so that the standard ping-pong handler takes PsPIN's
   /// 38 ns: it counts 38 instructions where PsPIN's has 29, so with invocation_cycles and
   /// command_cycles (6) a counted instruction costs (38 - 6) / 38 = 0.84 cycles
-  /// (docs/virtual-time.md, "Calibration"). (0, 100].
+  /// (docs/virtual-time.md, "Calibration"). (0.01, 100].
   double cpi = 0.84;
   /// Cycles an HPU spends per handler invocation outside the handler's code: reading the
   /// handler's arguments and returning to the scheduler. 0..1e6.
@@ -46,7 +46,7 @@ struct nic_model {
   /// the copy takes 1 ns. 0..1 s.
   std::chrono::nanoseconds scheduler_latency{25};
   /// Bandwidth of the copy of a packet from the L2 packet buffer into its cluster's L1 (Gbit/s),
-  /// one copy engine per cluster. (0, 1e6].
+  /// one copy engine per cluster. (0.001, 1e6].
   double l1_copy_gbps = 512;
   /// L2 packet buffer: packets wait here from arrival until their handlers have returned. A
   /// packet that finds it full is dropped (counted: packet_buffer_full). 1 KiB..1 TiB.
@@ -58,7 +58,7 @@ struct nic_model {
   /// assumes none; this is a PCIe 4 round trip of about 1 us. 0..1 s.
   std::chrono::nanoseconds pcie_latency{500};
   /// DMA bandwidth of the host interface (Gbit/s); one DMA engine, first come first served.
-  /// PsPIN's host interface: 512. (0, 1e6].
+  /// PsPIN's host interface: 512. (0.001, 1e6].
   double pcie_gbps = 512;
   /// NIC memory for handler memory and scratchpads (bytes): PsPIN's L2 handler memory is 4 MiB;
   /// the default is larger because a collective engine's state for many ranks needs it.
@@ -66,11 +66,11 @@ struct nic_model {
   std::uint64_t memory_bytes = 64ull << 20;
   /// The host behind the NIC: what one host thread copies (memcpy into and out of staging
   /// buffers) per second, Gbit/s. One core of the development machine: about 94 (11.7 GB/s).
-  /// Host programs charge it through nic_control::charge_host. (0, 1e6].
+  /// Host programs charge it through nic_control::charge_host. (0.001, 1e6].
   double host_copy_gbps = 94;
   /// The host's reduction rate (a ring's fold of received data into its own, in the
   /// collective's element type), Gbit/s of the reduced vector. One core here: about 120 (float32
-  /// sums into a resident accumulator at 15 GB/s). (0, 1e6].
+  /// sums into a resident accumulator at 15 GB/s). (0.001, 1e6].
   double host_reduce_gbps = 120;
 
   bool operator==(const nic_model&) const = default;

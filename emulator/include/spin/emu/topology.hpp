@@ -176,6 +176,14 @@ std::vector<std::uint32_t> ports_towards(const topology& t, std::uint32_t dest);
 /// n_hosts must be 1 .. 65536 for a valid topology.
 topology star(std::uint32_t n_hosts, const link_model& model);
 
+/// A two-level fat tree (leaf-spine): `leaves` leaf switches "l0".."l<L-1>", each linked to
+/// `hosts_per_leaf` hosts (host i, rank i, to leaf i / hosts_per_leaf; links 0 .. n-1), and
+/// `spines` spine switches "s0".."s<S-1>", each linked to every leaf (links n + l x S + s).
+/// Switch ranks count down from 65535: leaves first, then spines. Link i's seed is
+/// model.seed + i. Valid for leaves >= 1, hosts_per_leaf >= 1, spines >= 1 (a single leaf's
+/// hosts also reach each other through it).
+topology fat_tree(std::uint32_t leaves, std::uint32_t hosts_per_leaf, std::uint32_t spines, const link_model& model);
+
 /// A ring of hosts "h0".."h<n-1>" (ranks 0..n-1) without switches: link i joins host i and
 /// host (i+1) mod n, so host 0's port 0 leads to host 1 and its port 1 to host n-1, and host
 /// i > 0's port 0 leads to host i-1 and its port 1 to host i+1. Link i's seed is

@@ -305,7 +305,9 @@ struct runtime_config {
   bool catch_faults = true;
   /// Virtual time (docs/virtual-time.md): run every EC's counted handlers and report each
   /// invocation and action here. Null (the default): the plain handlers, no reports. Must
-  /// outlive the runtime.
+  /// outlive the runtime. A counted object's counter is one plain global per loaded package:
+  /// with an observer, one thread must drive every HPU of every runtime that uses the package
+  /// (spin::sim does), or the counts mix and race.
   invocation_observer* observer = nullptr;
 };
 
