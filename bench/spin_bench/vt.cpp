@@ -101,9 +101,8 @@ pingpong_run run_pingpong(const emu::topology& models, const vt_options& o, std:
       if (gap_ns > 0) cl.node(0).sleep_for(std::chrono::nanoseconds(static_cast<std::int64_t>(gap_ns)));
     }
   });
+  // Until the actor is done and the last echo has landed.
   if (auto r = cl.run(); !r) out.error = r.err().message;
-  // The actor is done: run on until the last echo has landed.
-  if (auto r = cl.run(); !r && out.error.empty()) out.error = r.err().message;
   const sim::cluster_stats st = cl.stats();
   out.end_ps = st.now.count();
   out.echo = st.nodes[1];
