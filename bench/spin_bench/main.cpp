@@ -245,6 +245,18 @@ int main(int argc, char** argv) {
                  "take the NIC and switch models from this topology file ([nic], [switch_nic], [switch_model]); the links are "
                  "--link-gbps and --link-latency-ns");
   vc->add_option("--link-gbps", vo.link_gbps, "line rate of the generated topologies' links")->capture_default_str()->check(CLI::Range(1e-3, 1e4));
+  vc->add_option("--warmup-bytes", vo.warmup_bytes, "allreduce: size of the untimed warm-up call (0: the timed size)")
+      ->capture_default_str()
+      ->check(CLI::Range(std::uint64_t{0}, std::uint64_t{1} << 36));
+  vc->add_option("--window", vo.window, "allreduce: packets each rank keeps in flight in the edge algorithms (coll::options::window_packets; the switch's slots bound its own)")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 256u));
+  vc->add_option("--switch-slots", vo.switch_slots, "allreduce: aggregator slots the group takes on the switch (coll::options::switch_slots)")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 32767u));
+  vc->add_option("--packet-bytes", vo.packet_bytes, "allreduce: payload bytes per packet, 16 .. 4096 (0: the largest the NICs carry, 4096)")
+      ->capture_default_str()
+      ->check(CLI::Range(0u, 4096u));
   vc->add_option("--packets", vo.packets, "pspin: packets of the loaded stream")->capture_default_str()->check(CLI::Range(16u, 1u << 22));
 #endif
 

@@ -238,15 +238,20 @@ allreduce_row run_allreduce(const emu::topology& models, const vt_options& o, st
       co.staging_bytes = 1 << 20;
       co.arena_bytes = 8 << 20;
       co.timeout = std::chrono::milliseconds(600'000);
+      co.window_packets = o.window;
+      co.switch_slots = o.switch_slots;
+      co.packet_bytes = o.packet_bytes;
       auto cm = coll::communicator::create(*cl.host(r), g, co);
       if (!cm) {
         errors[r] = cm.err().message;
         return;
       }
       float* res = out[shared_out ? 0 : r].data();
-      for (std::uint32_t it = 0; it < 1 + o.iters; ++it) {  // one warm-up call
+      // One warm-up call (joins the switch, installs the ECs), of --warmup-bytes if given.
+      const std::uint64_t warm = o.warmup_bytes != 0 ? std::min(count, std::max<std::uint64_t>(1, o.warmup_bytes / 4)) : count;
+      for (std::uint32_t it = 0; it < 1 + o.iters; ++it) {
         const auto t0 = cl.host(r)->now();
-        auto x = cm.value()->allreduce(in.data(), res, count, coll::dtype::f32, coll::op::sum, a);
+        auto x = cm.value()->allreduce(in.data(), res, it == 0 ? warm : count, coll::dtype::f32, coll::op::sum, a);
         if (!x) {
           errors[r] = x.err().message;
           return;

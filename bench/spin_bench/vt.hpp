@@ -22,6 +22,10 @@ struct vt_options {
   double link_latency_ns = 500;
   std::uint32_t iters = 2;          ///< timed calls (after one warm-up)
   std::uint32_t packets = 4096;     ///< pspin: packets per stream
+  std::uint64_t warmup_bytes = 0;   ///< allreduce: size of the warm-up call (0: the timed size)
+  std::uint32_t window = 32;        ///< allreduce: packets each rank keeps in flight (coll::options::window_packets)
+  std::uint32_t switch_slots = 64;  ///< allreduce: the group's aggregator slots (coll::options::switch_slots)
+  std::uint32_t packet_bytes = 0;   ///< allreduce: payload bytes per packet (coll::options::packet_bytes; 0: 4096)
   std::string out_dir = "spin-bench-out";
   bool json = false;                ///< also print the statistics as JSON
 };

@@ -177,7 +177,9 @@ public:
   dispatch_ctx* current = nullptr;  // the dispatch running on the simulation thread
   void nic_ingress(std::uint32_t n, frame* f);
   void nic_ready(std::uint32_t n, frame* f);
-  void try_start(std::uint32_t n, std::uint32_t c);
+  void try_start(std::uint32_t n, std::uint32_t c);   // cluster c's HPUs take its own waiting packets
+  void try_take(std::uint32_t n, std::uint32_t c);    // cluster c's idle HPUs take other clusters' waiting packets
+  void start_on(std::uint32_t n, std::uint32_t c, std::uint32_t k, frame* f, ps start);
   void dispatch(std::uint32_t n, std::uint32_t c, std::uint32_t k, frame* f);
   void core_done(std::uint32_t n, std::uint32_t c, std::uint32_t k, frame* released);
   ps dma(impl_node& nd, ps t, std::uint64_t bytes, bool to_host);

@@ -225,32 +225,60 @@ void cluster::impl::nic_ready(std::uint32_t n, frame* f) {
   ++nd.waiting_now;
   nd.st.waiting_max = std::max(nd.st.waiting_max, nd.waiting_now);
   try_start(n, f->cluster);
+  // The home cluster is full: a cluster with an idle HPU and nothing of its own waiting takes
+  // the packet (the lowest such index, so the choice is deterministic).
+  if (nd.clusters[f->cluster].waiting.empty()) return;
+  for (std::uint32_t c = 0; c < nd.clusters.size(); ++c)
+    if (c != f->cluster && nd.clusters[c].waiting.empty()) try_take(n, c);
 }
 
 void cluster::impl::try_start(std::uint32_t n, std::uint32_t c) {
-  impl_node& nd = *nodes[n];
-  cluster_state& cs = nd.clusters[c];
+  cluster_state& cs = nodes[n]->clusters[c];
   while (!cs.waiting.empty()) {
     const auto free = std::find(cs.busy.begin(), cs.busy.end(), false);
     if (free == cs.busy.end()) return;
-    const auto k = static_cast<std::uint32_t>(free - cs.busy.begin());
     frame* f = cs.waiting.front();
     cs.waiting.pop_front();
-    --nd.waiting_now;
-    *free = true;
-    ++nd.busy_now;
-    // A payload packet of a message whose header handler still runs waits for it on its HPU.
-    ps start = now;
-    rt::wire::parsed pr;
-    rt::wire::reject why;
-    if (!nd.messages.empty() && rt::wire::parse(std::span<const std::byte>(f->data, f->len), rt::wire::default_udp_port, pr, why) &&
-        pr.hdr.seq != 0) {
-      auto it = nd.messages.find(message_key(pr.hdr.source_rank, pr.hdr.message_id));
-      if (it != nd.messages.end()) start = std::max(start, it->second.header_end);
-    }
-    if (start > now) schedule(start, ev::dispatch, n, (std::uint64_t{c} << 32) | k, f);
-    else dispatch(n, c, k, f);
+    start_on(n, c, static_cast<std::uint32_t>(free - cs.busy.begin()), f, now);
   }
+}
+
+void cluster::impl::try_take(std::uint32_t n, std::uint32_t c) {
+  impl_node& nd = *nodes[n];
+  cluster_state& cs = nd.clusters[c];
+  for (;;) {
+    const auto free = std::find(cs.busy.begin(), cs.busy.end(), false);
+    if (free == cs.busy.end()) return;
+    // The longest queue of another cluster (the lowest index among equals) gives its oldest.
+    std::uint32_t from = c;
+    for (std::uint32_t o = 0; o < nd.clusters.size(); ++o)
+      if (o != c && nd.clusters[o].waiting.size() > (from == c ? 0 : nd.clusters[from].waiting.size())) from = o;
+    if (from == c) return;
+    frame* f = nd.clusters[from].waiting.front();
+    nd.clusters[from].waiting.pop_front();
+    // The packet is copied again, into this cluster's L1, by this cluster's copy engine.
+    const ps copied = std::max(now, cs.copy_free) + static_cast<ps>(std::ceil(static_cast<double>(f->len) * 8000.0 / nd.model.l1_copy_gbps));
+    cs.copy_free = copied;
+    nd.st.moved += 1;
+    start_on(n, c, static_cast<std::uint32_t>(free - cs.busy.begin()), f, copied);
+  }
+}
+
+void cluster::impl::start_on(std::uint32_t n, std::uint32_t c, std::uint32_t k, frame* f, ps start) {
+  impl_node& nd = *nodes[n];
+  --nd.waiting_now;
+  nd.clusters[c].busy[k] = true;
+  ++nd.busy_now;
+  // A payload packet of a message whose header handler still runs waits for it on its HPU.
+  rt::wire::parsed pr;
+  rt::wire::reject why;
+  if (!nd.messages.empty() && rt::wire::parse(std::span<const std::byte>(f->data, f->len), rt::wire::default_udp_port, pr, why) &&
+      pr.hdr.seq != 0) {
+    auto it = nd.messages.find(message_key(pr.hdr.source_rank, pr.hdr.message_id));
+    if (it != nd.messages.end()) start = std::max(start, it->second.header_end);
+  }
+  if (start > now) schedule(start, ev::dispatch, n, (std::uint64_t{c} << 32) | k, f);
+  else dispatch(n, c, k, f);
 }
 
 void cluster::impl::dispatch(std::uint32_t n, std::uint32_t c, std::uint32_t k, frame* f) {
@@ -266,8 +294,9 @@ void cluster::impl::dispatch(std::uint32_t n, std::uint32_t c, std::uint32_t k, 
   pk.cookie = reinterpret_cast<std::uint64_t>(f);
   pk.local = f->local;
   current = &ctx;
-  // The frame's owner HPU is its cluster (hpu_of), so the runtime takes it (no steering).
-  (void)nd.rt->rx_burst(c, &pk, 1);
+  // The runtime's lane is the message's home cluster (hpu_of: a lane owns its messages' state,
+  // so the runtime takes the frame without steering), whichever cluster's HPU (c, k) runs it.
+  (void)nd.rt->rx_burst(f->cluster, &pk, 1);
   current = nullptr;
   nd.st.handled += 1;
   nd.st.invocations += ctx.invocations;
@@ -295,6 +324,7 @@ void cluster::impl::core_done(std::uint32_t n, std::uint32_t c, std::uint32_t k,
   nd.clusters[c].busy[k] = false;
   --nd.busy_now;
   try_start(n, c);
+  try_take(n, c);
 }
 
 } // namespace spin::sim

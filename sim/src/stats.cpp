@@ -59,12 +59,12 @@ nlohmann::json hist_json(const histogram& h) {
 std::string to_text(const cluster_stats& s) {
   std::string out = "virtual time " + fmt(static_cast<double>(s.now.count()) / 1e6, "%.3f") + " us, " + std::to_string(s.events) +
                     " events, " + std::to_string(s.actor_switches) + " actor hand-overs\n";
-  rt::text_table t({"node", "rank", "packets", "handled", "instructions", "HPU busy %", "wait p50 ns", "latency p50 ns",
+  rt::text_table t({"node", "rank", "packets", "handled", "moved", "instructions", "HPU busy %", "wait p50 ns", "latency p50 ns",
                     "latency p99 ns", "buffer max B", "waiting max", "DMA busy %", "drops"});
   for (const node_stats& n : s.nodes) {
     std::uint64_t drops = 0;
     for (auto d : n.drops) drops += d;
-    t.row({n.name, std::to_string(n.rank), std::to_string(n.packets_in), std::to_string(n.handled), std::to_string(n.instructions),
+    t.row({n.name, std::to_string(n.rank), std::to_string(n.packets_in), std::to_string(n.handled), std::to_string(n.moved), std::to_string(n.instructions),
            fmt(100.0 * share(n.hpu_busy, s.now, n.hpus), "%.2f"), ns(n.wait.quantile(0.5)), ns(n.latency.quantile(0.5)),
            ns(n.latency.quantile(0.99)), std::to_string(n.packet_buffer_max), std::to_string(n.waiting_max),
            fmt(100.0 * share(n.dma_busy, s.now), "%.2f"), std::to_string(drops)});
@@ -90,7 +90,7 @@ std::string to_json(const cluster_stats& s) {
     nlohmann::json d = nlohmann::json::object();
     for (std::size_t i = 0; i < drop_count; ++i) d[drop_name(static_cast<drop>(i))] = n.drops[i];
     j["nodes"].push_back({{"name", n.name}, {"rank", n.rank}, {"switch", n.is_switch}, {"packets_in", n.packets_in},
-                          {"bytes_in", n.bytes_in}, {"forwarded", n.forwarded}, {"handled", n.handled},
+                          {"bytes_in", n.bytes_in}, {"forwarded", n.forwarded}, {"handled", n.handled}, {"moved", n.moved},
                           {"invocations", n.invocations}, {"instructions", n.instructions}, {"host_packets", n.host_packets},
                           {"hpus", n.hpus}, {"hpu_busy_ps", n.hpu_busy.count()}, {"hpu_occupancy", share(n.hpu_busy, s.now, n.hpus)},
                           {"dma_busy_ps", n.dma_busy.count()}, {"dma_bytes", n.dma_bytes}, {"packet_buffer_max", n.packet_buffer_max},

@@ -105,14 +105,15 @@ struct cpu_hog {
 };
 
 // Ping-pong streams (handlers/std/pingpong.cpp) from h0 to h1 and back: h1's statistics and when
-// the last echo landed.
+// the last echo landed. `packets` messages of `payload` bytes, or, with `one_message`, one
+// message of `packets` packets (all of them in one home cluster).
 struct stream_result {
   sim::node_stats echo;
   std::uint64_t end_ps = 0;
   std::uint64_t echoed = 0;
 };
 
-stream_result pingpong_stream(emu::topology t, std::uint32_t packets, std::uint32_t payload) {
+stream_result pingpong_stream(emu::topology t, std::uint32_t packets, std::uint32_t payload, bool one_message = false) {
   stream_result out;
   auto c = sim::cluster::create(t);
   REQUIRE_MESSAGE(c.ok(), c.err().message);
@@ -128,10 +129,20 @@ stream_result pingpong_stream(emu::topology t, std::uint32_t packets, std::uint3
   sink.name = "sink";
   sink.match.bits = 7;
   REQUIRE(cl.node(0).install(sink).ok());
-  std::vector<std::byte> mem(payload);
+  std::vector<std::byte> mem(std::size_t{payload} * (one_message ? packets : 1));
   auto region = cl.node(0).register_host_memory(mem);
   REQUIRE(region.ok());
   cl.spawn("h0", [&] {
+    if (one_message) {
+      host::message m;
+      m.dest_rank = 1;
+      m.match_bits = 7;
+      m.message_id = 1;
+      m.region = region.value();
+      m.len_bytes = mem.size();
+      REQUIRE(cl.node(0).post(m).ok());
+      return;
+    }
     for (std::uint32_t i = 0; i < packets; ++i) {
       host::message m;
       m.dest_rank = 1;
@@ -266,6 +277,38 @@ TEST_CASE("an HPU-bound NIC runs the handler formula's rate, a line-bound one th
   const double line_ns = frame_bytes * 8 / 10;
   CHECK(static_cast<double>(b.end_ps - a.end_ps) / 1000.0 / 500 == doctest::Approx(line_ns).epsilon(0.01));
   CHECK(a.echo.waiting_max <= 1);  // the HPUs never make a packet wait at this rate
+}
+
+TEST_CASE("a message's packets run on every cluster's HPUs when its home cluster is full") {
+  // 2 clusters x 1 HPU at 0.25 GHz, one message of 4 KiB packets (one home cluster): the other
+  // cluster's HPU takes the packets its home cluster has no HPU for, so the rate is about two
+  // HPUs'. The link and the sender's DMA reads (4 Tbit/s) are far faster.
+  emu::link_model fast;
+  fast.rate_gbps = 4000;
+  fast.queue_packets = 1 << 16;
+  emu::topology t = emu::pair(fast);
+  t.nic.clusters = 2;
+  t.nic.hpus_per_cluster = 1;
+  t.nic.hpu_ghz = 0.25;
+  t.nic.pcie_gbps = 4000;
+  const stream_result one = pingpong_stream(t, 500, 4096, true);
+  const stream_result two = pingpong_stream(t, 1000, 4096, true);
+  REQUIRE(one.echoed == 500);
+  REQUIRE(two.echoed == 1000);
+  const double handler_ns = static_cast<double>(one.echo.hpu_busy.count()) / 1000.0 / 500;
+  const double per_packet_ns = static_cast<double>(two.end_ps - one.end_ps) / 1000.0 / 500;
+  // About half of them move (a moved packet's second L1 copy, 4 KiB at 512 Gbit/s = 64 ns,
+  // keeps the other cluster's HPU a little longer).
+  CHECK(one.echo.moved > 150);
+  CHECK(one.echo.moved < 350);
+  CHECK(per_packet_ns < 0.65 * handler_ns);
+  CHECK(per_packet_ns > 0.45 * handler_ns);
+  // One cluster of one HPU: nothing to move to, the rate is one HPU's.
+  t.nic.clusters = 1;
+  const stream_result a = pingpong_stream(t, 500, 4096, true);
+  const stream_result b = pingpong_stream(t, 1000, 4096, true);
+  CHECK(a.echo.moved == 0);
+  CHECK(static_cast<double>(b.end_ps - a.end_ps) / 1000.0 / 500 == doctest::Approx(handler_ns).epsilon(0.01));
 }
 
 TEST_CASE("a port queue never holds more than queue_packets: the excess is dropped and counted, and the NIC's packet buffer likewise") {

@@ -95,6 +95,7 @@ struct node_stats {
   std::uint64_t packets_in = 0, bytes_in = 0;  ///< frames for this node that reached its NIC
   std::uint64_t forwarded = 0;                  ///< transit frames sent on
   std::uint64_t handled = 0;                    ///< packets an HPU ran
+  std::uint64_t moved = 0;                      ///< of those, run by another cluster than the message's home (its HPUs were all busy)
   std::uint64_t invocations = 0;                ///< handler invocations
   std::uint64_t instructions = 0;               ///< counted instructions of all invocations
   std::uint64_t host_packets = 0;               ///< packets of host messages
