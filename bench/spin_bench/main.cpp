@@ -245,6 +245,10 @@ int main(int argc, char** argv) {
                  "take the NIC and switch models from this topology file ([nic], [switch_nic], [switch_model]); the links are "
                  "--link-gbps and --link-latency-ns");
   vc->add_option("--link-gbps", vo.link_gbps, "line rate of the generated topologies' links")->capture_default_str()->check(CLI::Range(1e-3, 1e4));
+  vc->add_option("--staging-bytes", vo.staging_bytes,
+                 "allreduce: each rank's staging buffers (coll::options::staging_bytes; 0: 4 GiB / (2 x hosts), 1 .. 32 MiB)")
+      ->capture_default_str()
+      ->check(CLI::Range(std::uint64_t{0}, std::uint64_t{1} << 32));
   vc->add_option("--warmup-bytes", vo.warmup_bytes, "allreduce: size of the untimed warm-up call (0: the timed size)")
       ->capture_default_str()
       ->check(CLI::Range(std::uint64_t{0}, std::uint64_t{1} << 36));

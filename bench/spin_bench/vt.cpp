@@ -195,6 +195,16 @@ struct allreduce_row {
 // integers, whose sum over up to 2^16 ranks is exact in float32.
 float value_at(std::uint64_t i) { return static_cast<float>(i % 13); }
 
+// The inputs and outputs pass through each rank's two staging buffers (they are not in the
+// communicator's arena): larger buffers mean fewer epochs per call, and 2 x hosts of them must
+// fit in memory.
+std::uint64_t staging_of(const vt_options& o, std::uint32_t n) {
+  if (o.staging_bytes != 0) return o.staging_bytes;
+  std::uint64_t s = std::uint64_t{32} << 20;
+  while (s > (1u << 20) && 2 * n * s > (std::uint64_t{4} << 30)) s /= 2;
+  return s;
+}
+
 allreduce_row run_allreduce(const emu::topology& models, const vt_options& o, std::uint32_t n, std::uint64_t bytes, const std::string& algo) {
   allreduce_row row;
   row.hosts = n;
@@ -235,8 +245,8 @@ allreduce_row run_allreduce(const emu::topology& models, const vt_options& o, st
       for (std::uint32_t i = 0; i < n; ++i) g.members.push_back(i);
       coll::options co;
       co.switches = fab.value().get();
-      co.staging_bytes = 1 << 20;
-      co.arena_bytes = 8 << 20;
+      co.staging_bytes = staging_of(o, n);
+      co.arena_bytes = 2 * co.staging_bytes + (8 << 20);
       co.timeout = std::chrono::milliseconds(600'000);
       co.window_packets = o.window;
       co.switch_slots = o.switch_slots;
@@ -289,9 +299,14 @@ int run_allreduce_table(const vt_options& o) {
   std::printf("spin-bench vt allreduce: VIRTUAL TIME (spin::sim): spin::coll's float32 sum allreduce, its handlers' counted objects on\n"
               "modelled NICs (%u x %u HPUs at %.2f GHz, cpi %.2f, PCIe %.0f Gbit/s) and a star of %.0f Gbit/s links (%.0f ns) around one\n"
               "switch (its handler unit the same NIC model, %lld ns forwarding). time: modelled time of one call on rank 0 (mean of %u\n"
-              "after one warm-up); algbw = bytes/time, busbw = algbw x 2(n-1)/n. wall s: what simulating the row took on this machine.\n\n",
+              "after one warm-up); algbw = bytes/time, busbw = algbw x 2(n-1)/n. wall s: what simulating the row took on this machine.\n"
+              "Switch: %u x %u HPUs, %u slots per group; %u packets in flight per rank in the edge algorithms; payload %s bytes per\n"
+              "packet; staging %s bytes per rank (buffers outside the arena pass through it; 0: 4 GiB / (2 x hosts), 1 .. 32 MiB).\n\n",
               m.clusters, m.hpus_per_cluster, m.hpu_ghz, m.cpi, m.pcie_gbps, o.link_gbps, o.link_latency_ns,
-              static_cast<long long>(base.value().switch_params.latency.count()), o.iters);
+              static_cast<long long>(base.value().switch_params.latency.count()), o.iters, base.value().switch_nic.clusters,
+              base.value().switch_nic.hpus_per_cluster, o.switch_slots, o.window,
+              o.packet_bytes == 0 ? "4096" : std::to_string(o.packet_bytes).c_str(),
+              o.staging_bytes == 0 ? "auto" : std::to_string(o.staging_bytes).c_str());
   std::printf("%6s %-10s %9s %12s %9s %9s %6s %10s %10s %9s %9s %7s %9s %6s %7s\n", "hosts", "algorithm", "size", "time us", "algbw",
               "busbw", "#wrong", "pkt p50 ns", "pkt p99 ns", "host HPU%", "sw HPU%", "sw q max", "sw buf KiB", "drops", "wall s");
   std::vector<allreduce_row> rows;

@@ -22,6 +22,7 @@ struct vt_options {
   double link_latency_ns = 500;
   std::uint32_t iters = 2;          ///< timed calls (after one warm-up)
   std::uint32_t packets = 4096;     ///< pspin: packets per stream
+  std::uint64_t staging_bytes = 0;  ///< allreduce: coll::options::staging_bytes per rank (0: 4 GiB / (2 x hosts), 1 .. 32 MiB)
   std::uint64_t warmup_bytes = 0;   ///< allreduce: size of the warm-up call (0: the timed size)
   std::uint32_t window = 32;        ///< allreduce: packets each rank keeps in flight (coll::options::window_packets)
   std::uint32_t switch_slots = 64;  ///< allreduce: the group's aggregator slots (coll::options::switch_slots)
