@@ -228,7 +228,7 @@ int main(int argc, char** argv) {
       "Benchmarks in VIRTUAL TIME (spin::sim, docs/virtual-time.md): modelled time of the topology's NIC and network models, the same "
       "on any machine. pspin: the standard ping-pong handler on PsPIN's default NIC beside PsPIN's published figures. allreduce: "
       "spin::coll's switch, edge_ring and host_ring allreduce per host count and size on a star of modelled NICs (modelled time, "
-      "algbw, busbw, #wrong, packet latency, HPU occupancy, switch queue and buffer, drops); writes vt_allreduce.csv to --out.");
+      "algbw, busbw, #wrong, packet latency, HPU occupancy, switch queue and buffer, drops); writes vt_allreduce.csv and a plot (.dat, .gp, .png) to --out.");
   vc->add_option("what", vo.what, "pspin, allreduce")->capture_default_str()->check(CLI::IsMember({"pspin", "allreduce"}));
   vc->add_option("-n,--hosts", vo.hosts, "allreduce: host counts (repeatable), 2 .. 4096")->capture_default_str()->check(CLI::Range(2u, 4096u));
   vc->add_option("--size", vo.sizes, "allreduce: message sizes in bytes (repeatable; float32)")
@@ -240,7 +240,8 @@ int main(int argc, char** argv) {
   vc->add_option("--iters", vo.iters, "allreduce: timed calls after one warm-up")->capture_default_str()->check(CLI::Range(1u, 1000u));
   vc->add_option("--link-latency-ns", vo.link_latency_ns, "propagation delay of the generated links")->capture_default_str()->check(CLI::Range(0.0, 1e9));
   vc->add_flag("--json", vo.json, "also print each run's statistics as JSON");
-  vc->add_option("--out", vo.out_dir, "directory for vt_allreduce.csv")->capture_default_str();
+  vc->add_flag("!--no-plot", vo.plots, "allreduce: do not run gnuplot (vt_allreduce.png)");
+  vc->add_option("--out", vo.out_dir, "directory for vt_allreduce.csv, .dat, .gp and .png")->capture_default_str();
   vc->add_option("--topology", vo.topology_file,
                  "take the NIC and switch models from this topology file ([nic], [switch_nic], [switch_model]); the links are "
                  "--link-gbps and --link-latency-ns");

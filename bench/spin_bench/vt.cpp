@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <sstream>
 
 namespace spin::bench {
 namespace {
@@ -246,7 +247,7 @@ allreduce_row run_allreduce(const emu::topology& models, const vt_options& o, st
       coll::options co;
       co.switches = fab.value().get();
       co.staging_bytes = staging_of(o, n);
-      co.arena_bytes = 2 * co.staging_bytes + (8 << 20);
+      co.arena_bytes = 4 * co.staging_bytes + (8 << 20);  // staging, and host_ring's partial sums
       co.timeout = std::chrono::milliseconds(600'000);
       co.window_packets = o.window;
       co.switch_slots = o.switch_slots;
@@ -287,6 +288,43 @@ std::string fmt_bytes(std::uint64_t b) {
   else if (b >= 1024 && b % 1024 == 0) std::snprintf(buf, sizeof buf, "%llu KiB", static_cast<unsigned long long>(b >> 10));
   else std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(b));
   return buf;
+}
+
+// vt_allreduce.dat, .gp and .png: one panel per host count, modelled time per call against
+// size, one line per algorithm (rows that failed are left out).
+void plot_allreduce(const vt_options& o, const std::vector<allreduce_row>& rows) {
+  const std::string base = o.out_dir + "/vt_allreduce";
+  std::ostringstream dat;
+  std::vector<std::pair<std::uint32_t, std::string>> series;
+  for (std::uint32_t n : o.hosts)
+    for (const std::string& a : o.algorithms) {
+      dat << (series.empty() ? "" : "\n\n") << "# " << n << " hosts, " << a << '\n';
+      for (const auto& r : rows)
+        if (r.hosts == n && r.algorithm == a && r.error.empty() && r.time_us > 0) dat << r.bytes << ' ' << r.time_us << '\n';
+      series.emplace_back(n, a);
+    }
+  if (!write_text(base + ".dat", dat.str())) return;
+  const std::size_t panels = o.hosts.size();
+  const std::size_t cols = panels < 2 ? 1 : 2, lines = (panels + cols - 1) / cols;
+  std::ostringstream gp;
+  gp << "set terminal pngcairo size " << 600 * cols << "," << 420 * lines << " noenhanced\nset output '" << base << ".png'\n"
+     << "set multiplot layout " << lines << "," << cols << " title 'spin-bench vt allreduce: VIRTUAL TIME (modelled), float32 sum, "
+     << o.link_gbps << " Gbit/s links'\n"
+     << "set xlabel 'size (bytes)'\nset logscale x 2\nset format x '%.0b %BB'\nset logscale y\nset format y '%g'\n"
+     << "set ylabel 'modelled time per call (us)'\nset key left top\nset grid\n";
+  for (std::uint32_t n : o.hosts) {
+    gp << "set title '" << n << " hosts'\nplot ";
+    bool first = true;
+    for (std::size_t i = 0; i < series.size(); ++i)
+      if (series[i].first == n) {
+        gp << (first ? "" : ", ") << "'" << base << ".dat' index " << i << " using 1:2 with linespoints title '" << series[i].second << "'";
+        first = false;
+      }
+    gp << '\n';
+  }
+  gp << "unset multiplot\n";
+  if (std::string why = run_gnuplot(base + ".gp", gp.str()); !why.empty()) std::printf("no plot: %s\n", why.c_str());
+  else std::printf("wrote %s.png\n", base.c_str());
 }
 
 int run_allreduce_table(const vt_options& o) {
@@ -364,6 +402,7 @@ int run_allreduce_table(const vt_options& o) {
   const std::string path = o.out_dir + "/vt_allreduce.csv";
   if (!write_text(path, csv)) std::fprintf(stderr, "spin-bench vt: cannot write %s\n", path.c_str());
   else std::printf("\nwrote %s\n", path.c_str());
+  if (o.plots) plot_allreduce(o, rows);
   return ok ? 0 : 1;
 }
 

@@ -29,6 +29,7 @@ struct vt_options {
   std::uint32_t packet_bytes = 0;   ///< allreduce: payload bytes per packet (coll::options::packet_bytes; 0: 4096)
   std::string out_dir = "spin-bench-out";
   bool json = false;                ///< also print the statistics as JSON
+  bool plots = true;                ///< allreduce: run gnuplot (vt_allreduce.png)
 };
 
 /// Exit status: 0 when every result was exact (and, for pspin, every figure within 2x of

@@ -250,12 +250,19 @@ def main():
         rc2, out2, err2 = run([exe, "vt", "pspin"], 300)
         check(out2 == out, "vt pspin prints the same figures twice")
         vd = os.path.join(d, "vt")
-        rc, out, err = run([exe, "vt", "allreduce", "-n", "4", "--size", "65536", "--iters", "1", "--out", vd], 300)
+        rc, out, err = run([exe, "vt", "allreduce", "-n", "4", "--size", "65536", "--iters", "1", "--no-plot", "--out", vd], 300)
         print(out[-2000:])
         check(rc == 0, "vt allreduce: status %d (stderr %r)" % (rc, err[-300:]))
         rows = [l.split(",") for l in open(os.path.join(vd, "vt_allreduce.csv")).read().splitlines()[1:]]
         check(sorted(r[1] for r in rows) == ["edge_ring", "host_ring", "switch"] and all(r[6] == "0" and float(r[3]) > 0 for r in rows),
               "vt_allreduce.csv: three exact rows with a time: %s" % rows)
+        # A warm-up smaller than the timed call, and the plot's data: one block per algorithm.
+        rc, out, err = run([exe, "vt", "allreduce", "-n", "4", "--size", "65536", "--size", "262144", "--warmup-bytes", "4096",
+                            "--algorithm", "switch", "--algorithm", "edge_ring", "--iters", "1", "--out", vd], 300)
+        check(rc == 0, "vt allreduce --warmup-bytes: status %d (stderr %r)" % (rc, err[-300:]))
+        blocks = [b for b in open(os.path.join(vd, "vt_allreduce.dat")).read().split("\n\n") if b.strip()]
+        check(len(blocks) == 2 and all(len(b.strip().splitlines()) == 3 for b in blocks),
+              "vt_allreduce.dat: two series of two sizes: %r" % blocks)
         rc, out, err = run([exe, "vt", "pspin", "--topology", os.path.join(d, "no-such.toml")], 60)
         check(rc == 2 and "no-such.toml" in err, "vt with a missing topology file: status %d (stderr %r)" % (rc, err[-300:]))
 
