@@ -226,40 +226,50 @@ int main(int argc, char** argv) {
   CLI::App* vc = app.add_subcommand(
       "vt",
       "Benchmarks in VIRTUAL TIME (spin::sim, docs/virtual-time.md): modelled time of the topology's NIC and network models, the same "
-      "on any machine. pspin: the standard ping-pong handler on PsPIN's default NIC beside PsPIN's published figures. allreduce: "
-      "spin::coll's switch, edge_ring and host_ring allreduce per host count and size on a star of modelled NICs (modelled time, "
-      "algbw, busbw, #wrong, packet latency, HPU occupancy, switch queue and buffer, drops); writes vt_allreduce.csv and a plot (.dat, .gp, .png) to --out.");
-  vc->add_option("what", vo.what, "pspin, allreduce")->capture_default_str()->check(CLI::IsMember({"pspin", "allreduce"}));
-  vc->add_option("-n,--hosts", vo.hosts, "allreduce: host counts (repeatable), 2 .. 4096")->capture_default_str()->check(CLI::Range(2u, 4096u));
-  vc->add_option("--size", vo.sizes, "allreduce: message sizes in bytes (repeatable; float32)")
+      "on any machine. pspin: the standard ping-pong handler on PsPIN's default NIC beside PsPIN's published figures. allreduce, "
+      "allgather, broadcast: spin::coll's switch, edge_ring (and, allreduce only, host_ring) per host count and size on a star or "
+      "a two-level fat tree of modelled NICs (modelled time, algbw, busbw, #wrong, packet latency, HPU occupancy, switch queue and "
+      "buffer, drops); writes vt_<what>.csv and a plot (.dat, .gp, .png) to --out.");
+  vc->add_option("what", vo.what, "pspin, allreduce, allgather, broadcast")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"pspin", "allreduce", "allgather", "broadcast"}));
+  vc->add_option("-n,--hosts", vo.hosts, "collectives: host counts (repeatable), 2 .. 4096")->capture_default_str()->check(CLI::Range(2u, 4096u));
+  vc->add_option("--size", vo.sizes, "collectives: message sizes in bytes (repeatable; float32)")
       ->capture_default_str()
       ->check(CLI::Range(std::uint64_t{4}, std::uint64_t{1} << 36));
-  vc->add_option("--algorithm", vo.algorithms, "allreduce: switch, edge_ring, host_ring (repeatable)")
+  vc->add_option("--algorithm", vo.algorithms, "collectives: switch, edge_ring, host_ring (repeatable; host_ring: allreduce only)")
       ->capture_default_str()
       ->check(CLI::IsMember({"switch", "edge_ring", "host_ring"}));
-  vc->add_option("--iters", vo.iters, "allreduce: timed calls after one warm-up")->capture_default_str()->check(CLI::Range(1u, 1000u));
+  vc->add_option("--iters", vo.iters, "collectives: timed calls after one warm-up")->capture_default_str()->check(CLI::Range(1u, 1000u));
   vc->add_option("--link-latency-ns", vo.link_latency_ns, "propagation delay of the generated links")->capture_default_str()->check(CLI::Range(0.0, 1e9));
   vc->add_flag("--json", vo.json, "also print each run's statistics as JSON");
-  vc->add_flag("!--no-plot", vo.plots, "allreduce: do not run gnuplot (vt_allreduce.png)");
-  vc->add_option("--out", vo.out_dir, "directory for vt_allreduce.csv, .dat, .gp and .png")->capture_default_str();
+  vc->add_flag("!--no-plot", vo.plots, "collectives: do not run gnuplot (vt_<what>.png)");
+  vc->add_option("--out", vo.out_dir, "directory for vt_<what>.csv, .dat, .gp and .png")->capture_default_str();
   vc->add_option("--topology", vo.topology_file,
                  "take the NIC and switch models from this topology file ([nic], [switch_nic], [switch_model]); the links are "
                  "--link-gbps and --link-latency-ns");
+  vc->add_option("--hosts-per-leaf", vo.hosts_per_leaf,
+                 "collectives: 0, a star around one switch; else a two-level fat tree (emu::fat_tree) of hosts/this leaves")
+      ->capture_default_str()
+      ->check(CLI::Range(0u, 4096u));
+  vc->add_option("--spines", vo.spines, "collectives: spine switches of the fat tree, each linked to every leaf")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 64u));
   vc->add_option("--link-gbps", vo.link_gbps, "line rate of the generated topologies' links")->capture_default_str()->check(CLI::Range(1e-3, 1e4));
   vc->add_option("--staging-bytes", vo.staging_bytes,
-                 "allreduce: each rank's staging buffers (coll::options::staging_bytes; 0: 4 GiB / (2 x hosts), 1 .. 32 MiB)")
+                 "collectives: each rank's staging buffers (coll::options::staging_bytes; 0: 4 GiB / (2 x hosts), 1 .. 32 MiB)")
       ->capture_default_str()
       ->check(CLI::Range(std::uint64_t{0}, std::uint64_t{1} << 32));
-  vc->add_option("--warmup-bytes", vo.warmup_bytes, "allreduce: size of the untimed warm-up call (0: the timed size)")
+  vc->add_option("--warmup-bytes", vo.warmup_bytes, "collectives: size of the untimed warm-up call (0: the timed size)")
       ->capture_default_str()
       ->check(CLI::Range(std::uint64_t{0}, std::uint64_t{1} << 36));
-  vc->add_option("--window", vo.window, "allreduce: packets each rank keeps in flight in the edge algorithms (coll::options::window_packets; the switch's slots bound its own)")
+  vc->add_option("--window", vo.window, "collectives: packets each rank keeps in flight in the edge algorithms (coll::options::window_packets; the switch's slots bound its own)")
       ->capture_default_str()
       ->check(CLI::Range(1u, 256u));
-  vc->add_option("--switch-slots", vo.switch_slots, "allreduce: aggregator slots the group takes on the switch (coll::options::switch_slots)")
+  vc->add_option("--switch-slots", vo.switch_slots, "collectives: aggregator slots the group takes on the switch (coll::options::switch_slots)")
       ->capture_default_str()
       ->check(CLI::Range(1u, 32767u));
-  vc->add_option("--packet-bytes", vo.packet_bytes, "allreduce: payload bytes per packet, 16 .. 4096 (0: the largest the NICs carry, 4096)")
+  vc->add_option("--packet-bytes", vo.packet_bytes, "collectives: payload bytes per packet, 16 .. 4096 (0: the largest the NICs carry, 4096)")
       ->capture_default_str()
       ->check(CLI::Range(0u, 4096u));
   vc->add_option("--packets", vo.packets, "pspin: packets of the loaded stream")->capture_default_str()->check(CLI::Range(16u, 1u << 22));

@@ -173,7 +173,7 @@ int run_pspin(const vt_options& o) {
   return all && exact ? 0 : 1;
 }
 
-// ---- allreduce ------------------------------------------------------------------------------
+// ---- allreduce, allgather, broadcast ---------------------------------------------------------
 
 coll::algorithm algorithm_named(const std::string& a) {
   if (a == "switch") return coll::algorithm::switch_agg;
@@ -181,7 +181,7 @@ coll::algorithm algorithm_named(const std::string& a) {
   return coll::algorithm::host_ring;
 }
 
-struct allreduce_row {
+struct coll_row {
   std::uint32_t hosts = 0;
   std::string algorithm;
   std::uint64_t bytes = 0;
@@ -206,12 +206,21 @@ std::uint64_t staging_of(const vt_options& o, std::uint32_t n) {
   return s;
 }
 
-allreduce_row run_allreduce(const emu::topology& models, const vt_options& o, std::uint32_t n, std::uint64_t bytes, const std::string& algo) {
-  allreduce_row row;
+coll_row run_collective(const emu::topology& models, const vt_options& o, std::uint32_t n, std::uint64_t bytes, const std::string& algo) {
+  coll_row row;
   row.hosts = n;
   row.algorithm = algo;
   row.bytes = bytes;
-  emu::topology t = emu::star(n, link_of(o));
+  emu::topology t;
+  if (o.hosts_per_leaf == 0) {
+    t = emu::star(n, link_of(o));
+  } else {
+    if (n % o.hosts_per_leaf != 0) {
+      row.error = std::to_string(n) + " hosts do not fill leaves of " + std::to_string(o.hosts_per_leaf);
+      return row;
+    }
+    t = emu::fat_tree(n / o.hosts_per_leaf, o.hosts_per_leaf, o.spines, link_of(o));
+  }
   t.nic = models.nic;
   t.switch_nic = models.switch_nic;
   t.switch_params = models.switch_params;
@@ -227,7 +236,11 @@ allreduce_row run_allreduce(const emu::topology& models, const vt_options& o, st
     row.error = fab.err().message;
     return row;
   }
-  const std::uint64_t count = bytes / 4;
+  // allreduce and broadcast: `bytes` in and out; allgather: `bytes` out, a block of bytes / n
+  // (float32 elements, rounded down, at least one) from each rank.
+  const std::uint64_t block = o.what == "allgather" ? std::max<std::uint64_t>(1, bytes / 4 / n) : 0;
+  const std::uint64_t count = o.what == "allgather" ? block * n : bytes / 4;
+  row.bytes = count * 4;
   std::vector<float> in(count);
   for (std::uint64_t i = 0; i < count; ++i) in[i] = value_at(i);
   // One output per rank while they fit in 2 GiB; else one shared (each rank checks it right
@@ -259,17 +272,21 @@ allreduce_row run_allreduce(const emu::topology& models, const vt_options& o, st
       }
       float* res = out[shared_out ? 0 : r].data();
       // One warm-up call (joins the switch, installs the ECs), of --warmup-bytes if given.
-      const std::uint64_t warm = o.warmup_bytes != 0 ? std::min(count, std::max<std::uint64_t>(1, o.warmup_bytes / 4)) : count;
+      const std::uint64_t warm = o.warmup_bytes != 0 ? std::min(count, std::max<std::uint64_t>(o.what == "allgather" ? n : 1, o.warmup_bytes / 4)) : count;
       for (std::uint32_t it = 0; it < 1 + o.iters; ++it) {
         const auto t0 = cl.host(r)->now();
-        auto x = cm.value()->allreduce(in.data(), res, it == 0 ? warm : count, coll::dtype::f32, coll::op::sum, a);
+        const std::uint64_t c = it == 0 ? warm : count;
+        result<void> x = o.what == "allgather"   ? cm.value()->allgather(in.data() + r * (c / n), res, c / n, coll::dtype::f32, a)
+                         : o.what == "broadcast" ? cm.value()->broadcast(in.data(), res, c, coll::dtype::f32, 0, a)
+                                                 : cm.value()->allreduce(in.data(), res, c, coll::dtype::f32, coll::op::sum, a);
         if (!x) {
           errors[r] = x.err().message;
           return;
         }
         if (it > 0) elapsed[r] += std::chrono::duration<double, std::micro>(cl.host(r)->now() - t0).count();
       }
-      for (std::uint64_t i = 0; i < count; ++i) wrong[r] += res[i] != value_at(i) * static_cast<float>(n);
+      const float times = o.what == "allreduce" ? static_cast<float>(n) : 1.0f;  // allgather, broadcast: the input itself
+      for (std::uint64_t i = 0; i < count; ++i) wrong[r] += res[i] != value_at(i) * times;
     });
   if (auto rr = cl.run(); !rr) row.error = rr.err().message;
   for (std::uint32_t r = 0; r < n && row.error.empty(); ++r)
@@ -290,10 +307,18 @@ std::string fmt_bytes(std::uint64_t b) {
   return buf;
 }
 
-// vt_allreduce.dat, .gp and .png: one panel per host count, modelled time per call against
+// nccl-tests' bus bandwidth factors: what each rank's link carries per byte of the result.
+double bus_factor(const std::string& what, std::uint32_t n) {
+  if (n < 2) return 0;
+  if (what == "allreduce") return 2.0 * (n - 1) / n;
+  if (what == "allgather") return static_cast<double>(n - 1) / n;
+  return 1.0;  // broadcast
+}
+
+// vt_<what>.dat, .gp and .png: one panel per host count, modelled time per call against
 // size, one line per algorithm (rows that failed are left out).
-void plot_allreduce(const vt_options& o, const std::vector<allreduce_row>& rows) {
-  const std::string base = o.out_dir + "/vt_allreduce";
+void plot_collective(const vt_options& o, const std::vector<coll_row>& rows) {
+  const std::string base = o.out_dir + "/vt_" + o.what;
   std::ostringstream dat;
   std::vector<std::pair<std::uint32_t, std::string>> series;
   for (std::uint32_t n : o.hosts)
@@ -308,8 +333,9 @@ void plot_allreduce(const vt_options& o, const std::vector<allreduce_row>& rows)
   const std::size_t cols = panels < 2 ? 1 : 2, lines = (panels + cols - 1) / cols;
   std::ostringstream gp;
   gp << "set terminal pngcairo size " << 600 * cols << "," << 420 * lines << " noenhanced\nset output '" << base << ".png'\n"
-     << "set multiplot layout " << lines << "," << cols << " title 'spin-bench vt allreduce: VIRTUAL TIME (modelled), float32 sum, "
-     << o.link_gbps << " Gbit/s links'\n"
+     << "set multiplot layout " << lines << "," << cols << " title 'spin-bench vt " << o.what
+     << ": VIRTUAL TIME (modelled), float32, " << o.link_gbps << " Gbit/s links, " << (o.hosts_per_leaf == 0 ? "star" : "fat tree")
+     << "'\n"
      << "set xlabel 'size (bytes)'\nset logscale x 2\nset format x '%.0b %BB'\nset logscale y\nset format y '%g'\n"
      << "set ylabel 'modelled time per call (us)'\nset key left top\nset grid\n";
   for (std::uint32_t n : o.hosts) {
@@ -327,32 +353,44 @@ void plot_allreduce(const vt_options& o, const std::vector<allreduce_row>& rows)
   else std::printf("wrote %s.png\n", base.c_str());
 }
 
-int run_allreduce_table(const vt_options& o) {
+int run_collective_table(const vt_options& o) {
   auto base = base_topology(o);
   if (!base) {
     std::fprintf(stderr, "spin-bench vt: %s\n", base.err().message.c_str());
     return 2;
   }
+  if (o.hosts_per_leaf != 0)
+    for (std::uint32_t n : o.hosts)
+      if (n % o.hosts_per_leaf != 0) {
+        std::fprintf(stderr, "spin-bench vt: %u hosts do not fill leaves of --hosts-per-leaf %u\n", n, o.hosts_per_leaf);
+        return 2;
+      }
   const emu::nic_model& m = base.value().nic;
-  std::printf("spin-bench vt allreduce: VIRTUAL TIME (spin::sim): spin::coll's float32 sum allreduce, its handlers' counted objects on\n"
-              "modelled NICs (%u x %u HPUs at %.2f GHz, cpi %.2f, PCIe %.0f Gbit/s) and a star of %.0f Gbit/s links (%.0f ns) around one\n"
-              "switch (its handler unit the same NIC model, %lld ns forwarding). time: modelled time of one call on rank 0 (mean of %u\n"
-              "after one warm-up); algbw = bytes/time, busbw = algbw x 2(n-1)/n. wall s: what simulating the row took on this machine.\n"
-              "Switch: %u x %u HPUs, %u slots per group; %u packets in flight per rank in the edge algorithms; payload %s bytes per\n"
-              "packet; staging %s bytes per rank (buffers outside the arena pass through it; 0: 4 GiB / (2 x hosts), 1 .. 32 MiB).\n\n",
-              m.clusters, m.hpus_per_cluster, m.hpu_ghz, m.cpi, m.pcie_gbps, o.link_gbps, o.link_latency_ns,
-              static_cast<long long>(base.value().switch_params.latency.count()), o.iters, base.value().switch_nic.clusters,
-              base.value().switch_nic.hpus_per_cluster, o.switch_slots, o.window,
-              o.packet_bytes == 0 ? "4096" : std::to_string(o.packet_bytes).c_str(),
+  const char* what = o.what == "allreduce" ? "float32 sum allreduce" : o.what == "allgather" ? "float32 allgather" : "float32 broadcast from rank 0";
+  const std::string shape = o.hosts_per_leaf == 0 ? std::string("a star of") :
+                            "a two-level fat tree (" + std::to_string(o.hosts_per_leaf) + " hosts per leaf, " + std::to_string(o.spines) + " spines) of";
+  std::printf("spin-bench vt %s: VIRTUAL TIME (spin::sim): spin::coll's %s, its handlers' counted objects on\n"
+              "modelled NICs (%u x %u HPUs at %.2f GHz, cpi %.2f, PCIe %.0f Gbit/s) and %s %.0f Gbit/s links (%.0f ns); switches\n"
+              "forward in %lld ns, their handler units %u x %u HPUs. time: modelled time of one call on rank 0 (mean of %u after one\n"
+              "warm-up); size: the result's bytes (allgather: every rank's block together); algbw = size/time, busbw = algbw x %s.\n"
+              "wall s: what simulating the row took on this machine. %u slots per group; %u packets in flight per rank in the edge\n"
+              "algorithms; payload %s bytes per packet; staging %s bytes per rank (buffers outside the arena pass through it;\n"
+              "auto: 4 GiB / (2 x hosts), 1 .. 32 MiB). host_ring is allreduce only.\n\n",
+              o.what.c_str(), what, m.clusters, m.hpus_per_cluster, m.hpu_ghz, m.cpi, m.pcie_gbps, shape.c_str(), o.link_gbps,
+              o.link_latency_ns, static_cast<long long>(base.value().switch_params.latency.count()), base.value().switch_nic.clusters,
+              base.value().switch_nic.hpus_per_cluster, o.iters,
+              o.what == "allreduce" ? "2(n-1)/n" : o.what == "allgather" ? "(n-1)/n" : "1",
+              o.switch_slots, o.window, o.packet_bytes == 0 ? "4096" : std::to_string(o.packet_bytes).c_str(),
               o.staging_bytes == 0 ? "auto" : std::to_string(o.staging_bytes).c_str());
   std::printf("%6s %-10s %9s %12s %9s %9s %6s %10s %10s %9s %9s %7s %9s %6s %7s\n", "hosts", "algorithm", "size", "time us", "algbw",
               "busbw", "#wrong", "pkt p50 ns", "pkt p99 ns", "host HPU%", "sw HPU%", "sw q max", "sw buf KiB", "drops", "wall s");
-  std::vector<allreduce_row> rows;
+  std::vector<coll_row> rows;
   bool ok = true;
   for (std::uint32_t n : o.hosts)
     for (std::uint64_t b : o.sizes)
       for (const std::string& algo : o.algorithms) {
-        allreduce_row r = run_allreduce(base.value(), o, n, b, algo);
+        if (algo == "host_ring" && o.what != "allreduce") continue;  // allreduce only
+        coll_row r = run_collective(base.value(), o, n, b, algo);
         if (!r.error.empty() || r.wrong != 0) ok = false;
         if (!r.error.empty()) {
           std::printf("%6u %-10s %9s  failed: %s\n", n, algo.c_str(), fmt_bytes(b).c_str(), r.error.c_str());
@@ -369,9 +407,9 @@ int run_allreduce_table(const vt_options& o) {
         for (const auto& nd : r.st.nodes) {
           for (auto d : nd.drops) drops += d;
           const double occ = now > 0 ? static_cast<double>(nd.hpu_busy.count()) / now / nd.hpus : 0;
-          if (nd.is_switch) {
-            sw_busy = occ;
-            sw_buf = nd.packet_buffer_max;
+          if (nd.is_switch) {  // the busiest switch
+            sw_busy = std::max(sw_busy, occ);
+            sw_buf = std::max(sw_buf, nd.packet_buffer_max);
           } else {
             host_busy += occ / n;
             for (std::size_t k = 0; k < lat.buckets.size(); ++k) lat.buckets[k] += nd.latency.buckets[k];
@@ -380,10 +418,10 @@ int run_allreduce_table(const vt_options& o) {
           }
         }
         for (const auto& p : r.st.ports)
-          if (p.from == "s0") qmax = std::max(qmax, p.depth_max);
-        const double algbw = r.time_us > 0 ? static_cast<double>(b) / r.time_us / 1e3 : 0;
+          if (p.from[0] != 'h') qmax = std::max(qmax, p.depth_max);  // a switch's port ("s..", "l..")
+        const double algbw = r.time_us > 0 ? static_cast<double>(r.bytes) / r.time_us / 1e3 : 0;
         std::printf("%6u %-10s %9s %12.1f %9.2f %9.2f %6llu %10.0f %10.0f %9.2f %9.2f %7u %9.0f %6llu %7.1f\n", n, algo.c_str(),
-                    fmt_bytes(b).c_str(), r.time_us, algbw, algbw * (n > 1 ? 2.0 * (n - 1) / n : 0), static_cast<unsigned long long>(r.wrong),
+                    fmt_bytes(r.bytes).c_str(), r.time_us, algbw, algbw * bus_factor(o.what, n), static_cast<unsigned long long>(r.wrong),
                     ps_to_ns(lat.quantile(0.5)), ps_to_ns(lat.quantile(0.99)), 100 * host_busy, 100 * sw_busy, qmax,
                     static_cast<double>(sw_buf) / 1024, static_cast<unsigned long long>(drops), r.wall_s);
         std::fflush(stdout);
@@ -396,13 +434,13 @@ int run_allreduce_table(const vt_options& o) {
   for (const auto& r : rows) {
     const double algbw = r.time_us > 0 ? static_cast<double>(r.bytes) / r.time_us / 1e3 : 0;
     csv += std::to_string(r.hosts) + "," + r.algorithm + "," + std::to_string(r.bytes) + "," + std::to_string(r.time_us) + "," +
-           std::to_string(algbw) + "," + std::to_string(algbw * (r.hosts > 1 ? 2.0 * (r.hosts - 1) / r.hosts : 0)) + "," +
+           std::to_string(algbw) + "," + std::to_string(algbw * bus_factor(o.what, r.hosts)) + "," +
            std::to_string(r.wrong) + "," + csv_field(r.error) + "\n";
   }
-  const std::string path = o.out_dir + "/vt_allreduce.csv";
+  const std::string path = o.out_dir + "/vt_" + o.what + ".csv";
   if (!write_text(path, csv)) std::fprintf(stderr, "spin-bench vt: cannot write %s\n", path.c_str());
   else std::printf("\nwrote %s\n", path.c_str());
-  if (o.plots) plot_allreduce(o, rows);
+  if (o.plots) plot_collective(o, rows);
   return ok ? 0 : 1;
 }
 
@@ -410,8 +448,8 @@ int run_allreduce_table(const vt_options& o) {
 
 int run_vt(const vt_options& o) {
   if (o.what == "pspin") return run_pspin(o);
-  if (o.what == "allreduce") return run_allreduce_table(o);
-  std::fprintf(stderr, "spin-bench vt: unknown benchmark '%s' (pspin)\n", o.what.c_str());
+  if (o.what == "allreduce" || o.what == "allgather" || o.what == "broadcast") return run_collective_table(o);
+  std::fprintf(stderr, "spin-bench vt: unknown benchmark '%s' (pspin, allreduce, allgather, broadcast)\n", o.what.c_str());
   return 2;
 }
 

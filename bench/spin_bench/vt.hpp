@@ -4,6 +4,7 @@
 //   pspin     the standard ping-pong handler on PsPIN's default NIC beside PsPIN's published
 //             figures (ISCA 2021): handler time, feedback throughput, latency idle and loaded
 //   allreduce spin::coll's allreduce (switch, edge_ring, host_ring) per host count and size
+//   allgather, broadcast: the same for spin::coll's allgather and broadcast (switch, edge_ring)
 #pragma once
 
 #include <cstdint>
@@ -13,11 +14,13 @@
 namespace spin::bench {
 
 struct vt_options {
-  std::string what = "pspin";       ///< pspin, allreduce
+  std::string what = "pspin";       ///< pspin, allreduce, allgather, broadcast
   std::string topology_file;        ///< models (and, for allreduce, the hosts) from a topology file; empty: defaults
   std::vector<std::uint32_t> hosts{4};
   std::vector<std::uint64_t> sizes{std::uint64_t{1} << 20};  ///< bytes (float32 elements)
   std::vector<std::string> algorithms{"switch", "edge_ring", "host_ring"};
+  std::uint32_t hosts_per_leaf = 0; ///< collectives: 0, a star; else a two-level fat tree with this many hosts per leaf
+  std::uint32_t spines = 1;         ///< collectives: spine switches of the fat tree
   double link_gbps = 400;           ///< links of the generated topologies
   double link_latency_ns = 500;
   std::uint32_t iters = 2;          ///< timed calls (after one warm-up)

@@ -263,6 +263,16 @@ def main():
         blocks = [b for b in open(os.path.join(vd, "vt_allreduce.dat")).read().split("\n\n") if b.strip()]
         check(len(blocks) == 2 and all(len(b.strip().splitlines()) == 3 for b in blocks),
               "vt_allreduce.dat: two series of two sizes: %r" % blocks)
+        # allgather and broadcast (switch and edge_ring; host_ring is allreduce only), on a fat tree.
+        for what in ("allgather", "broadcast"):
+            rc, out, err = run([exe, "vt", what, "-n", "8", "--hosts-per-leaf", "4", "--spines", "2", "--size", "65536", "--iters", "1",
+                                "--no-plot", "--out", vd], 300)
+            check(rc == 0 and "fat tree" in out, "vt %s on a fat tree: status %d (stderr %r)" % (what, rc, err[-300:]))
+            rows = [l.split(",") for l in open(os.path.join(vd, "vt_%s.csv" % what)).read().splitlines()[1:]]
+            check(sorted(r[1] for r in rows) == ["edge_ring", "switch"] and all(r[6] == "0" and float(r[3]) > 0 for r in rows),
+                  "vt_%s.csv: two exact rows with a time: %s" % (what, rows))
+        rc, out, err = run([exe, "vt", "allreduce", "-n", "6", "--hosts-per-leaf", "4", "--out", vd], 60)
+        check(rc == 2 and "do not fill leaves" in err, "vt with 6 hosts in leaves of 4: status %d (stderr %r)" % (rc, err[-300:]))
         rc, out, err = run([exe, "vt", "pspin", "--topology", os.path.join(d, "no-such.toml")], 60)
         check(rc == 2 and "no-such.toml" in err, "vt with a missing topology file: status %d (stderr %r)" % (rc, err[-300:]))
 
