@@ -46,6 +46,10 @@ struct coll_options {
   std::string spin_mpi_lib;                         ///< libspin-mpi.so (for edge_ring_mpi, host_ring_mpi)
   std::string spin_emu;                             ///< the spin-emu binary (ditto)
   bool plots = true;
+  /// After the wall-clock tables, the same allreduce of spin::coll's in-process algorithms
+  /// (float32, the same ranks, sizes, packet size, window and slots) in virtual time
+  /// (spin-bench vt allreduce: PsPIN's NIC model, 400 Gbit/s links of link_latency_ns).
+  bool virtual_time = false;
 };
 
 /// Runs the tables, prints them, writes coll.csv, coll.json and coll.png to out_dir. Exit

@@ -184,6 +184,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   cc->add_option("--out", c.out_dir, "directory for coll.csv, .json, .dat, .gp and .png")->capture_default_str();
   cc->add_flag("!--no-plot", c.plots, "do not run gnuplot");
+  cc->add_flag("--virtual-time", c.virtual_time,
+               "after the wall-clock tables, the same allreduce of switch, edge_ring and host_ring in virtual time (modelled sPIN NICs "
+               "and 400 Gbit/s links; spin-bench vt allreduce)");
   spin::bench::groups_options gr;
   CLI::App* gc = app.add_subcommand(
       "groups",

@@ -161,9 +161,14 @@ def main():
         td = os.path.join(d, "t")
         rc, out, err = run([exe, "coll", "-b", "4096", "-e", "65536", "-f", "16", "--iters", "2", "--warmup", "1", "--no-plot",
                             "--out", td, "--algorithm", "switch", "edge_ring", "--dtype", "f32", "bf16", "mxfp8_e4m3",
-                            "bfp16_16"], 600)
+                            "bfp16_16", "--virtual-time"], 600)
         print(out[-3000:])
         check(rc == 0, "spin-bench coll --dtype exit status %d (stderr: %s)" % (rc, err[-2000:]))
+        # --virtual-time: the same sizes and algorithms in virtual time after the wall-clock tables, labelled.
+        check(out.find("WALL-CLOCK") < out.find("VIRTUAL TIME"), "coll --virtual-time: wall-clock tables first, then virtual time")
+        vrows = [l.split(",") for l in open(os.path.join(td, "vt_allreduce.csv")).read().splitlines()[1:]]
+        check(sorted((r[1], r[2]) for r in vrows) == [("edge_ring", "4096"), ("edge_ring", "65536"), ("switch", "4096"), ("switch", "65536")]
+              and all(r[6] == "0" for r in vrows), "coll --virtual-time: vt_allreduce.csv %s" % vrows)
         if rc == 0:
             tj = json.load(open(os.path.join(td, "coll.json")))
             check(tj["exact"] is True, "coll.json (--dtype): exact")
