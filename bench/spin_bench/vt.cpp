@@ -15,6 +15,8 @@
 #include <cstring>
 #include <filesystem>
 #include <sstream>
+#include <sys/mman.h>
+#include <unistd.h>
 
 namespace spin::bench {
 namespace {
@@ -192,9 +194,52 @@ struct coll_row {
   double wall_s = 0;           // wall-clock seconds the simulation took (this machine)
 };
 
-// The values every rank contributes (one shared vector, so that 256 ranks of 1 GiB fit): small
-// integers, whose sum over up to 2^16 ranks is exact in float32.
+// The values every rank contributes (one shared input, so that 256 ranks of 1 GiB fit): small
+// integers, whose sum over up to 2^16 ranks is exact in float32. Period 13 (pattern_input).
 float value_at(std::uint64_t i) { return static_cast<float>(i % 13); }
+
+// The shared input: count float32 values value_at(i) whose pages repeat one block of 13 x 4 MiB
+// (value_at's period divides the block), mapped again and again from one memfd, so that 8 GiB
+// of input take 52 MiB of memory (the outputs take their full size). Read-only.
+class pattern_input {
+ public:
+  explicit pattern_input(std::uint64_t count) {
+    constexpr std::uint64_t block = std::uint64_t{13} << 22;  // bytes: 13 x 4 MiB
+    const std::uint64_t bytes = std::max<std::uint64_t>(count * 4, 1);
+    _len = (bytes + block - 1) / block * block;
+    const int fd = ::memfd_create("spin-bench-vt-input", 0);
+    if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(block)) != 0) {
+      if (fd >= 0) ::close(fd);
+      return;
+    }
+    void* b = ::mmap(nullptr, block, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (b != MAP_FAILED) {
+      auto* f = static_cast<float*>(b);
+      for (std::uint64_t i = 0; i < block / 4; ++i) f[i] = value_at(i);
+      ::munmap(b, block);
+      void* r = ::mmap(nullptr, _len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (r != MAP_FAILED) {
+        _base = static_cast<char*>(r);
+        for (std::uint64_t off = 0; off < _len && _base != nullptr; off += block)
+          if (::mmap(_base + off, block, PROT_READ, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+            ::munmap(_base, _len);
+            _base = nullptr;
+          }
+      }
+    }
+    ::close(fd);
+  }
+  ~pattern_input() {
+    if (_base != nullptr) ::munmap(_base, _len);
+  }
+  pattern_input(const pattern_input&) = delete;
+  pattern_input& operator=(const pattern_input&) = delete;
+  const float* data() const { return reinterpret_cast<const float*>(_base); }
+
+ private:
+  char* _base = nullptr;
+  std::uint64_t _len = 0;
+};
 
 // The inputs and outputs pass through each rank's two staging buffers (they are not in the
 // communicator's arena): larger buffers mean fewer epochs per call, and 2 x hosts of them must
@@ -241,8 +286,11 @@ coll_row run_collective(const emu::topology& models, const vt_options& o, std::u
   const std::uint64_t block = o.what == "allgather" ? std::max<std::uint64_t>(1, bytes / 4 / n) : 0;
   const std::uint64_t count = o.what == "allgather" ? block * n : bytes / 4;
   row.bytes = count * 4;
-  std::vector<float> in(count);
-  for (std::uint64_t i = 0; i < count; ++i) in[i] = value_at(i);
+  const pattern_input in(count);
+  if (in.data() == nullptr) {
+    row.error = std::string("cannot map the input: ") + std::strerror(errno);
+    return row;
+  }
   // One output per rank while they fit in 2 GiB; else one shared (each rank checks it right
   // after its call, before any other rank runs: actors hand over only in waits).
   const bool shared_out = static_cast<double>(n) * static_cast<double>(bytes) > 2.0 * (1ull << 30);
