@@ -276,7 +276,9 @@ coll_row run_collective(const emu::topology& models, const vt_options& o, std::u
     return row;
   }
   sim::cluster& cl = *c.value();
-  auto fab = coll::fabric::create(t, cl.controls());
+  coll::fabric_options fo;
+  fo.slots_per_switch = std::max(fo.slots_per_switch, o.switch_slots);  // the group may take more than the default pool
+  auto fab = coll::fabric::create(t, cl.controls(), fo);
   if (!fab) {
     row.error = fab.err().message;
     return row;
