@@ -4,18 +4,16 @@
 #include <spin/cc/object.hpp>
 
 #include "icount.hpp"
+#include "ir_io.hpp"
 
 #include <llvm/ADT/StringExtras.h>
 #include <llvm/Analysis/LoopInfo.h>
-#include <llvm/Bitcode/BitcodeReader.h>
-#include <llvm/Bitcode/BitcodeWriter.h>
 #include <llvm/BinaryFormat/Dwarf.h>
 #include <llvm/IR/DebugInfo.h>
 #include <llvm/IR/DebugInfoMetadata.h>
 #include <llvm/IR/Dominators.h>
 #include <llvm/IR/LLVMContext.h>
 #include <llvm/IR/Module.h>
-#include <llvm/IR/Verifier.h>
 #include <llvm/Support/FileSystem.h>
 #include <llvm/Support/MemoryBuffer.h>
 #include <llvm/Support/Path.h>
@@ -519,57 +517,45 @@ result<compiled> build_native(const std::string& source, const std::string& sour
 //  - struct debug types keep only their data members: clang 16's BTF writer casts every element
 //    of a struct to a data member and crashes on member functions (spin::ctx has many).
 result<void> prepare_bpf_ir(const std::string& in, const std::string& out) {
-  auto buf = llvm::MemoryBuffer::getFile(in);
-  if (!buf) return fail(errc::bad_state, "cannot read " + in + ": " + buf.getError().message());
-  llvm::LLVMContext ctx;
-  auto mod = llvm::parseBitcodeFile((*buf)->getMemBufferRef(), ctx);
-  if (!mod) return fail(errc::bad_state, "cannot parse clang's IR: " + llvm::toString(mod.takeError()));
-  llvm::Module& m = **mod;
-  for (llvm::Function& f : m) {
-    f.removeFnAttr(llvm::Attribute::StackProtect);
-    f.removeFnAttr(llvm::Attribute::StackProtectStrong);
-    f.removeFnAttr(llvm::Attribute::StackProtectReq);
-    if (f.isDeclaration()) continue;
-    const llvm::DominatorTree dt(f);
-    const llvm::LoopInfo loops(dt);
-    for (llvm::Loop* l : loops.getLoopsInPreorder()) llvm::addStringMetadataToLoop(l, "llvm.loop.unroll.full");
-    if (f.hasSection() && f.getSection().startswith(".spin.")) continue;
-    f.removeFnAttr(llvm::Attribute::OptimizeNone);
-    f.removeFnAttr(llvm::Attribute::NoInline);
-    f.addFnAttr(llvm::Attribute::AlwaysInline);
-    if (!f.hasLocalLinkage()) {
-      f.setComdat(nullptr);
-      f.setLinkage(llvm::GlobalValue::InternalLinkage);
-      f.setVisibility(llvm::GlobalValue::DefaultVisibility);
+  return rewrite_bitcode(in, out, "prepared for BPF", [](llvm::Module& m) -> result<void> {
+    llvm::LLVMContext& ctx = m.getContext();
+    for (llvm::Function& f : m) {
+      f.removeFnAttr(llvm::Attribute::StackProtect);
+      f.removeFnAttr(llvm::Attribute::StackProtectStrong);
+      f.removeFnAttr(llvm::Attribute::StackProtectReq);
+      if (f.isDeclaration()) continue;
+      const llvm::DominatorTree dt(f);
+      const llvm::LoopInfo loops(dt);
+      for (llvm::Loop* l : loops.getLoopsInPreorder()) llvm::addStringMetadataToLoop(l, "llvm.loop.unroll.full");
+      if (f.hasSection() && f.getSection().startswith(".spin.")) continue;
+      f.removeFnAttr(llvm::Attribute::OptimizeNone);
+      f.removeFnAttr(llvm::Attribute::NoInline);
+      f.addFnAttr(llvm::Attribute::AlwaysInline);
+      if (!f.hasLocalLinkage()) {
+        f.setComdat(nullptr);
+        f.setLinkage(llvm::GlobalValue::InternalLinkage);
+        f.setVisibility(llvm::GlobalValue::DefaultVisibility);
+      }
     }
-  }
-  llvm::DebugInfoFinder finder;
-  finder.processModule(m);
-  for (llvm::DIType* t : finder.types()) {
-    auto* ct = llvm::dyn_cast<llvm::DICompositeType>(t);
-    if (ct == nullptr) continue;
-    llvm::SmallVector<llvm::Metadata*> keep;
-    bool dropped = false;
-    for (llvm::DINode* e : ct->getElements()) {
-      auto* d = llvm::dyn_cast_or_null<llvm::DIDerivedType>(e);
-      const bool data_member = d != nullptr && !d->isStaticMember() &&
-                               (d->getTag() == llvm::dwarf::DW_TAG_member || d->getTag() == llvm::dwarf::DW_TAG_inheritance);
-      if (data_member) keep.push_back(e);
-      else dropped = true;
+    llvm::DebugInfoFinder finder;
+    finder.processModule(m);
+    for (llvm::DIType* t : finder.types()) {
+      auto* ct = llvm::dyn_cast<llvm::DICompositeType>(t);
+      if (ct == nullptr) continue;
+      llvm::SmallVector<llvm::Metadata*> keep;
+      bool dropped = false;
+      for (llvm::DINode* e : ct->getElements()) {
+        auto* d = llvm::dyn_cast_or_null<llvm::DIDerivedType>(e);
+        const bool data_member = d != nullptr && !d->isStaticMember() &&
+                                 (d->getTag() == llvm::dwarf::DW_TAG_member || d->getTag() == llvm::dwarf::DW_TAG_inheritance);
+        if (data_member) keep.push_back(e);
+        else dropped = true;
+      }
+      // Operand 4 of a DICompositeType is its element list (replaceElements only grows it).
+      if (dropped) ct->replaceOperandWith(4, llvm::MDTuple::get(ctx, keep));
     }
-    // Operand 4 of a DICompositeType is its element list (replaceElements only grows it).
-    if (dropped) ct->replaceOperandWith(4, llvm::MDTuple::get(ctx, keep));
-  }
-  std::string broken;
-  llvm::raw_string_ostream bs(broken);
-  if (llvm::verifyModule(m, &bs)) return fail(errc::bad_state, "spinc broke the IR it prepared for BPF: " + bs.str());
-  std::error_code ec;
-  llvm::raw_fd_ostream os(out, ec, llvm::sys::fs::OF_None);
-  if (ec) return fail(errc::bad_state, "cannot write " + out + ": " + ec.message());
-  llvm::WriteBitcodeToFile(m, os);
-  os.close();
-  if (os.has_error()) return fail(errc::bad_state, "cannot write " + out + ": " + os.error().message());
-  return {};
+    return {};
+  });
 }
 
 result<compiled> build_ebpf(const std::string& source, const std::string& source_dir, const checked& chk,

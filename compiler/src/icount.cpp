@@ -20,9 +20,8 @@
 // before the call, the call included) and when a handler returns, and a loop pays one register
 // add per iteration, not a memory update.
 #include "icount.hpp"
+#include "ir_io.hpp"
 
-#include <llvm/Bitcode/BitcodeReader.h>
-#include <llvm/Bitcode/BitcodeWriter.h>
 #include <llvm/IR/Constants.h>
 #include <llvm/IR/Dominators.h>
 #include <llvm/IR/IRBuilder.h>
@@ -30,9 +29,6 @@
 #include <llvm/IR/IntrinsicInst.h>
 #include <llvm/IR/LLVMContext.h>
 #include <llvm/IR/Module.h>
-#include <llvm/IR/Verifier.h>
-#include <llvm/Support/FileSystem.h>
-#include <llvm/Support/MemoryBuffer.h>
 #include <llvm/Support/raw_ostream.h>
 #include <llvm/Transforms/Utils/PromoteMemToReg.h>
 
@@ -222,35 +218,22 @@ void instrument(llvm::Function& f, llvm::GlobalVariable* counter) {
 } // namespace
 
 result<void> instrument_ir(const std::string& in, const std::string& out) {
-  auto buf = llvm::MemoryBuffer::getFile(in);
-  if (!buf) return fail(errc::bad_state, "cannot read " + in + ": " + buf.getError().message());
-  llvm::LLVMContext ctx;
-  auto mod = llvm::parseBitcodeFile((*buf)->getMemBufferRef(), ctx);
-  if (!mod) return fail(errc::bad_state, "cannot parse clang's IR: " + llvm::toString(mod.takeError()));
-  llvm::Module& m = **mod;
-  if (m.getNamedValue(instruction_counter_symbol) != nullptr)
-    return fail(errc::invalid_argument, std::string("the handler file defines '") + instruction_counter_symbol +
-                                            "', the name of spinc's instruction counter");
-  llvm::Type* i64 = llvm::Type::getInt64Ty(ctx);
-  // linkonce_odr: the handler's object and spinc's support object each define it; the link keeps one.
-  auto* counter = new llvm::GlobalVariable(m, i64, false, llvm::GlobalValue::LinkOnceODRLinkage,
-                                           llvm::ConstantInt::get(i64, 0), instruction_counter_symbol);
-  counter->setComdat(m.getOrInsertComdat(instruction_counter_symbol));
-  counter->setAlignment(llvm::Align(8));
-  // spinc's memcpy, memmove and memset: their callers' llvm.mem* intrinsics are charged as word
-  // loops (ir_cost), so their own loops (bytes, as spinc writes them) do not count again.
-  for (llvm::Function& f : m)
-    if (!f.isDeclaration() && f.getName() != "memcpy" && f.getName() != "memmove" && f.getName() != "memset") instrument(f, counter);
-  std::string broken;
-  llvm::raw_string_ostream bs(broken);
-  if (llvm::verifyModule(m, &bs)) return fail(errc::bad_state, "spinc broke the IR it instrumented: " + bs.str());
-  std::error_code ec;
-  llvm::raw_fd_ostream os(out, ec, llvm::sys::fs::OF_None);
-  if (ec) return fail(errc::bad_state, "cannot write " + out + ": " + ec.message());
-  llvm::WriteBitcodeToFile(m, os);
-  os.close();
-  if (os.has_error()) return fail(errc::bad_state, "cannot write " + out + ": " + os.error().message());
-  return {};
+  return rewrite_bitcode(in, out, "instrumented", [](llvm::Module& m) -> result<void> {
+    if (m.getNamedValue(instruction_counter_symbol) != nullptr)
+      return fail(errc::invalid_argument, std::string("the handler file defines '") + instruction_counter_symbol +
+                                              "', the name of spinc's instruction counter");
+    llvm::Type* i64 = llvm::Type::getInt64Ty(m.getContext());
+    // linkonce_odr: the handler's object and spinc's support object each define it; the link keeps one.
+    auto* counter = new llvm::GlobalVariable(m, i64, false, llvm::GlobalValue::LinkOnceODRLinkage,
+                                             llvm::ConstantInt::get(i64, 0), instruction_counter_symbol);
+    counter->setComdat(m.getOrInsertComdat(instruction_counter_symbol));
+    counter->setAlignment(llvm::Align(8));
+    // spinc's memcpy, memmove and memset: their callers' llvm.mem* intrinsics are charged as word
+    // loops (ir_cost), so their own loops (bytes, as spinc writes them) do not count again.
+    for (llvm::Function& f : m)
+      if (!f.isDeclaration() && f.getName() != "memcpy" && f.getName() != "memmove" && f.getName() != "memset") instrument(f, counter);
+    return {};
+  });
 }
 
 } // namespace spin::cc
