@@ -7,6 +7,7 @@
 #include <spin/rt/runtime.hpp>
 #include <spin/sim/cluster.hpp>
 
+#include <array>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -224,7 +225,7 @@ public:
   emu::group_registry groups;
   std::vector<cluster_state> clusters;
   std::uint64_t pb_used = 0;
-  std::map<ps, ps> dma_busy;  // the DMA engine's reserved intervals, [start, end), by start
+  std::array<std::map<ps, ps>, 2> dma_busy;  // the DMA engine's reserved intervals, [start, end), by start: to the host, from it
   std::unordered_map<std::uint64_t, message_times> messages;
   std::unordered_map<rt::ec_id, std::uint64_t> visible;  // events the host may read, per EC
   std::vector<actor*> waiters;

@@ -179,9 +179,10 @@ result<void> make_node_runtime(cluster::impl& sim, impl_node& nd) {
 ps cluster::impl::dma(impl_node& nd, ps t, std::uint64_t bytes, bool to_host) {
   // Handlers reserve the engine at their own modelled times, which are not the order they run
   // in here: a transfer takes the first free interval at or after `t` (first come, first served
-  // in virtual time), not the end of the last reservation.
+  // in virtual time), not the end of the last reservation. PCIe is full duplex: writes to the
+  // host and reads from it each have their own direction (and intervals) at pcie_gbps.
   const ps xfer = static_cast<ps>(std::ceil(static_cast<double>(bytes) * 8000.0 / nd.model.pcie_gbps));
-  auto& busy = nd.dma_busy;
+  auto& busy = nd.dma_busy[to_host ? 0 : 1];
   while (!busy.empty() && busy.begin()->second <= now) busy.erase(busy.begin());
   ps start = t;
   auto it = busy.upper_bound(start);

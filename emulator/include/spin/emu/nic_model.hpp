@@ -57,8 +57,9 @@ struct nic_model {
   /// One way over PCIe, for DMA to and from the host, events and the host's doorbells. PsPIN
   /// assumes none; this is a PCIe 4 round trip of about 1 us. 0..1 s.
   std::chrono::nanoseconds pcie_latency{500};
-  /// DMA bandwidth of the host interface (Gbit/s); one DMA engine, first come first served.
-  /// PsPIN's host interface: 512. (0.001, 1e6].
+  /// DMA bandwidth of the host interface (Gbit/s) in each direction (PCIe is full duplex:
+  /// writes to the host and reads from it do not share it); per direction one DMA engine, first
+  /// come first served. PsPIN's host interface: 512. (0.001, 1e6].
   double pcie_gbps = 512;
   /// NIC memory for handler memory and scratchpads (bytes): PsPIN's L2 handler memory is 4 MiB;
   /// the default is larger because a collective engine's state for many ranks needs it.

@@ -102,7 +102,7 @@ struct node_stats {
   std::array<std::uint64_t, drop_count> drops{};
   picoseconds hpu_busy{0};      ///< sum over HPUs of the time they ran handlers
   std::uint32_t hpus = 0;       ///< clusters x HPUs per cluster
-  picoseconds dma_busy{0};      ///< time the DMA engine moved bytes
+  picoseconds dma_busy{0};      ///< time the DMA engine moved bytes (both directions together: up to twice the time)
   std::uint64_t dma_bytes = 0;
   std::uint64_t packet_buffer_max = 0;  ///< bytes, high-water mark
   std::uint32_t waiting_max = 0;        ///< packets waiting for an HPU, high-water mark (all clusters)
