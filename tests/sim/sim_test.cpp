@@ -311,6 +311,64 @@ TEST_CASE("a message's packets run on every cluster's HPUs when its home cluster
   CHECK(static_cast<double>(b.end_ps - a.end_ps) / 1000.0 / 500 == doctest::Approx(handler_ns).epsilon(0.01));
 }
 
+TEST_CASE("PCIe is full duplex: a NIC reads a message from its host while it writes another to it at full rate each way") {
+  // Two hosts send each other 1 MiB at once over a 4 Tbit/s link; each NIC's DMA engine reads
+  // the outgoing message from its host (10 Gbit/s PCIe: 839 us) while the to_host handler
+  // writes the incoming one. Sharing one direction would take twice as long.
+  emu::link_model fast;
+  fast.rate_gbps = 4000;
+  fast.queue_packets = 1 << 16;
+  emu::topology t = emu::pair(fast);
+  t.nic.pcie_gbps = 10;
+  auto c = sim::cluster::create(t);
+  REQUIRE_MESSAGE(c.ok(), c.err().message);
+  sim::cluster& cl = *c.value();
+  auto pkg = rt::load_package_file(package_dir + "/to_host.native.spkg");
+  REQUIRE_MESSAGE(pkg.ok(), pkg.err().message);
+  constexpr std::size_t bytes = 1 << 20;
+  std::array<std::vector<std::byte>, 2> out, in;
+  std::array<rt::region_id, 2> out_region{}, in_region{};
+  for (std::uint32_t h = 0; h < 2; ++h) {
+    out[h].resize(bytes);
+    in[h].assign(bytes, std::byte{0});
+    for (std::size_t i = 0; i < bytes; ++i) out[h][i] = static_cast<std::byte>((i * 7 + h * 3) & 0xff);
+    auto o = cl.node(h).register_host_memory(out[h]);
+    auto r = cl.node(h).register_host_memory(in[h]);
+    REQUIRE(o.ok());
+    REQUIRE(r.ok());
+    out_region[h] = o.value();
+    in_region[h] = r.value();
+    rt::ec_config e;
+    e.name = "to_host";
+    e.match.bits = 9;
+    e.window = rt::host_window{in_region[h], 0, bytes};
+    REQUIRE(pkg.value().bind(e).ok());
+    REQUIRE(cl.node(h).install(e).ok());
+  }
+  for (std::uint32_t h = 0; h < 2; ++h)
+    cl.spawn("h" + std::to_string(h), [&, h] {
+      host::message m;
+      m.dest_rank = 1 - h;
+      m.match_bits = 9;
+      m.message_id = 1;
+      m.region = out_region[h];
+      m.len_bytes = bytes;
+      REQUIRE(cl.node(h).post(m).ok());
+    });
+  REQUIRE(cl.run().ok());
+  CHECK(in[0] == out[1]);
+  CHECK(in[1] == out[0]);
+  const auto st = cl.stats();
+  const double one_way_ns = bytes * 8.0 / 10;  // 838861 ns
+  for (std::uint32_t h = 0; h < 2; ++h) {
+    CHECK(st.nodes[h].dma_bytes == 2 * bytes);
+    CHECK(static_cast<double>(st.nodes[h].dma_busy.count()) / 1000 == doctest::Approx(2 * one_way_ns).epsilon(0.001));
+  }
+  // Both directions at once: the whole exchange takes one direction's time (plus latencies).
+  CHECK(static_cast<double>(st.now.count()) / 1000 > one_way_ns);
+  CHECK(static_cast<double>(st.now.count()) / 1000 < 1.05 * one_way_ns);
+}
+
 TEST_CASE("a port queue never holds more than queue_packets: the excess is dropped and counted, and the NIC's packet buffer likewise") {
   // Incast: three hosts stream at 100 Gbit/s into one 100 Gbit/s switch port.
   emu::link_model lm;
