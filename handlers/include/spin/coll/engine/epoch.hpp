@@ -31,6 +31,11 @@ errc engine<Red>::send_to_rank(spin::ctx* ctx, state* s, u32 dest, u32 kind, u32
     const void* data, u32 len, const params& p, u16 slot) {
   send_desc d = engine_desc(s, kind, epoch, aux, elems, data, len, p, slot);
   d.dest_rank = dest;
+  return send_built(ctx, s, d, kind);
+}
+
+template <class Red>
+errc engine<Red>::send_built(spin::ctx* ctx, state* s, send_desc& d, u32 kind) {
   d.message_id = add(&s->send_seq, 1);
   const errc e = ctx->send(d);
   if (e != errc::ok) drop(s, dr_send);
@@ -162,7 +167,7 @@ void engine<Red>::run(spin::ctx* ctx, state* s, bank* b) {
   }
   if (r.via_switch && !r.multicast()) {
     // One packet per slot: the first `slots` packets go at once (SwitchML's worker start).
-    for (u64 j = 0; j < r.g.total && j < r.slots; ++j) originate_up(ctx, s, b, r, j);
+    originate_up_burst(ctx, s, b, r);
   } else {
     originate_next(ctx, s, b, r, b->d.window);
   }

@@ -8,18 +8,52 @@ namespace spin::coll::engine_detail {
 template <class Red>
 void engine<Red>::originate_up(spin::ctx* ctx, state* s, bank* b, const roles& r, u64 j) {
   const u64 c = r.g.chunk_of(j);
-  const u64 lo = r.g.packet_lo(c, j);
   const u32 n = static_cast<u32>(r.g.packet_len(c, j));
   const params& p = b->d.p;
   u8* el = ctx->scratchpad<u8>(0, max_packet_bytes);
   if (el == nullptr) return;
-  if (ctx->dma_from_host(el, addr(b->d.in, r.g, c, lo, p.elem_bytes), u64{n} * p.elem_bytes) != errc::ok) {
+  if (ctx->dma_from_host(el, addr(b->d.in, r.g, c, r.g.packet_lo(c, j), p.elem_bytes), u64{n} * p.elem_bytes) != errc::ok) {
     drop(s, dr_dma);
     return;
   }
+  send_desc d;
+  send_up(ctx, s, b, r, j, el, d);
+}
+
+template <class Red>
+void engine<Red>::originate_up_burst(spin::ctx* ctx, state* s, bank* b, const roles& r) {
+  const u64 count = r.g.total < r.slots ? r.g.total : u64{r.slots};
+  // Step j sends packet j - burst_bufs (its read issued burst_bufs steps earlier) and reads
+  // packet j into the buffer that packet just left. A packet whose read failed is not sent:
+  // repair resends it like a lost one.
+  b->burst_ok = 0;
+  for (u64 j = 0; j < count + burst_bufs; ++j) {
+    const u32 i = static_cast<u32>(spin::rem(j, u64{burst_bufs}));
+    if (j >= burst_bufs && (b->burst_ok >> i & 1u) != 0) {
+      if (ctx->dma_wait(b->burst_dma[i]) == errc::ok) send_up(ctx, s, b, r, j - burst_bufs, b->burst[i], b->burst_desc);
+      else drop(s, dr_dma);
+    }
+    if (j >= count) continue;
+    const u64 c = r.g.chunk_of(j);
+    if (ctx->dma_from_host_nb(b->burst[i], addr(b->d.in, r.g, c, r.g.packet_lo(c, j), b->d.p.elem_bytes),
+                              r.g.packet_len(c, j) * b->d.p.elem_bytes, b->burst_dma[i]) == errc::ok) {
+      b->burst_ok |= 1u << i;
+    } else {
+      b->burst_ok &= ~(1u << i);
+      drop(s, dr_dma);
+    }
+  }
+}
+
+template <class Red>
+void engine<Red>::send_up(spin::ctx* ctx, state* s, bank* b, const roles& r, u64 j, u8* el, send_desc& d) {
+  const u64 c = r.g.chunk_of(j);
+  const u32 n = static_cast<u32>(r.g.packet_len(c, j));
+  const params& p = b->d.p;
   const u32 slot = static_cast<u32>(spin::rem(j, u64{r.slots})), shadow = shadow_of(s, r, j);
-  send_to_rank(ctx, s, b->d.switch_rank, k_up, b->epoch, switch_aux(c, j), n, el, elem_len(p, el, n), p,
-               switch_slot(slot, shadow));
+  d = engine_desc(s, k_up, b->epoch, switch_aux(c, j), n, el, elem_len(p, el, n), p, switch_slot(slot, shadow));
+  d.dest_rank = b->d.switch_rank;
+  send_built(ctx, s, d, k_up);
   // The highest packet sent so far bounds what repair resends.
   u64 hi = load_acq(&b->next_orig);
   while (hi < j + 1 && !__atomic_compare_exchange_n(&b->next_orig, &hi, j + 1, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
