@@ -189,6 +189,7 @@ struct coll_row {
   std::uint64_t bytes = 0;
   double time_us = 0;          // virtual time of one call (rank 0, mean of the timed calls)
   std::uint64_t wrong = 0;
+  double repaired = 0;         // epochs repaired per timed call, all ranks together (comm_stats)
   std::string error;
   sim::cluster_stats st;
   double wall_s = 0;           // wall-clock seconds the simulation took (this machine)
@@ -300,6 +301,7 @@ coll_row run_collective(const emu::topology& models, const vt_options& o, std::u
   std::vector<std::uint64_t> wrong(n, 0);
   std::vector<std::string> errors(n);
   std::vector<double> elapsed(n, 0);
+  std::vector<std::uint64_t> repaired(n, 0);
   const coll::algorithm a = algorithm_named(algo);
   for (std::uint32_t r = 0; r < n; ++r)
     cl.spawn("rank" + std::to_string(r), [&, r] {
@@ -333,8 +335,10 @@ coll_row run_collective(const emu::topology& models, const vt_options& o, std::u
           errors[r] = x.err().message;
           return;
         }
-        if (it > 0) elapsed[r] += std::chrono::duration<double, std::micro>(cl.host(r)->now() - t0).count();
+        if (it == 0) repaired[r] = cm.value()->stats().repaired_epochs;
+        else elapsed[r] += std::chrono::duration<double, std::micro>(cl.host(r)->now() - t0).count();
       }
+      repaired[r] = cm.value()->stats().repaired_epochs - repaired[r];
       const float times = o.what == "allreduce" ? static_cast<float>(n) : 1.0f;  // allgather, broadcast: the input itself
       for (std::uint64_t i = 0; i < count; ++i) wrong[r] += res[i] != value_at(i) * times;
     });
@@ -342,6 +346,7 @@ coll_row run_collective(const emu::topology& models, const vt_options& o, std::u
   for (std::uint32_t r = 0; r < n && row.error.empty(); ++r)
     if (!errors[r].empty()) row.error = "rank " + std::to_string(r) + ": " + errors[r];
   for (auto w : wrong) row.wrong += w;
+  for (auto x : repaired) row.repaired += static_cast<double>(x) / o.iters;
   row.time_us = elapsed[0] / o.iters;
   row.st = cl.stats();
   row.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
@@ -423,7 +428,8 @@ int run_collective_table(const vt_options& o) {
               "modelled NICs (%u x %u HPUs at %.2f GHz, cpi %.2f, PCIe %.0f Gbit/s) and %s %.0f Gbit/s links (%.0f ns); switches\n"
               "forward in %lld ns, their handler units %u x %u HPUs. time: modelled time of one call on rank 0 (mean of %u after one\n"
               "warm-up); size: the result's bytes (allgather: every rank's block together); algbw = size/time, busbw = algbw x %s.\n"
-              "wall s: what simulating the row took on this machine. %u slots per group; %u packets in flight per rank in the edge\n"
+              "repaired: epochs the repair timer found stalled and repaired, per call, all ranks together (lost or late packets\n"
+              "resent). wall s: what simulating the row took on this machine. %u slots per group; %u packets in flight per rank in the edge\n"
               "algorithms; payload %s bytes per packet; staging %s bytes per rank (buffers outside the arena pass through it;\n"
               "auto: 4 GiB / (2 x hosts), 1 .. 32 MiB). host_ring is allreduce only.\n\n",
               o.what.c_str(), what, m.clusters, m.hpus_per_cluster, m.hpu_ghz, m.cpi, m.pcie_gbps, shape.c_str(), o.link_gbps,
@@ -432,8 +438,9 @@ int run_collective_table(const vt_options& o) {
               o.what == "allreduce" ? "2(n-1)/n" : o.what == "allgather" ? "(n-1)/n" : "1",
               o.switch_slots, o.window, o.packet_bytes == 0 ? "4096" : std::to_string(o.packet_bytes).c_str(),
               o.staging_bytes == 0 ? "auto" : std::to_string(o.staging_bytes).c_str());
-  std::printf("%6s %-10s %9s %12s %9s %9s %6s %10s %10s %9s %9s %7s %9s %6s %7s\n", "hosts", "algorithm", "size", "time us", "algbw",
-              "busbw", "#wrong", "pkt p50 ns", "pkt p99 ns", "host HPU%", "sw HPU%", "sw q max", "sw buf KiB", "drops", "wall s");
+  std::printf("%6s %-10s %9s %12s %9s %9s %6s %10s %10s %9s %9s %7s %9s %6s %8s %7s\n", "hosts", "algorithm", "size", "time us", "algbw",
+              "busbw", "#wrong", "pkt p50 ns", "pkt p99 ns", "host HPU%", "sw HPU%", "sw q max", "sw buf KiB", "drops", "repaired",
+              "wall s");
   std::vector<coll_row> rows;
   bool ok = true;
   for (std::uint32_t n : o.hosts)
@@ -470,22 +477,22 @@ int run_collective_table(const vt_options& o) {
         for (const auto& p : r.st.ports)
           if (p.from[0] != 'h') qmax = std::max(qmax, p.depth_max);  // a switch's port ("s..", "l..")
         const double algbw = r.time_us > 0 ? static_cast<double>(r.bytes) / r.time_us / 1e3 : 0;
-        std::printf("%6u %-10s %9s %12.1f %9.2f %9.2f %6llu %10.0f %10.0f %9.2f %9.2f %7u %9.0f %6llu %7.1f\n", n, algo.c_str(),
+        std::printf("%6u %-10s %9s %12.1f %9.2f %9.2f %6llu %10.0f %10.0f %9.2f %9.2f %7u %9.0f %6llu %8.2f %7.1f\n", n, algo.c_str(),
                     fmt_bytes(r.bytes).c_str(), r.time_us, algbw, algbw * bus_factor(o.what, n), static_cast<unsigned long long>(r.wrong),
                     ps_to_ns(lat.quantile(0.5)), ps_to_ns(lat.quantile(0.99)), 100 * host_busy, 100 * sw_busy, qmax,
-                    static_cast<double>(sw_buf) / 1024, static_cast<unsigned long long>(drops), r.wall_s);
+                    static_cast<double>(sw_buf) / 1024, static_cast<unsigned long long>(drops), r.repaired, r.wall_s);
         std::fflush(stdout);
         if (o.json) std::printf("%s", sim::to_json(r.st).c_str());
         rows.push_back(std::move(r));
       }
   // CSV for plots.
   std::filesystem::create_directories(o.out_dir);
-  std::string csv = "hosts,algorithm,bytes,time_us,algbw_gbs,busbw_gbs,wrong,error\n";
+  std::string csv = "hosts,algorithm,bytes,time_us,algbw_gbs,busbw_gbs,wrong,repaired,error\n";
   for (const auto& r : rows) {
     const double algbw = r.time_us > 0 ? static_cast<double>(r.bytes) / r.time_us / 1e3 : 0;
     csv += std::to_string(r.hosts) + "," + r.algorithm + "," + std::to_string(r.bytes) + "," + std::to_string(r.time_us) + "," +
            std::to_string(algbw) + "," + std::to_string(algbw * bus_factor(o.what, r.hosts)) + "," +
-           std::to_string(r.wrong) + "," + csv_field(r.error) + "\n";
+           std::to_string(r.wrong) + "," + std::to_string(r.repaired) + "," + csv_field(r.error) + "\n";
   }
   const std::string path = o.out_dir + "/vt_" + o.what + ".csv";
   if (!write_text(path, csv)) std::fprintf(stderr, "spin-bench vt: cannot write %s\n", path.c_str());
