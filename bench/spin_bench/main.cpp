@@ -269,9 +269,10 @@ int main(int argc, char** argv) {
   vc->add_option("--window", vo.window, "collectives: packets each rank keeps in flight in the edge algorithms (coll::options::window_packets; the switch's slots bound its own)")
       ->capture_default_str()
       ->check(CLI::Range(1u, 256u));
-  vc->add_option("--switch-slots", vo.switch_slots, "collectives: aggregator slots the group takes on the switch (coll::options::switch_slots)")
+  vc->add_option("--switch-slots", vo.switch_slots, "collectives: aggregator slots the group takes on the switch (coll::options::switch_slots; 0: "
+                 "64, or fewer so that hosts x slots x payload fill at most half the switch's packet buffer)")
       ->capture_default_str()
-      ->check(CLI::Range(1u, 32767u));
+      ->check(CLI::Range(0u, 32767u));
   vc->add_option("--packet-bytes", vo.packet_bytes, "collectives: payload bytes per packet, 16 .. 4096 (0: the largest the NICs carry, 4096)")
       ->capture_default_str()
       ->check(CLI::Range(0u, 4096u));

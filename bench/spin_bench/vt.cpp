@@ -190,10 +190,23 @@ struct coll_row {
   double time_us = 0;          // virtual time of one call (rank 0, mean of the timed calls)
   std::uint64_t wrong = 0;
   double repaired = 0;         // epochs repaired per timed call, all ranks together (comm_stats)
+  std::uint32_t slots = 0;     // the group's switch slots (slots_of)
   std::string error;
   sim::cluster_stats st;
   double wall_s = 0;           // wall-clock seconds the simulation took (this machine)
 };
+
+// The group's switch slots: --switch-slots, or (0) coll::options' 64, fewer when the members'
+// start bursts would fill more than half the switch's packet buffer: each member sends one
+// packet per slot at once, so n x slots x payload bytes reach the switch together, and its
+// HPUs, not the line, drain them (256 hosts x 64 slots x 4 KiB is the whole 64 MiB buffer: it
+// dropped 210 packets in a 1 MiB allreduce, whose repairs tripled its time).
+std::uint32_t slots_of(const vt_options& o, const emu::topology& t, std::uint32_t n) {
+  if (o.switch_slots != 0) return o.switch_slots;
+  const std::uint64_t payload = o.packet_bytes != 0 ? o.packet_bytes : 4096;
+  const std::uint64_t fit = t.switch_nic.packet_buffer_bytes / (2 * std::uint64_t{n} * payload);
+  return static_cast<std::uint32_t>(std::clamp<std::uint64_t>(fit, 1, coll::options{}.switch_slots));
+}
 
 // The values every rank contributes (one shared input, so that 256 ranks of 1 GiB fit): small
 // integers, whose sum over up to 2^16 ranks is exact in float32. Period 13 (pattern_input).
@@ -278,7 +291,9 @@ coll_row run_collective(const emu::topology& models, const vt_options& o, std::u
   }
   sim::cluster& cl = *c.value();
   coll::fabric_options fo;
-  fo.slots_per_switch = std::max(fo.slots_per_switch, o.switch_slots);  // the group may take more than the default pool
+  const std::uint32_t slots = slots_of(o, t, n);
+  row.slots = slots;
+  fo.slots_per_switch = std::max(fo.slots_per_switch, slots);  // the group may take more than the default pool
   auto fab = coll::fabric::create(t, cl.controls(), fo);
   if (!fab) {
     row.error = fab.err().message;
@@ -315,7 +330,7 @@ coll_row run_collective(const emu::topology& models, const vt_options& o, std::u
       co.arena_bytes = 4 * co.staging_bytes + (8 << 20);  // staging, and host_ring's partial sums
       co.timeout = std::chrono::milliseconds(600'000);
       co.window_packets = o.window;
-      co.switch_slots = o.switch_slots;
+      co.switch_slots = slots;
       co.packet_bytes = o.packet_bytes;
       auto cm = coll::communicator::create(*cl.host(r), g, co);
       if (!cm) {
@@ -429,17 +444,18 @@ int run_collective_table(const vt_options& o) {
               "forward in %lld ns, their handler units %u x %u HPUs. time: modelled time of one call on rank 0 (mean of %u after one\n"
               "warm-up); size: the result's bytes (allgather: every rank's block together); algbw = size/time, busbw = algbw x %s.\n"
               "repaired: epochs the repair timer found stalled and repaired, per call, all ranks together (lost or late packets\n"
-              "resent). wall s: what simulating the row took on this machine. %u slots per group; %u packets in flight per rank in the edge\n"
-              "algorithms; payload %s bytes per packet; staging %s bytes per rank (buffers outside the arena pass through it;\n"
-              "auto: 4 GiB / (2 x hosts), 1 .. 32 MiB). host_ring is allreduce only.\n\n",
+              "resent). wall s: what simulating the row took on this machine. slots: the group's switch slots (%s).\n"
+              "%u packets in flight per rank in the edge algorithms; payload %s bytes per packet; staging %s bytes per rank (buffers\n"
+              "outside the arena pass through it; auto: 4 GiB / (2 x hosts), 1 .. 32 MiB). host_ring is allreduce only.\n\n",
               o.what.c_str(), what, m.clusters, m.hpus_per_cluster, m.hpu_ghz, m.cpi, m.pcie_gbps, shape.c_str(), o.link_gbps,
               o.link_latency_ns, static_cast<long long>(base.value().switch_params.latency.count()), base.value().switch_nic.clusters,
               base.value().switch_nic.hpus_per_cluster, o.iters,
               o.what == "allreduce" ? "2(n-1)/n" : o.what == "allgather" ? "(n-1)/n" : "1",
-              o.switch_slots, o.window, o.packet_bytes == 0 ? "4096" : std::to_string(o.packet_bytes).c_str(),
+              o.switch_slots != 0 ? "--switch-slots" : "auto: 64, or fewer so that\nhosts x slots x payload fill at most half the switch's packet buffer",
+              o.window, o.packet_bytes == 0 ? "4096" : std::to_string(o.packet_bytes).c_str(),
               o.staging_bytes == 0 ? "auto" : std::to_string(o.staging_bytes).c_str());
-  std::printf("%6s %-10s %9s %12s %9s %9s %6s %10s %10s %9s %9s %7s %9s %6s %8s %7s\n", "hosts", "algorithm", "size", "time us", "algbw",
-              "busbw", "#wrong", "pkt p50 ns", "pkt p99 ns", "host HPU%", "sw HPU%", "sw q max", "sw buf KiB", "drops", "repaired",
+  std::printf("%6s %-10s %9s %12s %9s %9s %6s %10s %10s %9s %9s %7s %9s %5s %6s %8s %7s\n", "hosts", "algorithm", "size", "time us", "algbw",
+              "busbw", "#wrong", "pkt p50 ns", "pkt p99 ns", "host HPU%", "sw HPU%", "sw q max", "sw buf KiB", "slots", "drops", "repaired",
               "wall s");
   std::vector<coll_row> rows;
   bool ok = true;
@@ -477,22 +493,22 @@ int run_collective_table(const vt_options& o) {
         for (const auto& p : r.st.ports)
           if (p.from[0] != 'h') qmax = std::max(qmax, p.depth_max);  // a switch's port ("s..", "l..")
         const double algbw = r.time_us > 0 ? static_cast<double>(r.bytes) / r.time_us / 1e3 : 0;
-        std::printf("%6u %-10s %9s %12.1f %9.2f %9.2f %6llu %10.0f %10.0f %9.2f %9.2f %7u %9.0f %6llu %8.2f %7.1f\n", n, algo.c_str(),
+        std::printf("%6u %-10s %9s %12.1f %9.2f %9.2f %6llu %10.0f %10.0f %9.2f %9.2f %7u %9.0f %5u %6llu %8.2f %7.1f\n", n, algo.c_str(),
                     fmt_bytes(r.bytes).c_str(), r.time_us, algbw, algbw * bus_factor(o.what, n), static_cast<unsigned long long>(r.wrong),
                     ps_to_ns(lat.quantile(0.5)), ps_to_ns(lat.quantile(0.99)), 100 * host_busy, 100 * sw_busy, qmax,
-                    static_cast<double>(sw_buf) / 1024, static_cast<unsigned long long>(drops), r.repaired, r.wall_s);
+                    static_cast<double>(sw_buf) / 1024, r.slots, static_cast<unsigned long long>(drops), r.repaired, r.wall_s);
         std::fflush(stdout);
         if (o.json) std::printf("%s", sim::to_json(r.st).c_str());
         rows.push_back(std::move(r));
       }
   // CSV for plots.
   std::filesystem::create_directories(o.out_dir);
-  std::string csv = "hosts,algorithm,bytes,time_us,algbw_gbs,busbw_gbs,wrong,repaired,error\n";
+  std::string csv = "hosts,algorithm,bytes,time_us,algbw_gbs,busbw_gbs,wrong,repaired,switch_slots,error\n";
   for (const auto& r : rows) {
     const double algbw = r.time_us > 0 ? static_cast<double>(r.bytes) / r.time_us / 1e3 : 0;
     csv += std::to_string(r.hosts) + "," + r.algorithm + "," + std::to_string(r.bytes) + "," + std::to_string(r.time_us) + "," +
            std::to_string(algbw) + "," + std::to_string(algbw * bus_factor(o.what, r.hosts)) + "," +
-           std::to_string(r.wrong) + "," + std::to_string(r.repaired) + "," + csv_field(r.error) + "\n";
+           std::to_string(r.wrong) + "," + std::to_string(r.repaired) + "," + std::to_string(r.slots) + "," + csv_field(r.error) + "\n";
   }
   const std::string path = o.out_dir + "/vt_" + o.what + ".csv";
   if (!write_text(path, csv)) std::fprintf(stderr, "spin-bench vt: cannot write %s\n", path.c_str());

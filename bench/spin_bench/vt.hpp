@@ -28,7 +28,7 @@ struct vt_options {
   std::uint64_t staging_bytes = 0;  ///< allreduce: coll::options::staging_bytes per rank (0: 4 GiB / (2 x hosts), 1 .. 32 MiB)
   std::uint64_t warmup_bytes = 0;   ///< allreduce: size of the warm-up call (0: the timed size)
   std::uint32_t window = 32;        ///< allreduce: packets each rank keeps in flight (coll::options::window_packets)
-  std::uint32_t switch_slots = 64;  ///< allreduce: the group's aggregator slots (coll::options::switch_slots)
+  std::uint32_t switch_slots = 0;   ///< collectives: the group's aggregator slots (coll::options::switch_slots; 0: auto, slots_of in vt.cpp)
   std::uint32_t packet_bytes = 0;   ///< allreduce: payload bytes per packet (coll::options::packet_bytes; 0: 4096)
   std::string out_dir = "spin-bench-out";
   bool json = false;                ///< also print the statistics as JSON

@@ -228,6 +228,51 @@ TEST_CASE("virtual-time results equal the wall-clock cluster's bit for bit") {
   }
 }
 
+TEST_CASE("a switch allreduce completes on a member that joins late while the others finish and leave") {
+  // Ranks 0..2 create their communicators and call at once; rank 3 creates its own 1 ms later
+  // (virtual time), so their hellos reach a NIC with no engine and are lost. Had they sent their
+  // contributions before their verdict, they would complete on rank 3's contributions and
+  // destroy their communicators, and rank 3 would ask for the lost hellos until its timeout.
+  emu::link_model lm;
+  lm.rate_gbps = 100;
+  lm.latency = std::chrono::nanoseconds(500);
+  const emu::topology t = emu::star(4, lm);
+  auto c = sim::cluster::create(t);
+  REQUIRE_MESSAGE(c.ok(), c.err().message);
+  sim::cluster& cl = *c.value();
+  auto fab = coll::fabric::create(t, cl.controls());
+  REQUIRE_MESSAGE(fab.ok(), fab.err().message);
+  const std::size_t count = 50000;
+  std::vector<std::vector<float>> out(4, std::vector<float>(count));
+  std::vector<std::string> errors(4);
+  for (std::uint32_t r = 0; r < 4; ++r)
+    cl.spawn("rank" + std::to_string(r), [&, r] {
+      if (r == 3) cl.host(r)->sleep_for(std::chrono::milliseconds(1));
+      coll::group g;
+      g.id = 1;
+      g.me = r;
+      g.members = {0, 1, 2, 3};
+      coll::options o;
+      o.switches = fab.value().get();
+      o.arena_bytes = 16 << 20;
+      o.staging_bytes = 1 << 20;
+      o.timeout = std::chrono::milliseconds(2000);
+      auto cm = coll::communicator::create(*cl.host(r), g, o);
+      if (!cm) {
+        errors[r] = cm.err().message;
+        return;
+      }
+      const std::vector<float> in = input_of(r, count);
+      if (auto a = cm.value()->allreduce(in.data(), out[r].data(), count, coll::dtype::f32, coll::op::sum, coll::algorithm::switch_agg); !a)
+        errors[r] = a.err().message;
+    });
+  auto run = cl.run();
+  REQUIRE_MESSAGE(run.ok(), run.err().message);
+  for (const auto& e : errors) CHECK_MESSAGE(e.empty(), e);
+  const vt_result ring = allreduce_vt(t, count, coll::algorithm::edge_ring);
+  for (std::uint32_t r = 0; r < 4; ++r) CHECK(out[r] == ring.out[0]);
+}
+
 TEST_CASE("a two-level fat tree runs the switch allreduce through its spine, with the edge ring's bits") {
   const emu::topology t = emu::fat_tree(4, 4, 2, fast_link());
   REQUIRE(emu::validate(t).ok());

@@ -106,8 +106,13 @@ template <class Red> struct engine {
   /// and completion waits for the verdict, so a call whose members disagree still fails on every
   /// rank with the mismatch, never returns a result. It saves the hello round trip on the
   /// critical path of a small call. Its output (and an in-place input) may then hold partial
-  /// results: docs/collectives.md, "Switch allreduce starts before the verdict".
-  static bool starts_early(const roles& r);
+  /// results: docs/collectives.md, "Switch allreduce starts before the verdict". Not before
+  /// this engine's first agreed verdict: a member whose engine was not yet set up (or not yet
+  /// installed) drops the hellos that reach it, and the peers, complete without its verdict,
+  /// could leave before answering its requests for them (a wall-clock 4-rank allreduce hung
+  /// in about one run in three under MALLOC_PERTURB_). After one agreed verdict every
+  /// member's engine is known to be set up.
+  static bool starts_early(const state* s, const roles& r);
   /// When every hello is in: compare them; start (or, started early, let completion through)
   /// or fail.
   static void verdict(spin::ctx* ctx, state* s, bank* b);

@@ -155,7 +155,7 @@ ret engine<Red>::on_cmd(spin::ctx* ctx, state* s) {
   add(&b->progress, 1);
   for (u32 i = 0; i < s->nranks; ++i)
     if (i != s->me) send_hello(ctx, s, b, i);
-  if (starts_early(roles::of(b, s->me))) run(ctx, s, b);
+  if (starts_early(s, roles::of(b, s->me))) run(ctx, s, b);
   verdict(ctx, s, b);
   return ret::success;
 }

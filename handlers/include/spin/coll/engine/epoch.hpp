@@ -83,12 +83,13 @@ bank* engine<Red>::claim(spin::ctx* ctx, state* s, u32 epoch) {
   if (b->epoch != epoch) {
     if (epoch_newer(epoch, b->epoch) || b->phase == ph_idle) {
       // Close the bank to handlers of the old epoch, wait for those inside, then clear
-      // everything after the lock and active words.
+      // everything after the lock and active words up to the start's buffers (their contents
+      // are written before they are read; clearing them would cost 4096 counted stores).
       store_rel(&b->phase, ph_idle);
       while (load_acq(&b->active) != 0) {
       }
       u8* first = reinterpret_cast<u8*>(&b->epoch);
-      const u64 n = sizeof(bank) - 2 * sizeof(u64);
+      const u64 n = __builtin_offsetof(bank, burst) - 2 * sizeof(u64);
       __builtin_memset(first, 0, n);  // a word loop on an HPU, not a byte loop
       __atomic_store_n(&b->epoch, epoch, __ATOMIC_RELEASE);
     } else {
@@ -183,7 +184,9 @@ params engine<Red>::h_params(spin::ctx* ctx) {
 }
 
 template <class Red>
-bool engine<Red>::starts_early(const roles& r) { return r.via_switch && !r.multicast(); }
+bool engine<Red>::starts_early(const state* s, const roles& r) {
+  return r.via_switch && !r.multicast() && load_acq(&s->agreed_once) != 0;
+}
 
 template <class Red>
 void engine<Red>::verdict(spin::ctx* ctx, state* s, bank* b) {
@@ -202,6 +205,7 @@ void engine<Red>::verdict(spin::ctx* ctx, state* s, bank* b) {
     }
   }
   if (swap_sc(&b->agreed, 1) != 0) return;
+  store_rel(&s->agreed_once, 1);
   add(&b->progress, 1);
   if (ph == ph_started) run(ctx, s, b);
   // Started early, or run by another handler since `ph` was read: completion may have come

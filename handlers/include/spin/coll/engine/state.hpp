@@ -52,6 +52,7 @@ struct bank {
   u64 rs_held[max_packets / 64];   // reduce-scatter packets received (allgather ones: held)
   u64 rs_acked[max_packets / 64];  // reduce-scatter packets acknowledged (allgather ones: acked)
   // Switch aggregation: the start's reads from host memory in flight (originate_up_burst).
+  // Last: claim clears the bank before them.
   u8 burst[burst_bufs][max_packet_bytes];
   dma_handle burst_dma[burst_bufs];  // their DMAs (in handler memory: the stack has no room)
   send_desc burst_desc;              // and the descriptor of the packet it sends
@@ -71,6 +72,8 @@ struct state {
   u32 slot_bytes;      // switch: largest contribution
   u64 slot_stride;     // switch: bytes of one slot copy (header, n contributions, result)
   u64 send_seq;        // message ids of packets this NIC sends
+  u32 agreed_once;     // 1 once a verdict agreed here: every member's engine was set up (starts_early)
+  u32 pad_agreed;
   u64 drops[dr_count];
   u64 sent[kind_count];  // packets sent, by kind
   u32 members[max_ranks];  // NIC rank of each member (a leaf: its local members)
