@@ -71,10 +71,10 @@ template <class Red> struct engine {
   /// are the caller's).
   static send_desc engine_desc(const state* s, u32 kind, u32 epoch, u32 aux, u32 elems, const void* data, u32 len,
                                const params& p, u16 slot);
-  /// As send, to NIC rank `dest` (a switch) instead of a member.
   /// Sends `d` (built by engine_desc, dest_rank set) as the next message of this EC and counts
   /// it under `kind`, or its failure under dr_send.
   static errc send_built(spin::ctx* ctx, state* s, send_desc& d, u32 kind);
+  /// As send, to NIC rank `dest` (a switch) instead of a member.
   static errc send_to_rank(spin::ctx* ctx, state* s, u32 dest, u32 kind, u32 epoch, u32 aux, u32 elems, const void* data,
                            u32 len, const params& p, u16 slot = 0);
   /// As send_to_rank, to every NIC rank of `to[0..count)` at once: the NIC reads the payload

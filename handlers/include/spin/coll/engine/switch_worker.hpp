@@ -24,8 +24,8 @@ template <class Red>
 void engine<Red>::originate_up_burst(spin::ctx* ctx, state* s, bank* b, const roles& r) {
   const u64 count = r.g.total < r.slots ? r.g.total : u64{r.slots};
   // Step j sends packet j - burst_bufs (its read issued burst_bufs steps earlier) and reads
-  // packet j into the buffer that packet just left. A packet whose read failed is not sent:
-  // repair resends it like a lost one.
+  // packet j into the buffer that packet just left. A packet whose read failed is counted
+  // (dr_dma) and not sent, as in originate_up.
   b->burst_ok = 0;
   for (u64 j = 0; j < count + burst_bufs; ++j) {
     const u32 i = static_cast<u32>(spin::rem(j, u64{burst_bufs}));
