@@ -399,6 +399,9 @@ void plot_collective(const vt_options& o, const std::vector<coll_row>& rows) {
       series.emplace_back(n, a);
     }
   if (!write_text(base + ".dat", dat.str())) return;
+  // One tic per size measured, named as the table names it (gnuplot's own tics fall between).
+  std::string size_tics;
+  for (std::uint64_t b : o.sizes) size_tics += (size_tics.empty() ? "'" : ", '") + fmt_bytes(b) + "' " + std::to_string(b);
   const std::size_t panels = o.hosts.size();
   const std::size_t cols = panels < 2 ? 1 : 2, lines = (panels + cols - 1) / cols;
   std::ostringstream gp;
@@ -406,7 +409,7 @@ void plot_collective(const vt_options& o, const std::vector<coll_row>& rows) {
      << "set multiplot layout " << lines << "," << cols << " title 'spin-bench vt " << o.what
      << ": VIRTUAL TIME (modelled), float32, " << o.link_gbps << " Gbit/s links, " << (o.hosts_per_leaf == 0 ? "star" : "fat tree")
      << "'\n"
-     << "set xlabel 'size (bytes)'\nset logscale x 2\nset format x '%.0b %BB'\nset logscale y\nset format y '%g'\n"
+     << "set xlabel 'size (bytes)'\nset logscale x 2\nset xtics (" << size_tics << ")\nset offsets graph 0.03, graph 0.03, 0, 0\nset logscale y\nset format y '%g'\n"
      << "set ylabel 'modelled time per call (us)'\nset key left top\nset grid\n";
   for (std::uint32_t n : o.hosts) {
     gp << "set title '" << n << " hosts'\nplot ";
