@@ -40,6 +40,23 @@ std::vector<float> input_of(std::uint32_t r, std::size_t count) {
   return v;
 }
 
+// Rank r of a group of ranks 0..n-1 (id 1), and the options these tests share.
+coll::group group_of(std::uint32_t r, std::uint32_t n) {
+  coll::group g;
+  g.id = 1;
+  g.me = r;
+  for (std::uint32_t i = 0; i < n; ++i) g.members.push_back(i);
+  return g;
+}
+
+coll::options options_with(coll::fabric* fab) {
+  coll::options o;
+  o.switches = fab;
+  o.arena_bytes = 16 << 20;
+  o.staging_bytes = 1 << 20;
+  return o;
+}
+
 vt_result allreduce_vt(const emu::topology& t, std::size_t count, coll::algorithm algo, std::uint32_t switch_slots = 64) {
   vt_result res;
   auto c = sim::cluster::create(t);
@@ -204,15 +221,7 @@ TEST_CASE("virtual-time results equal the wall-clock cluster's bit for bit") {
     std::vector<std::thread> ts;
     for (std::uint32_t r = 0; r < 4; ++r)
       ts.emplace_back([&, r] {
-        coll::group g;
-        g.id = 1;
-        g.me = r;
-        g.members = {0, 1, 2, 3};
-        coll::options o;
-        o.switches = fab.value().get();
-        o.arena_bytes = 16 << 20;
-        o.staging_bytes = 1 << 20;
-        auto cm = coll::communicator::create(*cl.value()->host(r), g, o);
+        auto cm = coll::communicator::create(*cl.value()->host(r), group_of(r, 4), options_with(fab.value().get()));
         if (!cm) {
           errors[r] = cm.err().message;
           return;
@@ -248,16 +257,9 @@ TEST_CASE("a switch allreduce completes on a member that joins late while the ot
   for (std::uint32_t r = 0; r < 4; ++r)
     cl.spawn("rank" + std::to_string(r), [&, r] {
       if (r == 3) cl.host(r)->sleep_for(std::chrono::milliseconds(1));
-      coll::group g;
-      g.id = 1;
-      g.me = r;
-      g.members = {0, 1, 2, 3};
-      coll::options o;
-      o.switches = fab.value().get();
-      o.arena_bytes = 16 << 20;
-      o.staging_bytes = 1 << 20;
+      coll::options o = options_with(fab.value().get());
       o.timeout = std::chrono::milliseconds(2000);
-      auto cm = coll::communicator::create(*cl.host(r), g, o);
+      auto cm = coll::communicator::create(*cl.host(r), group_of(r, 4), o);
       if (!cm) {
         errors[r] = cm.err().message;
         return;
