@@ -916,6 +916,8 @@ void communicator::free(std::span<std::byte> buffer) {
   _p->release_span(buffer);
 }
 
+std::chrono::steady_clock::time_point communicator::now() const noexcept { return _p->nic->now(); }
+
 comm_stats communicator::stats() const {
   comm_stats s = _p->st;
   s.repair_interval = std::chrono::duration_cast<std::chrono::microseconds>(_p->rto.interval());

@@ -44,6 +44,21 @@ public:
   std::uint32_t max_payload_bytes() const noexcept override { return _max_payload; }
   const std::string& key() const noexcept override { return _key; }
 
+  // Virtual time (spin-emu --virtual-time): the clock is the simulation's, and waits are
+  // requests, so that the simulation knows this process waits (host::client::attach).
+  std::chrono::steady_clock::time_point now() const noexcept override {
+    if (!_c.virtual_time()) return std::chrono::steady_clock::now();
+    return std::chrono::steady_clock::time_point(_c.virtual_now());
+  }
+  void sleep_for(std::chrono::nanoseconds d) override {
+    if (!_c.virtual_time()) return std::this_thread::sleep_for(d);
+    if (!_c.sleep_for(_node, d).ok()) std::this_thread::sleep_for(std::chrono::milliseconds(1));  // the server is gone: no busy loop
+  }
+  void charge_host(host::work op, std::uint64_t bytes) override {
+    if (_c.virtual_time()) (void)_c.charge_host(_node, op, bytes);
+  }
+  bool virtual_time() const noexcept override { return _c.virtual_time(); }
+
   result<std::unique_ptr<nic_memory>> alloc(std::size_t bytes) override {
     auto m = _c.alloc_memory(_node, bytes);
     if (!m.ok()) return m.err();
@@ -108,13 +123,22 @@ public:
   }
 
   std::size_t poll_events(rt::ec_id ec, std::span<rt::host_event> out) override {
-    auto it = _events.find(ec);
-    if (it == _events.end()) return 0;
-    return it->second.wait_burst(out, std::chrono::milliseconds(0));
+    return wait_events(ec, out, std::chrono::nanoseconds(0));
   }
   std::size_t wait_events(rt::ec_id ec, std::span<rt::host_event> out, std::chrono::nanoseconds timeout) override {
     auto it = _events.find(ec);
-    if (it == _events.end()) return 0;
+    if (it == _events.end() || out.empty()) return 0;
+    if (_c.virtual_time()) {
+      // Waiting events first move into the ring, then the ring is read without waiting.
+      if (const std::size_t queued = it->second.wait_burst(out, std::chrono::milliseconds(0)); queued > 0) return queued;
+      const auto max = static_cast<std::uint32_t>(std::min<std::size_t>(out.size(), host::protocol::max_wait_events));
+      auto n = _c.wait_events(host::ec{_node, ec}, max, timeout);
+      if (!n.ok()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));  // the server is gone: no busy loop
+        return 0;
+      }
+      return it->second.wait_burst(out, std::chrono::milliseconds(0));
+    }
     return it->second.wait_burst(out, std::chrono::ceil<std::chrono::milliseconds>(timeout));
   }
 
@@ -189,6 +213,9 @@ result<std::unique_ptr<nic_handle>> remote_nic(const std::string& socket, std::u
   if (!nodes.ok()) return fail(nodes.err().code, "spin-emu at " + socket + ": " + nodes.err().message);
   for (const auto& n : nodes.value()) {
     if (n.node != node) continue;
+    // Virtual time: this process is a host program of the simulation (docs/virtual-time.md).
+    if (c.value().virtual_time())
+      if (auto a = c.value().attach(node); !a.ok()) return fail(a.err().code, "spin-emu at " + socket + ": " + a.err().message);
     std::error_code ec;
     const auto canon = std::filesystem::weakly_canonical(socket, ec);
     std::string key = "remote:" + (ec ? socket : canon.string()) + "#" + std::to_string(node);

@@ -143,6 +143,7 @@ void control_server_impl::on_accept(stream::socket s) {
                                             std::to_string(_opts.allowed_uid) + ")");
   else if (_conns.size() >= _opts.max_connections)
     refuse.emplace(errc::no_space, "too many connections (" + std::to_string(_opts.max_connections) + ")");
+  c->pid = refuse ? 0 : cred.pid;
   _conns.insert(c);
   _nconn = _conns.size();
   if (refuse) {
@@ -220,10 +221,19 @@ void control_server_impl::process_next(const conn_ptr& c) {
   if (!line.empty() && line.back() == '\r') line.pop_back();
   c->busy = true;
   const std::uint64_t session = c->session;
-  asio::post(_pool, [this, c, session, line = std::move(line), fds = std::move(fds), truncated]() mutable {
-    auto r = std::make_shared<reply>(handle(session, line, std::move(fds), truncated));
+  const pid_t pid = c->pid;
+  auto job = [this, c, session, pid, line = std::move(line), fds = std::move(fds), truncated]() mutable {
+    auto r = std::make_shared<reply>(handle(session, pid, line, std::move(fds), truncated));
     asio::post(_io, [this, c, r]() mutable { send_reply(c, std::move(r)); });
-  });
+  };
+  if (_opts.scheduler == nullptr) return asio::post(_pool, std::move(job));
+  // Virtual time: the scheduler runs it when the simulation lets this session run.
+  auto shared = std::make_shared<decltype(job)>(std::move(job));
+  if (!_opts.scheduler->submit(session, [shared] { (*shared)(); })) {
+    auto r = std::make_shared<reply>();
+    r->line = proto::encode_error(std::nullopt, errc_name(errc::bad_state), "spin-emu is stopping: the simulation runs no more requests");
+    send_reply(c, std::move(r));
+  }
 }
 
 void control_server_impl::send_reply(const conn_ptr& c, std::shared_ptr<reply> r) {
@@ -268,10 +278,14 @@ void control_server_impl::close_conn(const conn_ptr& c) {
   _conns.erase(c);
   _nconn = _conns.size();
   const std::uint64_t session = c->session;
-  asio::post(_pool, [this, session] { release_session(session); });
+  if (_opts.scheduler != nullptr)
+    _opts.scheduler->closed(session, [this, session] { release_session(session); });
+  else
+    asio::post(_pool, [this, session] { release_session(session); });
 }
 
 void control_server_impl::kick_pump() {
+  if (_opts.scheduler != nullptr) return;  // virtual time: events move only through "wait"
   asio::post(_io, [this] {
     if (_pump_running || _stopping) return;
     _pump_running = true;
@@ -306,7 +320,7 @@ void control_server_impl::pump() {
 
 // ---- requests (worker threads) -------------------------------------------------------------
 
-reply control_server_impl::handle(std::uint64_t session, const std::string& line, std::vector<unique_fd> fds,
+reply control_server_impl::handle(std::uint64_t session, pid_t pid, const std::string& line, std::vector<unique_fd> fds,
                                   bool fds_truncated) {
   reply r;
   std::optional<std::uint64_t> id;
@@ -332,7 +346,7 @@ reply control_server_impl::handle(std::uint64_t session, const std::string& line
                                             std::to_string(fds.size()));
       return r;
     }
-    r.line = proto::encode_reply(req->id, execute(session, req->req, fds, r));
+    r.line = proto::encode_reply(req->id, execute(session, pid, req->req, fds, r));
   } catch (const request_error& e) {
     fail_with(e.code, e.message);
   } catch (const std::exception& e) {  // allocation failure and the like: the request fails

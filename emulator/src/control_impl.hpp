@@ -137,6 +137,7 @@ private:
     explicit connection(stream::socket s, std::uint64_t id) : sock(std::move(s)), session(id) {}
     stream::socket sock;
     std::uint64_t session;
+    pid_t pid = 0;                ///< the peer process (SO_PEERCRED)
     std::string in;               ///< received bytes not yet consumed
     std::uint64_t in_offset = 0;  ///< stream offset of in[0]
     std::deque<fd_batch> fds;
@@ -177,8 +178,8 @@ private:
   void pump();
 
   // Workers.
-  reply handle(std::uint64_t session, const std::string& line, std::vector<unique_fd> fds, bool fds_truncated);
-  proto::reply execute(std::uint64_t session, const proto::request& req, std::vector<unique_fd>& fds, reply& r);
+  reply handle(std::uint64_t session, pid_t pid, const std::string& line, std::vector<unique_fd> fds, bool fds_truncated);
+  proto::reply execute(std::uint64_t session, pid_t pid, const proto::request& req, std::vector<unique_fd>& fds, reply& r);
 
   // ---- the operations (control_ops.cpp): one per request of the protocol ----
   /// What an operation gets beside its request: the session that sent it, the file
@@ -187,6 +188,7 @@ private:
   /// request_error to fail; what it returns is the success reply.
   struct call {
     std::uint64_t session;
+    pid_t pid;
     std::vector<unique_fd>& fds;
     reply& r;
   };
@@ -205,6 +207,13 @@ private:
   proto::reply op(const proto::leave& q, call& c);
   proto::reply op(const proto::stats& q, call& c);
   proto::reply op(const proto::stop& q, call& c);
+  proto::reply op(const proto::attach& q, call& c);
+  proto::reply op(const proto::wait& q, call& c);
+  proto::reply op(const proto::sleep& q, call& c);
+  proto::reply op(const proto::charge& q, call& c);
+  /// The scheduler of a virtual-time server, for a request that may wait (wait, sleep, charge).
+  request_scheduler& waiting_scheduler(const char* op, std::uint64_t session);
+  proto::clock_reply clock_of(nic_control& nic, std::uint32_t events = 0) const;
   nic_control& node_of(std::uint32_t index);
   group_agent& agent_of(std::uint32_t index);
   void check_trusted(const std::string& path) const;

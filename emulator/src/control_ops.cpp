@@ -46,14 +46,14 @@ void control_server_impl::check_trusted(const std::string& path) const {
                       "start spin-emu with --native-packages any on a switch that one job owns)"};
 }
 
-proto::reply control_server_impl::execute(std::uint64_t session, const proto::request& req, std::vector<unique_fd>& fds,
-                                          reply& r) {
-  call c{session, fds, r};
+proto::reply control_server_impl::execute(std::uint64_t session, pid_t pid, const proto::request& req,
+                                          std::vector<unique_fd>& fds, reply& r) {
+  call c{session, pid, fds, r};
   return std::visit([&](const auto& q) { return op(q, c); }, req);
 }
 
 proto::reply control_server_impl::op(const proto::hello&, call&) {
-  return proto::hello_reply{proto::version, "spin-emu", static_cast<std::uint32_t>(_opts.nodes.size())};
+  return proto::hello_reply{proto::version, "spin-emu", static_cast<std::uint32_t>(_opts.nodes.size()), _opts.scheduler != nullptr};
 }
 
 proto::reply control_server_impl::op(const proto::nodes&, call&) {
@@ -200,8 +200,64 @@ proto::reply control_server_impl::op(const proto::stats&, call&) {
 }
 
 proto::reply control_server_impl::op(const proto::stop&, call& c) {
-c.r.stop_after = true;
-return proto::done{};
+  c.r.stop_after = true;
+  return proto::done{};
+}
+
+// ---- virtual time ----------------------------------------------------------------------------
+
+proto::clock_reply control_server_impl::clock_of(nic_control& nic, std::uint32_t events) const {
+  return proto::clock_reply{std::chrono::duration_cast<std::chrono::nanoseconds>(nic.now().time_since_epoch()), events};
+}
+
+request_scheduler& control_server_impl::waiting_scheduler(const char* op, std::uint64_t session) {
+  if (_opts.scheduler == nullptr)
+    throw request_error{errc::not_supported, std::string("'") + op + "' is for virtual time (spin-emu --virtual-time); this spin-emu runs in wall-clock time"};
+  if (!_opts.scheduler->may_wait(session))
+    throw request_error{errc::bad_state, std::string("'") + op + "' needs a connection whose process is bound to a host node (attach naming a host node first)"};
+  return *_opts.scheduler;
+}
+
+proto::reply control_server_impl::op(const proto::attach& q, call& c) {
+  nic_control& nic = node_of(q.node);
+  if (_opts.scheduler == nullptr)
+    throw request_error{errc::not_supported, "'attach' is for virtual time (spin-emu --virtual-time); this spin-emu runs in wall-clock time"};
+  if (auto r = _opts.scheduler->attach(c.session, c.pid, q.node); !r) pass(r.err());
+  return clock_of(nic);
+}
+
+proto::reply control_server_impl::op(const proto::wait& q, call& c) {
+  nic_control& nic = node_of(q.node);
+  (void)waiting_scheduler("wait", c.session);
+  {
+    std::lock_guard lk(_mu);
+    if (std::none_of(_rings.begin(), _rings.end(), [&](const auto& e) { return e->node == q.node && e->ec == q.ec; }))
+      throw request_error{errc::not_found, "EC " + std::to_string(q.ec) + " of node " + std::to_string(q.node) +
+                                               " has no event ring (open_events first)"};
+  }
+  std::array<rt::host_event, proto::max_wait_events> buf;
+  const std::size_t n = nic.wait_events(q.ec, std::span(buf.data(), q.max_events), q.timeout);
+  std::size_t moved = 0;
+  if (n > 0) {
+    std::lock_guard lk(_mu);
+    for (auto& e : _rings)
+      if (e->node == q.node && e->ec == q.ec) moved = e->ring.try_push_burst(std::span<const rt::host_event>(buf.data(), n));
+  }
+  return clock_of(nic, static_cast<std::uint32_t>(moved));
+}
+
+proto::reply control_server_impl::op(const proto::sleep& q, call& c) {
+  nic_control& nic = node_of(q.node);
+  (void)waiting_scheduler("sleep", c.session);
+  nic.sleep_for(q.duration);
+  return clock_of(nic);
+}
+
+proto::reply control_server_impl::op(const proto::charge& q, call& c) {
+  nic_control& nic = node_of(q.node);
+  (void)waiting_scheduler("charge", c.session);
+  nic.charge_host(q.op, q.bytes);
+  return clock_of(nic);
 }
 
 } // namespace spin::emu

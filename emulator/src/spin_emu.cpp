@@ -43,6 +43,11 @@
 #include <spin/host/env.hpp>
 #endif
 
+#ifdef SPIN_EMU_VIRTUAL_TIME
+#include <spin/sim/cluster.hpp>
+#include <spin/sim/remote.hpp>
+#endif
+
 #ifdef SPIN_EMU_TRUSTED_ENGINE
 namespace spin::emu {
 std::span<const std::byte> trusted_coll_engine();  // the standard collective engine (trusted_engine.cpp)
@@ -101,6 +106,15 @@ int main(int argc, char** argv) {
   std::uint32_t progress_s = 0;
   std::vector<std::string> route_specs;
   std::string native_packages;
+  bool virtual_time = false;
+  std::uint32_t actors = 0;
+  app.add_flag("--virtual-time", virtual_time,
+               "cluster mode: run the topology in virtual time (spin::sim, docs/virtual-time.md): every NIC, link and "
+               "switch is modelled, host programs of other processes are actors that attach over the control socket");
+  app.add_option("--actors", actors,
+                 "virtual time: host programs (one process per host node, nodes 0..N-1 of the topology's hosts) that must "
+                 "attach before virtual time starts; a round ends when all have left (default: every host)")
+      ->check(CLI::Range(1, 65535));
   app.add_option("--mode", mode,
                  "nic (one NIC on --port devices), switch (a switch on two or more --port devices, forwarding by "
                  "--route), or cluster (a --topology); default: cluster when --topology is given")
@@ -205,6 +219,16 @@ int main(int argc, char** argv) {
       return usage(std::string(opt) + " is for nic mode (in cluster mode the topology file names nodes, ranks and HPUs)");
   if (mode == "cluster" && app.count("--capture") != 0) return usage("--capture is for nic mode; in cluster mode use --capture-dir DIR");
   if (mode == "cluster" && app.count("--replay") != 0) return usage("--replay is for nic mode");
+  if (virtual_time && mode != "cluster") return usage("--virtual-time is for cluster mode (--topology FILE)");
+  if (app.count("--actors") != 0 && !virtual_time) return usage("--actors is for --virtual-time");
+  if (virtual_time) {
+#ifndef SPIN_EMU_VIRTUAL_TIME
+    return usage("--virtual-time: this spin-emu was built without spin::sim (a build without spinc); use build/collectives/spin-emu");
+#endif
+    for (const char* opt : {"--capture-dir", "--lcores", "--pool-mbufs", "--mbuf-bytes", "--burst", "--max-frame", "--progress"})
+      if (app.count(opt) != 0) return usage(std::string(opt) + " is for wall-clock time; --virtual-time models the NICs (docs/virtual-time.md)");
+    if (no_socket) return usage("--virtual-time needs the control socket: its host programs attach through it");
+  }
   if (mode == "nic" && port_names.empty())
     return usage("nic mode needs --port DEVICE (for example: spin-emu --vdev=net_memif0,role=server -- --port net_memif0)");
 
@@ -244,7 +268,34 @@ int main(int argc, char** argv) {
     nic = std::move(n.value());
     controls.push_back(nic.get());
     aggregates.push_back(switch_mode);
-  } else {
+  }
+#ifdef SPIN_EMU_VIRTUAL_TIME
+  std::unique_ptr<spin::sim::cluster> vt;
+  std::unique_ptr<spin::sim::remote_hosts> remote;
+  if (virtual_time) {
+    auto t = spin::emu::load_topology_file(topology_file);
+    if (!t) return die(t.err().message);
+    spin::sim::options so;
+    if (app.count("--payload-bytes") != 0) so.payload_bytes = payload;
+    auto c = spin::sim::cluster::create(*t, so);
+    if (!c) return die(c.err().message);
+    vt = std::move(c.value());
+    std::vector<std::uint32_t> hosts;
+    for (std::uint32_t i = 0; i < t->nodes.size(); ++i)
+      if (t->nodes[i].kind == spin::emu::node_kind::host) hosts.push_back(i);
+    if (actors > hosts.size())
+      return usage("--actors " + std::to_string(actors) + ": the topology has " + std::to_string(hosts.size()) + " hosts");
+    if (actors != 0) hosts.resize(actors);
+    auto r = spin::sim::remote_hosts::create(*vt, hosts);
+    if (!r) return die(r.err().message);
+    remote = std::move(r.value());
+    controls = vt->controls();
+    aggregates.assign(controls.size(), false);  // no group agents: in-band joins need management datagrams
+  }
+  if (mode == "cluster" && !virtual_time) {
+#else
+  if (mode == "cluster") {
+#endif
     auto t = spin::emu::load_topology_file(topology_file);
     if (!t) return die(t.err().message);
     spin::emu::cluster_options co;
@@ -271,7 +322,7 @@ int main(int argc, char** argv) {
   // The fabric's management key: from the environment, so that it shows in no process list.
   auto mgmt_key = spin::host::env_secret("SPIN_MGMT_KEY");
   if (!mgmt_key) return die(mgmt_key.err().message);
-  for (std::size_t i = 0; i < controls.size(); ++i) {
+  for (std::size_t i = 0; i < controls.size() && !virtual_time; ++i) {
     spin::emu::group_agent_options ao;
     ao.lease_term = std::chrono::milliseconds(group_lease_ms);
     if (*mgmt_key) ao.mgmt_key = **mgmt_key;
@@ -288,6 +339,12 @@ int main(int argc, char** argv) {
     so.nodes = controls;
     for (auto& a : agents) so.agents.push_back(a.get());
     so.on_stop = [] { stop_flag.store(true); };
+#ifdef SPIN_EMU_VIRTUAL_TIME
+    if (remote) {
+      so.scheduler = remote.get();
+      so.max_connections = std::max<std::size_t>(so.max_connections, 4 * controls.size());
+    }
+#endif
     if (native_packages.empty()) native_packages = switch_mode ? "trusted" : "any";
     if (native_packages == "trusted") {
       so.native = spin::emu::server_options::native_policy::trusted;
@@ -303,8 +360,9 @@ int main(int argc, char** argv) {
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   if (!quiet) {
-    std::printf("spin-emu: %s mode, %zu node(s)%s%s\n", switch_mode ? "switch" : mode.c_str(), controls.size(),
-                no_socket ? "" : ", control socket ", no_socket ? "" : socket_path.c_str());
+    std::printf("spin-emu: %s mode%s, %zu node(s)%s%s\n", switch_mode ? "switch" : mode.c_str(),
+                virtual_time ? " in virtual time" : "", controls.size(), no_socket ? "" : ", control socket ",
+                no_socket ? "" : socket_path.c_str());
     std::fflush(stdout);
   }
 
@@ -333,7 +391,7 @@ int main(int argc, char** argv) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       const auto now = std::chrono::steady_clock::now();
       if (duration_s > 0 && now - start >= std::chrono::duration<double>(duration_s)) stop_flag.store(true);
-      if (progress_s > 0 && now >= next_progress) {
+      if (progress_s > 0 && now >= next_progress && !virtual_time) {
         next_progress += std::chrono::seconds(progress_s);
         std::uint64_t rx = 0, tx = 0, drops = 0;
         for (auto* c : controls) {
@@ -351,6 +409,9 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
       }
     }
+#ifdef SPIN_EMU_VIRTUAL_TIME
+    if (remote) remote->stop();  // the host programs' actors end; run() below returns
+#endif
   });
   if (nic && nic->lanes() == 1 && hpu_cpus.empty()) {
     nic->run(stop_flag);
@@ -376,16 +437,37 @@ int main(int argc, char** argv) {
     }
     nic->run_lane(0, stop_flag);
     for (auto& t : lcores) t.join();
-  } else {
+  } else if (cluster) {
     cluster->run(stop_flag);
   }
+  int exit_status = 0;
+#ifdef SPIN_EMU_VIRTUAL_TIME
+  // Virtual time: rounds of host programs on one clock, until a stop.
+  for (std::uint64_t round = 1; vt; ++round) {
+    remote->spawn_round();
+    auto r = vt->run();
+    if (!r) {
+      exit_status = die("virtual time: " + r.err().message);
+      stop_flag.store(true);
+      break;
+    }
+    if (stop_flag.load()) break;
+    if (!quiet) {
+      const auto st = remote->stats();
+      std::printf("spin-emu: virtual time: round %llu ended at %.3f us of virtual time (%llu host programs so far)\n",
+                  static_cast<unsigned long long>(round), static_cast<double>(vt->now().count()) / 1e6,
+                  static_cast<unsigned long long>(st.processes));
+      std::fflush(stdout);
+    }
+  }
+#endif
   watcher.join();
   // Host messages still waiting for the (now stopped) poll loop end at once, so that the control
   // server's workers return before it stops.
   if (nic) nic->cancel_sends();
   if (cluster)
     for (std::uint32_t i = 0; i < cluster->node_count(); ++i) cluster->node(i).cancel_sends();
-  if (server) server->stop();
+  if (server) server->stop();  // virtual time: run() has returned, so the simulation stands still
   agents.clear();  // after the server (it holds them); leaves they send now are best effort
 
   std::string text, json;
@@ -394,14 +476,20 @@ int main(int argc, char** argv) {
     const auto s = nic->stats();
     text = to_text(s);
     json = to_json(s);
-  } else {
+  } else if (cluster) {
     cluster->quiesce(std::chrono::milliseconds(500));
     const auto s = cluster->stats();
     text = spin::emu::to_text(s);
     json = spin::emu::to_json(s);
   }
+#ifdef SPIN_EMU_VIRTUAL_TIME
+  if (vt) {
+    const auto s = vt->stats();
+    text = "virtual time (spin::sim; docs/virtual-time.md):\n" + spin::sim::to_text(s);
+    json = spin::sim::to_json(s);
+  }
+#endif
   if (!quiet) std::printf("%s", text.c_str());
-  int exit_status = 0;
   if (!stats_json.empty()) {
     std::ofstream out(stats_json);
     out << json << "\n";
@@ -412,6 +500,10 @@ int main(int argc, char** argv) {
   server.reset();
   nic.reset();
   cluster.reset();
+#ifdef SPIN_EMU_VIRTUAL_TIME
+  remote.reset();
+  vt.reset();
+#endif
   std::uint16_t pid = 0;
   RTE_ETH_FOREACH_DEV(pid) (void)rte_eth_dev_close(pid);
   const std::string runtime_dir = rte_eal_get_runtime_dir();

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <utility>
 
 #include <fcntl.h>
@@ -56,7 +58,8 @@ std::uint32_t event_queue::capacity() const noexcept { return _ring ? _ring->cap
 // ---- client --------------------------------------------------------------------------------
 
 client::client(client&& o) noexcept
-    : _fd(std::exchange(o._fd, -1)), _next_id(o._next_id), _in(std::move(o._in)), _reply_timeout(o._reply_timeout) {}
+    : _fd(std::exchange(o._fd, -1)), _next_id(o._next_id), _in(std::move(o._in)), _reply_timeout(o._reply_timeout),
+      _virtual(o._virtual), _socket(std::move(o._socket)), _clock(std::move(o._clock)) {}
 
 client& client::operator=(client&& o) noexcept {
   if (this != &o) {
@@ -65,6 +68,9 @@ client& client::operator=(client&& o) noexcept {
     _next_id = o._next_id;
     _in = std::move(o._in);
     _reply_timeout = o._reply_timeout;
+    _virtual = o._virtual;
+    _socket = std::move(o._socket);
+    _clock = std::move(o._clock);
   }
   return *this;
 }
@@ -97,6 +103,8 @@ result<client> client::connect(const std::string& socket_path) {
   if (hello->protocol != proto::version)
     return fail(errc::bad_state, "'" + socket_path + "' speaks control protocol " + std::to_string(hello->protocol) +
                                      ", this library speaks " + std::to_string(proto::version));
+  c._virtual = hello->virtual_time;
+  c._socket = socket_path;
   return c;
 }
 
@@ -294,6 +302,59 @@ result<void> client::stop_emulator() {
   auto rep = call<proto::done>(proto::stop{});
   if (!rep) return rep.err();
   return {};
+}
+
+// ---- virtual time ----------------------------------------------------------------------------
+
+namespace {
+// One virtual clock per server and process: every attached client of this process to the same
+// socket shares it, since all of them are one actor of the simulation.
+std::shared_ptr<std::atomic<std::int64_t>> process_clock(const std::string& socket) {
+  static std::mutex mu;
+  static std::map<std::string, std::shared_ptr<std::atomic<std::int64_t>>> clocks;
+  std::error_code ec;
+  const auto canon = std::filesystem::weakly_canonical(socket, ec);
+  std::lock_guard lk(mu);
+  auto& c = clocks[ec ? socket : canon.string()];
+  if (!c) c = std::make_shared<std::atomic<std::int64_t>>(0);
+  return c;
+}
+} // namespace
+
+result<void> client::clocked(const protocol::request& req, std::uint32_t* events) {
+  if (!_virtual) return fail(errc::not_supported, "this spin-emu runs in wall-clock time; virtual-time requests need spin-emu --virtual-time");
+  auto rep = call<proto::clock_reply>(req);
+  if (!rep) return rep.err();
+  if (_clock) _clock->store(rep->now.count(), std::memory_order_relaxed);
+  if (events != nullptr) *events = rep->events;
+  return {};
+}
+
+result<std::chrono::nanoseconds> client::attach(std::uint32_t node) {
+  if (!_virtual) return fail(errc::not_supported, "this spin-emu runs in wall-clock time; attach needs spin-emu --virtual-time");
+  if (!_clock) _clock = process_clock(_socket);
+  if (auto r = clocked(proto::attach{node}); !r) return r.err();
+  // The simulation decides when each request runs: no reply deadline from here on.
+  _reply_timeout = std::chrono::hours(24 * 365 * 100);
+  return virtual_now();
+}
+
+result<std::uint32_t> client::wait_events(const ec& e, std::uint32_t max_events, std::chrono::nanoseconds timeout) {
+  if (max_events == 0 || max_events > proto::max_wait_events)
+    return fail(errc::invalid_argument, "wait_events: max_events must be 1.." + std::to_string(proto::max_wait_events));
+  std::uint32_t n = 0;
+  if (auto r = clocked(proto::wait{e.node, e.id, max_events, std::max(timeout, std::chrono::nanoseconds(0))}, &n); !r) return r.err();
+  return n;
+}
+
+result<void> client::sleep_for(std::uint32_t node, std::chrono::nanoseconds d) {
+  return clocked(proto::sleep{node, std::max(d, std::chrono::nanoseconds(0))});
+}
+
+result<void> client::charge_host(std::uint32_t node, work op, std::uint64_t bytes) { return clocked(proto::charge{node, op, bytes}); }
+
+std::chrono::nanoseconds client::virtual_now() const noexcept {
+  return std::chrono::nanoseconds(_clock ? _clock->load(std::memory_order_relaxed) : 0);
 }
 
 result<std::string> client::raw_request(const std::string& line, std::span<const int> fds) {

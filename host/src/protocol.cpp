@@ -169,6 +169,10 @@ template <> struct op_of<pool> { static constexpr const char* name = "group_pool
 template <> struct op_of<join> { static constexpr const char* name = "group_join"; };
 template <> struct op_of<decide> { static constexpr const char* name = "group_decide"; };
 template <> struct op_of<leave> { static constexpr const char* name = "group_leave"; };
+template <> struct op_of<attach> { static constexpr const char* name = "attach"; };
+template <> struct op_of<wait> { static constexpr const char* name = "wait"; };
+template <> struct op_of<sleep> { static constexpr const char* name = "sleep"; };
+template <> struct op_of<charge> { static constexpr const char* name = "charge"; };
 
 constexpr std::size_t max_members = 65535;
 constexpr std::size_t max_lease_words = 65536;
@@ -260,6 +264,48 @@ void put(json& j, const leave& r) {
   j["group"] = r.group;
   j["me"] = r.me;
   if (r.via != group_join::own_registry) j["via"] = r.via;
+}
+
+void put(json& j, const attach& r) { j["node"] = r.node; }
+void put(json& j, const wait& r) {
+  j["node"] = r.node;
+  j["ec"] = r.ec;
+  j["max_events"] = r.max_events;
+  j["timeout_ns"] = r.timeout.count();
+}
+void put(json& j, const sleep& r) {
+  j["node"] = r.node;
+  j["ns"] = r.duration.count();
+}
+void put(json& j, const charge& r) {
+  j["node"] = r.node;
+  j["work"] = r.op == work::copy ? "copy" : "reduce";
+  j["bytes"] = r.bytes;
+}
+
+constexpr std::uint64_t ns_max = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+
+void get(fields& f, attach& r) { r.node = f.u32("node"); }
+void get(fields& f, wait& r) {
+  r.node = f.u32("node");
+  r.ec = f.u32("ec");
+  r.max_events = static_cast<std::uint32_t>(f.u64("max_events", 1, max_wait_events));
+  r.timeout = std::chrono::nanoseconds(static_cast<std::int64_t>(f.u64("timeout_ns", 0, ns_max)));
+}
+void get(fields& f, sleep& r) {
+  r.node = f.u32("node");
+  r.duration = std::chrono::nanoseconds(static_cast<std::int64_t>(f.u64("ns", 0, ns_max)));
+}
+void get(fields& f, charge& r) {
+  r.node = f.u32("node");
+  const std::string w = f.str("work", 16);
+  if (w == "copy")
+    r.op = work::copy;
+  else if (w == "reduce")
+    r.op = work::reduce;
+  else
+    reject("field 'work' must be \"copy\" or \"reduce\"");
+  r.bytes = f.u64("bytes", 0, u64_max);
 }
 
 void get(fields&, hello&) {}
@@ -412,6 +458,11 @@ void put(json& j, const hello_reply& r) {
   j["protocol"] = r.protocol;
   j["server"] = r.server;
   j["nodes"] = r.nodes;
+  if (r.virtual_time) j["virtual_time"] = true;
+}
+void put(json& j, const clock_reply& r) {
+  j["now_ns"] = r.now.count();
+  j["events"] = r.events;
 }
 void put(json& j, const nodes_reply& r) {
   json list = json::array();
@@ -448,6 +499,11 @@ void get(const json& j, hello_reply& r) {
   r.protocol = j.at("protocol").get<int>();
   r.server = j.at("server").get<std::string>();
   r.nodes = j.at("nodes").get<std::uint32_t>();
+  r.virtual_time = j.value("virtual_time", false);
+}
+void get(const json& j, clock_reply& r) {
+  r.now = std::chrono::nanoseconds(j.at("now_ns").get<std::int64_t>());
+  r.events = j.at("events").get<std::uint32_t>();
 }
 void get(const json& j, nodes_reply& r) {
   for (const auto& n : j.at("nodes"))
@@ -591,5 +647,6 @@ template result<events_reply> decode_reply<events_reply>(std::string_view, std::
 template result<stats_reply> decode_reply<stats_reply>(std::string_view, std::uint64_t, bool&);
 template result<pool_reply> decode_reply<pool_reply>(std::string_view, std::uint64_t, bool&);
 template result<join_reply> decode_reply<join_reply>(std::string_view, std::uint64_t, bool&);
+template result<clock_reply> decode_reply<clock_reply>(std::string_view, std::uint64_t, bool&);
 
 } // namespace spin::host::protocol

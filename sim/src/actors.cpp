@@ -130,6 +130,7 @@ result<void> cluster::run(picoseconds limit) {
     return r;
   };
   for (;;) {
+    if (s.between) s.between();
     if (!s.runnable.empty()) {
       actor* a = s.runnable.front();
       s.runnable.pop_front();
@@ -150,5 +151,7 @@ result<void> cluster::run(picoseconds limit) {
   }
   return finish({});
 }
+
+void cluster::set_between_events(std::function<void()> hook) { _p->between = std::move(hook); }
 
 } // namespace spin::sim

@@ -193,6 +193,7 @@ public:
   bool running = false;              // run() is active
   bool cancelling = false;           // the cluster is going away: waits return at once, deadlines have passed
   std::uint64_t switches = 0;
+  std::function<void()> between;     // cluster::set_between_events
   void resume(actor& a);
   void make_runnable(actor& a);
   void host_visible(std::uint32_t n, rt::ec_id ec);

@@ -341,7 +341,7 @@ void netns_case(const std::string& pmd) {
 
 TEST_SUITE("emulator") {
 
-TEST_CASE("spin-emu refuses the removed HPU-thread option, the other mode's options and CPUs that are not online, with status 2") {
+TEST_CASE("spin-emu refuses the removed HPU-thread option, the other mode's options, CPUs that are not online and misplaced virtual-time options, with status 2") {
   auto run = [](const std::string& args, std::string& out) {
     FILE* p = ::popen((std::string(SPIN_EMU_BIN) + " " + args + " 2>&1").c_str(), "r");
     REQUIRE(p != nullptr);
@@ -358,6 +358,16 @@ TEST_CASE("spin-emu refuses the removed HPU-thread option, the other mode's opti
   CHECK(out.find("--lcores is for cluster mode") != std::string::npos);
   CHECK(run("--hpu-cpus 100000 --port net_null0", out) == 2);
   CHECK(out.find("--hpu-cpus: CPU 100000 is not online") != std::string::npos);
+  // Virtual time is a cluster mode; its options need it, and it refuses wall-clock ones.
+  CHECK(run("--virtual-time --port net_null0", out) == 2);
+  CHECK(out.find("--virtual-time is for cluster mode") != std::string::npos);
+  const std::string topo = std::string(SPIN_TEST_TOPOLOGY_DIR) + "/good.toml";
+  CHECK(run("--topology " + topo + " --actors 2", out) == 2);
+  CHECK(out.find("--actors is for --virtual-time") != std::string::npos);
+  CHECK(run("--topology " + topo + " --virtual-time --lcores 2", out) == 2);
+  CHECK(out.find("--lcores is for wall-clock time") != std::string::npos);
+  CHECK(run("--topology " + topo + " --virtual-time --no-socket", out) == 2);
+  CHECK(out.find("--virtual-time needs the control socket") != std::string::npos);
 }
 
 TEST_CASE("two spin-emu processes joined by memif ping-pong with handlers and deliver a 1 MiB message to host memory") {

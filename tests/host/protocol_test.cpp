@@ -168,6 +168,33 @@ TEST_CASE("the group registry's requests and replies survive a round trip") {
   CHECK(bad.err().code == errc::bad_state);
 }
 
+TEST_CASE("the virtual-time requests and replies survive a round trip; hello says virtual_time only when it is") {
+  CHECK(std::get<proto::attach>(round_trip(proto::attach{4})).node == 4);
+  const auto w = std::get<proto::wait>(round_trip(proto::wait{2, 9, 256, std::chrono::nanoseconds(INT64_MAX)}));
+  CHECK(w.node == 2);
+  CHECK(w.ec == 9);
+  CHECK(w.max_events == 256);
+  CHECK(w.timeout == std::chrono::nanoseconds(INT64_MAX));
+  CHECK(std::get<proto::sleep>(round_trip(proto::sleep{1, std::chrono::nanoseconds(1500)})).duration.count() == 1500);
+  const auto c = std::get<proto::charge>(round_trip(proto::charge{3, host::work::reduce, 1u << 20}));
+  CHECK(c.op == host::work::reduce);
+  CHECK(c.bytes == 1u << 20);
+  CHECK(std::get<proto::charge>(round_trip(proto::charge{3, host::work::copy, 0})).op == host::work::copy);
+
+  bool other = true;
+  auto cr = proto::decode_reply<proto::clock_reply>(proto::encode_reply(3, proto::clock_reply{std::chrono::nanoseconds(123456789), 17}), 3, other);
+  REQUIRE(cr.ok());
+  CHECK(cr->now.count() == 123456789);
+  CHECK(cr->events == 17);
+  for (bool vt : {false, true}) {
+    const std::string line = proto::encode_reply(1, proto::hello_reply{proto::version, "spin-emu", 5, vt});
+    CHECK((line.find("virtual_time") != std::string::npos) == vt);  // a wall-clock server's hello is unchanged
+    auto h = proto::decode_reply<proto::hello_reply>(line, 1, other);
+    REQUIRE(h.ok());
+    CHECK(h->virtual_time == vt);
+  }
+}
+
 TEST_CASE("an install without optional fields decodes to the defaults") {
   proto::install in;
   in.package = "/p";
@@ -226,6 +253,13 @@ TEST_CASE("malformed requests are refused with a message that names the problem"
                "field 'frame_key' must be 32 hexadecimal digits (16 bytes)"},
            bad{R"({"id":1,"op":"group_join","node":0,"group":16,"members":[1],"slots":4,"proof":0,"me":0,"frame_key":7})",
                "field 'frame_key' must be 32 hexadecimal digits (16 bytes)"},
+           bad{R"({"id":1,"op":"wait","node":0,"ec":1,"max_events":0,"timeout_ns":0})", "field 'max_events' must be an integer in 1..256, not 0"},
+           bad{R"({"id":1,"op":"wait","node":0,"ec":1,"max_events":257,"timeout_ns":0})", "field 'max_events' must be an integer in 1..256"},
+           bad{R"({"id":1,"op":"wait","node":0,"ec":1,"max_events":1,"timeout_ns":9223372036854775808})",
+               "field 'timeout_ns' must be an integer in 0..9223372036854775807"},
+           bad{R"({"id":1,"op":"sleep","node":0})", "missing field 'ns'"},
+           bad{R"({"id":1,"op":"charge","node":0,"work":"fold","bytes":4})", "field 'work' must be \"copy\" or \"reduce\""},
+           bad{R"({"id":1,"op":"attach"})", "missing field 'node'"},
        }) {
     CAPTURE(b.line);
     const error e = refused(b.line);

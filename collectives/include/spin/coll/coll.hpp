@@ -433,6 +433,11 @@ public:
   void free(std::span<std::byte> buffer);
 
   comm_stats stats() const;
+  /// The NIC's clock, which the communicator's deadlines use: steady_clock, or for a NIC in
+  /// virtual time (spin::sim in this process, or spin-emu --virtual-time) the simulation's time
+  /// as steady_clock's epoch plus the virtual ns (emu::nic_control::now). Time a collective in
+  /// virtual time by reading it before and after the call. The communicator's thread.
+  std::chrono::steady_clock::time_point now() const noexcept;
   /// The engine's counters on the NIC of the first engine (packets it ignored, by
   /// proto::drop_reason, and sent, by proto::kind),
   /// read through the NIC's host interface. Errors: those of a command to the engine

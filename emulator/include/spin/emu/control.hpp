@@ -62,6 +62,17 @@
 // uninstalls every EC it installed (persistent ones too: their regions are mapped by the
 // server) and unregisters its regions.
 //
+// Virtual time (server_options::scheduler; docs/virtual-time.md):
+//   attach     node                        -> now_ns, events (0)
+//   wait       node, ec, max_events, timeout_ns
+//                                          -> now_ns, events (moved into the EC's ring)
+//   sleep      node, ns                    -> now_ns, events (0)
+//   charge     node, work ("copy"|"reduce"), bytes
+//                                          -> now_ns, events (0)
+//              ("hello" adds virtual_time: true; a wall-clock server refuses these four with
+//               not_supported, and wait, sleep and charge need an attached connection whose
+//               process is bound to a host node: bad_state otherwise)
+//
 // Events. A pump on the server thread moves events from nic_control::poll_events into each
 // open ring every 100 microseconds (bursts of up to 256 per EC), so an event reaches the host
 // at most ~100 us plus the consumer's polling interval after the handler posted it. When the
@@ -89,6 +100,29 @@ namespace spin::emu {
 
 /// Version of the control protocol this server speaks ("hello" returns it).
 inline constexpr int control_protocol_version = host::protocol::version;
+
+/// Where a control server runs its requests when its NICs are in virtual time (spin-emu
+/// --virtual-time): spin::sim's remote host programs (spin/sim/remote.hpp) run the requests of
+/// each attached process on that process's actor, in virtual-time order, and the others' where
+/// the simulation is stopped. Without one, requests run on the server's worker threads.
+/// Every member is called from the server's threads and must be thread-safe.
+class request_scheduler {
+public:
+  virtual ~request_scheduler() = default;
+  /// Runs `job`, one request of connection `session` (it replies itself), on a thread that may
+  /// use the NICs. A session's jobs come one at a time. Returns false, without running it, once
+  /// the scheduler has stopped (the server then replies bad_state).
+  virtual bool submit(std::uint64_t session, std::function<void()> job) = 0;
+  /// Connection `session` closed; `release` frees what it owned and runs as the session's last
+  /// job (dropped once the scheduler has stopped: control_server::stop releases everything).
+  virtual void closed(std::uint64_t session, std::function<void()> release) = 0;
+  /// "attach": connection `session` of process `pid` drives node `node` in virtual time.
+  /// Called from a job of that session. Errors: its own (exists, not_found, bad_state).
+  virtual result<void> attach(std::uint64_t session, pid_t pid, std::uint32_t node) = 0;
+  /// True when the calling thread runs `session`'s requests as a host program bound to an
+  /// actor: only such a request may wait in virtual time (wait, sleep, charge).
+  virtual bool may_wait(std::uint64_t session) const noexcept = 0;
+};
 
 /// How a control server is built.
 struct server_options {
@@ -127,6 +161,12 @@ struct server_options {
   /// Each node's group agent (in-band joins: requests with "via"), by node index; missing or
   /// null: that node has none. Not owned: they must outlive the server.
   std::vector<group_agent*> agents;
+  /// Virtual time: where requests run (above); "hello" then says virtual_time, the event pump
+  /// is off (events reach a ring only through "wait"), and attach, wait, sleep and charge are
+  /// served. Null: wall-clock time, and those four are refused with not_supported. Not owned:
+  /// it must outlive the server, and control_server::stop, which releases what the sessions
+  /// left on the NICs from the calling thread, must be called while no simulation runs.
+  request_scheduler* scheduler = nullptr;
 };
 
 class control_server_impl;

@@ -17,7 +17,9 @@
 #include <spin/result.hpp>
 #include <spin/rt/runtime.hpp>
 
+#include <atomic>
 #include <chrono>
+#include <memory>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -187,6 +189,40 @@ public:
   /// Asks spin-emu to stop (its on_stop runs after the reply).
   result<void> stop_emulator();
 
+  // ---- virtual time (spin-emu --virtual-time; docs/virtual-time.md) --------------------------
+
+  /// True when the server's NICs are in virtual time ("hello" said so). A host program there
+  /// attaches every connection it drives NICs through (attach) and waits through the server
+  /// (wait_events, sleep_for): the simulation moves virtual time only while every attached
+  /// program waits in such a request, and the event ring gets events only from them.
+  bool virtual_time() const noexcept { return _virtual; }
+  /// Makes this connection's process the host program of node `node` in virtual time
+  /// (protocol::attach): the process's requests run one at a time with the other programs',
+  /// ordered by virtual time. Every connection of the process attaches; the first naming a host
+  /// node binds the process to that node's actor. From here on this client waits for its
+  /// replies without a limit (the simulation, not the wall clock, decides when a request runs;
+  /// a call fails only when the server closes the connection). Returns the virtual time.
+  /// Errors: not_supported (a wall-clock server), not_found (no such node), exists (another
+  /// process drives that host node, or this connection attached already), bad_state (the
+  /// server is stopping).
+  result<std::chrono::nanoseconds> attach(std::uint32_t node);
+  /// Waits up to `timeout` (virtual) for events of EC `e`, at most `max_events`
+  /// (1..protocol::max_wait_events); the server moves them into the EC's ring before replying,
+  /// and this returns how many it moved (read them with event_queue::wait_burst and a zero
+  /// timeout). Errors: bad_state (not attached to a host node), not_found (no such EC or its
+  /// ring is not open), not_supported (a wall-clock server), invalid_argument.
+  result<std::uint32_t> wait_events(const ec& e, std::uint32_t max_events, std::chrono::nanoseconds timeout);
+  /// Waits `d` of virtual time on node `node` (nic_control::sleep_for). Errors: as wait_events.
+  result<void> sleep_for(std::uint32_t node, std::chrono::nanoseconds d);
+  /// Charges the host model's time for `bytes` of `op` on node `node` (nic_control::charge_host).
+  /// Errors: as wait_events.
+  result<void> charge_host(std::uint32_t node, work op, std::uint64_t bytes);
+  /// The virtual time (since the simulation began) that the last attach, wait, sleep or charge
+  /// reply of any client of this process to the same server gave: between two of its waits a
+  /// host program takes no virtual time, so this is the simulation's time whenever the program
+  /// runs. 0 before the first attach. Any thread.
+  std::chrono::nanoseconds virtual_now() const noexcept;
+
   /// Sends one raw request line (a JSON object without the trailing newline; an "id" is
   /// not added) with optional file descriptors, and returns the raw reply line. For tools and
   /// tests of the protocol itself. Errors: bad_state (connection closed), timeout.
@@ -194,6 +230,7 @@ public:
 
 private:
   client(int fd) : _fd(fd) {}
+  result<void> clocked(const protocol::request& req, std::uint32_t* events = nullptr);
   struct reply_line {
     std::string text;
     std::vector<int> fds;  // owned by the caller
@@ -211,6 +248,9 @@ private:
   std::uint64_t _next_id = 1;
   std::string _in;  // bytes after the last reply line
   std::chrono::milliseconds _reply_timeout{std::chrono::seconds(30)};
+  bool _virtual = false;
+  std::string _socket;                              // as connect was given it
+  std::shared_ptr<std::atomic<std::int64_t>> _clock;  // the process's virtual clock of this server (attach)
 };
 
 } // namespace spin::host

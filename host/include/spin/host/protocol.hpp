@@ -42,6 +42,8 @@ inline constexpr std::size_t max_name_bytes = 64;
 inline constexpr std::size_t max_path_bytes = 4096;
 /// Longest send timeout (ms).
 inline constexpr std::uint64_t max_send_timeout_ms = 600'000;
+/// Most events one "wait" moves.
+inline constexpr std::uint32_t max_wait_events = 256;
 /// Largest registered region (bytes).
 inline constexpr std::uint64_t max_region_bytes = std::uint64_t{1} << 46;
 
@@ -126,9 +128,43 @@ struct leave {
   std::uint32_t via = group_join::own_registry;  ///< in-band: the switch's rank (group_join::via)
 };
 
+
+// Virtual time (a spin-emu whose NICs are spin::sim's: hello_reply::virtual_time). A host
+// program in another process is an actor of the simulation: its connections attach, its waits
+// are requests, and virtual time moves only while every attached program waits in one
+// (docs/virtual-time.md, "Host programs in other processes"). A wall-clock spin-emu refuses
+// these with not_supported.
+
+/// "attach": this connection's process is a host program driving node `node` in virtual time.
+/// Every connection of the process attaches (each names the node it drives); the first that
+/// names a host node binds the process to that node's actor.
+struct attach {
+  std::uint32_t node = 0;
+};
+/// "wait": nic_control::wait_events on the node, in virtual time: up to `max_events` events of
+/// EC `ec`, waiting up to `timeout` (virtual) for the first. The server moves them into the EC's
+/// event ring (open_events) before it replies; the reply says how many.
+struct wait {
+  std::uint32_t node = 0;
+  rt::ec_id ec = 0;
+  std::uint32_t max_events = 1;  ///< 1..max_wait_events
+  std::chrono::nanoseconds timeout{0};  ///< 0..2^63-1 (virtual)
+};
+/// "sleep": nic_control::sleep_for on the node, in virtual time.
+struct sleep {
+  std::uint32_t node = 0;
+  std::chrono::nanoseconds duration{0};  ///< 0..2^63-1 (virtual)
+};
+/// "charge": nic_control::charge_host on the node: the host model's time for `bytes` of `op`.
+struct charge {
+  std::uint32_t node = 0;
+  work op = work::copy;  ///< JSON "copy" or "reduce"
+  std::uint64_t bytes = 0;
+};
+
 /// Any request.
 using request = std::variant<hello, nodes, register_memory, unregister_memory, install, uninstall, open_events,
-                             close_events, send, stats, stop, pool, join, decide, leave>;
+                             close_events, send, stats, stop, pool, join, decide, leave, attach, wait, sleep, charge>;
 
 /// The request's "op" ("hello", "register", ...).
 const char* op_name(const request& r) noexcept;
@@ -154,6 +190,7 @@ struct hello_reply {
   int protocol = version;
   std::string server = "spin-emu";
   std::uint32_t nodes = 0;
+  bool virtual_time = false;  ///< the NICs are in virtual time (JSON: absent from older servers, false)
 };
 /// One NIC of "nodes".
 struct node_entry {
@@ -195,9 +232,15 @@ struct join_reply {
   group_answer answer;
 };
 
+/// Reply of "attach", "wait", "sleep" and "charge": the virtual time when the request ended.
+struct clock_reply {
+  std::chrono::nanoseconds now{0};  ///< virtual time since the simulation began
+  std::uint32_t events = 0;         ///< "wait": events moved into the ring; else 0
+};
+
 /// Any successful reply.
 using reply = std::variant<done, hello_reply, nodes_reply, register_reply, install_reply, events_reply, stats_reply,
-                           pool_reply, join_reply>;
+                           pool_reply, join_reply, clock_reply>;
 
 /// The success reply line for request id `id`.
 std::string encode_reply(std::uint64_t id, const reply& r);

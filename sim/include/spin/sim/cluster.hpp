@@ -177,6 +177,11 @@ public:
   result<void> run(picoseconds limit = picoseconds::max());
   /// Virtual time now.
   picoseconds now() const noexcept;
+  /// Work that must not overlap the simulation but is not an actor's (spin-emu's control
+  /// requests of processes that are not host programs: remote_hosts): run() calls `hook` on its
+  /// thread before each event and each hand-over to an actor. It must not wait on a NIC. Set
+  /// before run(); empty: none.
+  void set_between_events(std::function<void()> hook);
 
   cluster_stats stats() const;
   /// The queue samples recorded so far (options::sample_interval).

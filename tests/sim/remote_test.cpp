@@ -1,0 +1,198 @@
+// spin-emu --virtual-time with host programs in other processes (docs/virtual-time.md, "Host
+// programs in other processes"): four rank processes allreduce through the virtual-time
+// cluster's NICs and switch with every algorithm; results are exact, and a second run, with
+// both cores loaded by other processes, prints the same virtual times and the same statistics
+// byte for byte. Also the protocol's refusals.
+#include "../emulator/emu_process.hpp"
+
+#include <spin/host/host.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <fstream>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fcntl.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+using namespace spin;
+using namespace spin::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+/// A child process running `args`, its stdout and stderr in `out`. Killed when it outlives the
+/// object, and with the test (PR_SET_PDEATHSIG).
+struct child {
+  pid_t pid = -1;
+  std::string out;
+  int status = -1;
+  child(std::vector<std::string> args, std::string out_file) : out(std::move(out_file)) {
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    REQUIRE(fd >= 0);
+    const pid_t parent = ::getpid();
+    pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(127);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      ::execvp(argv[0], argv.data());
+      ::_exit(127);
+    }
+    ::close(fd);
+  }
+  child(const child&) = delete;
+  child& operator=(const child&) = delete;
+  /// Waits up to `limit` for the exit; true when it exited.
+  bool wait(std::chrono::milliseconds limit) {
+    const auto end = std::chrono::steady_clock::now() + limit;
+    while (pid > 0) {
+      int st = 0;
+      const pid_t r = ::waitpid(pid, &st, WNOHANG);
+      if (r == pid) {
+        status = st;
+        pid = -1;
+        return true;
+      }
+      if (std::chrono::steady_clock::now() >= end) return false;
+      std::this_thread::sleep_for(10ms);
+    }
+    return true;
+  }
+  bool exited_ok() const { return status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+  ~child() {
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  }
+};
+
+const std::string topology = std::string(SPIN_SIM_TEST_DIR) + "/topologies/star4.toml";
+
+/// spin-emu --virtual-time on the four-host star, its socket and statistics in `dir`.
+std::unique_ptr<child> start_emu(const temp_dir& dir, const std::string& tag, std::vector<std::string> more = {}) {
+  std::vector<std::string> args = {SPIN_EMU_BIN, "--topology", topology, "--virtual-time", "--socket", dir.path + "/" + tag + ".sock",
+                                   "--stats-json", dir.path + "/" + tag + ".json", "--duration", "600"};
+  args.insert(args.end(), more.begin(), more.end());
+  return std::make_unique<child>(args, dir.path + "/" + tag + ".log");
+}
+
+host::client connect_to(const std::string& socket, child& emu) {
+  const auto end = std::chrono::steady_clock::now() + 60s;
+  std::string last;
+  while (std::chrono::steady_clock::now() < end) {
+    if (std::filesystem::exists(socket)) {
+      auto c = host::client::connect(socket);
+      if (c) return std::move(c.value());
+      last = c.err().message;
+    }
+    if (emu.wait(0ms)) FAIL("spin-emu exited before its socket answered:\n" << read_file(emu.out));
+    std::this_thread::sleep_for(50ms);
+  }
+  FAIL("spin-emu's socket " << socket << " did not answer: " << last << "\n" << read_file(emu.out));
+  std::abort();
+}
+
+struct run_result {
+  std::vector<std::string> lines;  // each rank's line
+  std::string stats_json;
+};
+
+/// One run: spin-emu and four rank processes; `load` other processes keep both cores busy.
+run_result run_job(const temp_dir& dir, const std::string& tag, bool load) {
+  auto emu = start_emu(dir, tag);
+  const std::string sock = dir.path + "/" + tag + ".sock";
+  auto probe = connect_to(sock, *emu);
+  CHECK(probe.virtual_time());
+  std::vector<std::unique_ptr<child>> burners;
+  if (load)
+    for (int i = 0; i < 2; ++i)  // bounded: 120 s at most, and killed below
+      burners.push_back(std::make_unique<child>(std::vector<std::string>{"timeout", "120", "sh", "-c", "while :; do :; done"},
+                                                dir.path + "/burn" + std::to_string(i) + ".log"));
+  std::vector<std::unique_ptr<child>> ranks;
+  for (std::uint32_t r = 0; r < 4; ++r)
+    ranks.push_back(std::make_unique<child>(
+        std::vector<std::string>{SPIN_REMOTE_RANK_BIN, sock, std::to_string(r), "4", "4", "3000", "2"},
+        dir.path + "/" + tag + "-rank" + std::to_string(r) + ".log"));
+  run_result out;
+  for (auto& r : ranks) {
+    REQUIRE_MESSAGE(r->wait(300s), "a rank did not finish:\n" << read_file(r->out) << read_file(emu->out));
+    CHECK_MESSAGE(r->exited_ok(), read_file(r->out));
+    out.lines.push_back(read_file(r->out));
+  }
+  burners.clear();
+  REQUIRE(probe.stop_emulator().ok());
+  REQUIRE_MESSAGE(emu->wait(60s), read_file(emu->out));
+  CHECK_MESSAGE(emu->exited_ok(), read_file(emu->out));
+  out.stats_json = read_file(dir.path + "/" + tag + ".json");
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("host programs of other processes drive spin-emu --virtual-time: exact results, the same timings under load") {
+  temp_dir dir;
+  const run_result a = run_job(dir, "quiet", false);
+  for (std::uint32_t r = 0; r < 4; ++r) {
+    INFO("rank " << r << ": " << a.lines[r]);
+    CHECK(a.lines[r].rfind("rank " + std::to_string(r) + " ok switch ", 0) == 0);
+    CHECK(a.lines[r].find(" edge_ring ") != std::string::npos);
+    CHECK(a.lines[r].find(" host_ring ") != std::string::npos);
+  }
+  REQUIRE_FALSE(a.stats_json.empty());
+  const run_result b = run_job(dir, "loaded", true);
+  for (std::uint32_t r = 0; r < 4; ++r) CHECK(a.lines[r] == b.lines[r]);
+  CHECK(a.stats_json == b.stats_json);
+}
+
+TEST_CASE("spin-emu --virtual-time refuses waits of connections that are not bound to a host node, and bad attaches") {
+  temp_dir dir;
+  auto emu = start_emu(dir, "refuse", {"--actors", "1"});
+  const std::string sock = dir.path + "/refuse.sock";
+  auto c = connect_to(sock, *emu);
+  REQUIRE(c.virtual_time());
+  // A wait before attach: the simulation would not know this process waits.
+  auto m = c.alloc_memory(0, 4096);
+  REQUIRE(m.ok());
+  auto s = c.sleep_for(0, 1us);
+  REQUIRE_FALSE(s.ok());
+  CHECK(s.err().code == errc::bad_state);
+  auto raw = c.raw_request(R"({"id": 7, "op": "sleep", "node": 0, "ns": 1000})");
+  REQUIRE(raw.ok());
+  CHECK(raw.value().find("bad_state") != std::string::npos);
+  CHECK(raw.value().find("attach") != std::string::npos);
+  // Attach errors: no such node; twice on one connection.
+  auto bad = c.attach(99);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.err().code == errc::not_found);
+  auto sw = c.attach(4);  // the switch: attached, not bound (its process has no host node yet)
+  REQUIRE(sw.ok());
+  auto again = c.attach(0);
+  REQUIRE_FALSE(again.ok());
+  CHECK(again.err().code == errc::exists);
+  // A second connection of this process binds it to host 0; then it may wait, and time moves.
+  auto d = connect_to(sock, *emu);
+  REQUIRE(d.attach(0).ok());
+  const auto t0 = d.virtual_now();
+  REQUIRE(d.sleep_for(0, 5us).ok());
+  CHECK(d.virtual_now() - t0 == 5us);
+  CHECK(c.virtual_now() == d.virtual_now());  // one clock per process and server
+  REQUIRE(c.sleep_for(4, 1us).ok());          // the switch's connection joined the actor
+  CHECK(d.virtual_now() - t0 == 6us);
+  REQUIRE(d.stop_emulator().ok());
+  REQUIRE_MESSAGE(emu->wait(60s), read_file(emu->out));
+}
