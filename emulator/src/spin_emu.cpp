@@ -225,7 +225,7 @@ int main(int argc, char** argv) {
 #ifndef SPIN_EMU_VIRTUAL_TIME
     return usage("--virtual-time: this spin-emu was built without spin::sim (a build without spinc); use build/collectives/spin-emu");
 #endif
-    for (const char* opt : {"--capture-dir", "--lcores", "--pool-mbufs", "--mbuf-bytes", "--burst", "--max-frame", "--progress"})
+    for (const char* opt : {"--capture-dir", "--lcores", "--pool-mbufs", "--mbuf-bytes", "--burst", "--max-frame"})
       if (app.count(opt) != 0) return usage(std::string(opt) + " is for wall-clock time; --virtual-time models the NICs (docs/virtual-time.md)");
     if (no_socket) return usage("--virtual-time needs the control socket: its host programs attach through it");
   }
@@ -391,6 +391,21 @@ int main(int argc, char** argv) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       const auto now = std::chrono::steady_clock::now();
       if (duration_s > 0 && now - start >= std::chrono::duration<double>(duration_s)) stop_flag.store(true);
+#ifdef SPIN_EMU_VIRTUAL_TIME
+      if (progress_s > 0 && now >= next_progress && remote) {
+        // Virtual time: which host nodes still have no host program (time stands still until
+        // every one has).
+        next_progress += std::chrono::seconds(progress_s);
+        const auto st = remote->stats();
+        std::string waiting;
+        for (std::uint32_t n : remote->unbound()) waiting += (waiting.empty() ? "" : ", ") + controls[n]->name();
+        std::printf("spin-emu: %.0f s: virtual time: round %llu, %llu host programs so far, %s\n",
+                    std::chrono::duration<double>(now - start).count(), static_cast<unsigned long long>(st.rounds + 1),
+                    static_cast<unsigned long long>(st.processes),
+                    waiting.empty() ? "every host node has its program" : ("waiting for the host programs of " + waiting).c_str());
+        std::fflush(stdout);
+      }
+#endif
       if (progress_s > 0 && now >= next_progress && !virtual_time) {
         next_progress += std::chrono::seconds(progress_s);
         std::uint64_t rx = 0, tx = 0, drops = 0;
