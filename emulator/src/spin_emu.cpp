@@ -225,8 +225,10 @@ int main(int argc, char** argv) {
 #ifndef SPIN_EMU_VIRTUAL_TIME
     return usage("--virtual-time: this spin-emu was built without spin::sim (a build without spinc); use build/collectives/spin-emu");
 #endif
-    for (const char* opt : {"--capture-dir", "--lcores", "--pool-mbufs", "--mbuf-bytes", "--burst", "--max-frame"})
+    for (const char* opt : {"--capture-dir", "--lcores", "--pool-mbufs", "--mbuf-bytes", "--burst", "--max-frame", "--udp-port"})
       if (app.count(opt) != 0) return usage(std::string(opt) + " is for wall-clock time; --virtual-time models the NICs (docs/virtual-time.md)");
+    if (app.count("--nic-memory-mib") != 0)
+      return usage("--nic-memory-mib is for wall-clock time; in virtual time the topology file's [nic] memory_bytes sets it");
     if (no_socket) return usage("--virtual-time needs the control socket: its host programs attach through it");
   }
   if (mode == "nic" && port_names.empty())

@@ -1,20 +1,28 @@
 #include <spin/rt/arena.hpp>
 
 #include <cstdlib>
+
+#include <sys/mman.h>
 #include <cstring>
 #include <string>
 
 namespace spin::rt {
 
-void nic_arena::free_aligned::operator()(std::byte* p) const { std::free(p); }
+void nic_arena::unmap::operator()(std::byte* p) const { ::munmap(p, bytes); }
 
 namespace {
 constexpr std::uint64_t align_up(std::uint64_t v) { return (v + 63) & ~std::uint64_t{63}; }
+
+// Zeroed pages, touched only when used (and never by malloc's debugging fill, MALLOC_PERTURB_).
+std::byte* map_zeroed(std::uint64_t bytes) {
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  return p == MAP_FAILED ? nullptr : static_cast<std::byte*>(p);
+}
 } // namespace
 
 nic_arena::nic_arena(std::uint64_t capacity_bytes)
     : _capacity(align_up(capacity_bytes)),
-      _mem(static_cast<std::byte*>(std::aligned_alloc(64, _capacity == 0 ? 64 : _capacity))) {
+      _mem(map_zeroed(_capacity == 0 ? 64 : _capacity), unmap{_capacity == 0 ? 64 : _capacity}) {
   if (!_mem) _capacity = 0;
   if (_capacity > 0) _free.emplace(0, _capacity);
 }

@@ -368,6 +368,8 @@ TEST_CASE("spin-emu refuses the removed HPU-thread option, the other mode's opti
   CHECK(out.find("--lcores is for wall-clock time") != std::string::npos);
   CHECK(run("--topology " + topo + " --virtual-time --no-socket", out) == 2);
   CHECK(out.find("--virtual-time needs the control socket") != std::string::npos);
+  CHECK(run("--topology " + topo + " --virtual-time --nic-memory-mib 8", out) == 2);
+  CHECK(out.find("[nic] memory_bytes") != std::string::npos);
 }
 
 TEST_CASE("two spin-emu processes joined by memif ping-pong with handlers and deliver a 1 MiB message to host memory") {

@@ -1,11 +1,12 @@
 // One host program of a virtual-time spin-emu (tests/sim/remote_test.cpp): rank NODE of a group
 // of the topology's first HOSTS hosts, through communicator::connect, with the switch at node
-// SWITCH (fabric::connect). It allreduces COUNT int32 values ITERS times with each algorithm
-// (switch, edge ring, host ring), checks every result exactly, and prints one line:
+// SWITCH (fabric::connect). It runs rank_body.hpp's allreduces (COUNT int32 values, ITERS times
+// per algorithm, every result checked exactly) and prints its line:
 //   rank <node> <ok|wrong> switch <ns> <ns>... edge_ring <ns>... host_ring <ns>...
-// where each <ns> is one call's virtual time (communicator::now before and after).
 //
 //   remote_rank SOCKET NODE HOSTS SWITCH COUNT ITERS
+#include "rank_body.hpp"
+
 #include <spin/coll/coll.hpp>
 #include <spin/host/host.hpp>
 
@@ -48,27 +49,8 @@ int main(int argc, char** argv) {
   auto comm = coll::communicator::connect(socket, node, g, o);
   if (!comm) return std::fprintf(stderr, "rank %u: communicator: %s\n", node, comm.err().message.c_str()), 1;
 
-  std::vector<std::int32_t> in(count), out(count), want(count, 0);
-  for (std::size_t i = 0; i < count; ++i) in[i] = static_cast<std::int32_t>((node + 1) * (i % 1000)) - static_cast<std::int32_t>(7 * node);
-  for (std::uint32_t r = 0; r < hosts; ++r)
-    for (std::size_t i = 0; i < count; ++i) want[i] += static_cast<std::int32_t>((r + 1) * (i % 1000)) - static_cast<std::int32_t>(7 * r);
-
-  bool ok = true;
-  std::string line = "rank " + std::to_string(node);
-  std::string times;
-  for (auto [a, name] : {std::pair{coll::algorithm::switch_agg, "switch"}, std::pair{coll::algorithm::edge_ring, "edge_ring"},
-                         std::pair{coll::algorithm::host_ring, "host_ring"}}) {
-    times += std::string(" ") + name;
-    for (int k = 0; k < iters; ++k) {
-      std::fill(out.begin(), out.end(), 0);
-      const auto t0 = (*comm)->now();
-      auto r = (*comm)->allreduce(in.data(), out.data(), count, coll::dtype::i32, coll::op::sum, a);
-      const auto t1 = (*comm)->now();
-      if (!r) return std::fprintf(stderr, "rank %u: %s allreduce: %s\n", node, name, r.err().message.c_str()), 1;
-      ok = ok && out == want;
-      times += " " + std::to_string(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count());
-    }
-  }
-  std::printf("%s %s%s\n", line.c_str(), ok ? "ok" : "wrong", times.c_str());
+  bool ok = false;
+  const std::string line = spin::test::run_rank(**comm, node, hosts, count, iters, ok);
+  std::printf("%s\n", line.c_str());
   return ok ? 0 : 3;
 }

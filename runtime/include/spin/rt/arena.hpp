@@ -22,7 +22,10 @@ struct arena_block {
 /// from its control thread only.
 class nic_arena {
 public:
-  /// Reserves `capacity_bytes` (rounded up to 64) of zeroed memory.
+  /// Reserves `capacity_bytes` (rounded up to 64) of zeroed memory: an anonymous mapping, so
+  /// that pages cost nothing until a block uses them (a switch's 1 GiB of NIC memory in virtual
+  /// time, most of it never allocated). When the mapping fails the capacity is 0 and every
+  /// allocation fails with no_memory.
   explicit nic_arena(std::uint64_t capacity_bytes);
 
   /// Allocates `len_bytes` (rounded up to 64; 0 gives an empty block). The block is zeroed.
@@ -40,10 +43,11 @@ public:
 
 private:
   std::uint64_t _capacity;
-  struct free_aligned {
+  struct unmap {
+    std::uint64_t bytes = 0;
     void operator()(std::byte* p) const;
   };
-  std::unique_ptr<std::byte, free_aligned> _mem;
+  std::unique_ptr<std::byte, unmap> _mem;
   std::map<std::uint64_t, std::uint64_t> _free;  // offset -> length
   std::map<std::uint64_t, std::uint64_t> _taken; // offset -> length
   std::uint64_t _used = 0;
