@@ -236,7 +236,8 @@ proto::reply control_server_impl::op(const proto::wait& q, call& c) {
                                                " has no event ring (open_events first)"};
   }
   std::array<rt::host_event, proto::max_wait_events> buf;
-  const std::size_t n = nic.wait_events(q.ec, std::span(buf.data(), q.max_events), q.timeout);
+  const std::size_t n = nic.wait_events(q.ec, std::span(buf.data(), q.max_events),
+                                        std::min<std::chrono::nanoseconds>(q.timeout, request_scheduler::max_wait));
   std::size_t moved = 0;
   if (n > 0) {
     std::lock_guard lk(_mu);
@@ -249,7 +250,7 @@ proto::reply control_server_impl::op(const proto::wait& q, call& c) {
 proto::reply control_server_impl::op(const proto::sleep& q, call& c) {
   nic_control& nic = node_of(q.node);
   (void)waiting_scheduler("sleep", c.session);
-  nic.sleep_for(q.duration);
+  nic.sleep_for(std::min<std::chrono::nanoseconds>(q.duration, request_scheduler::max_wait));
   return clock_of(nic);
 }
 

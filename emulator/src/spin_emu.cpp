@@ -464,9 +464,12 @@ int main(int argc, char** argv) {
     remote->spawn_round();
     auto r = vt->run();
     if (!r) {
-      exit_status = die("virtual time: " + r.err().message);
-      stop_flag.store(true);
-      break;
+      // Not expected (every host program's wait has a deadline, request_scheduler::max_wait),
+      // but if it happens, actors still wait inside requests that reference the server and the
+      // cluster: leave without destroying either.
+      (void)die("virtual time: " + r.err().message + "; exiting");
+      std::fflush(nullptr);
+      std::_Exit(1);
     }
     if (stop_flag.load()) break;
     if (!quiet) {

@@ -87,6 +87,30 @@ struct child {
   }
 };
 
+/// A process that keeps one core busy: forked from this one, it stops by itself after 60 s and
+/// dies with the test (PR_SET_PDEATHSIG); the destructor kills it. (Not a `timeout` wrapper
+/// around a shell loop: killing the wrapper leaves the loop running.)
+struct burner {
+  pid_t pid = -1;
+  burner() {
+    pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      const auto end = std::chrono::steady_clock::now() + 60s;
+      volatile std::uint64_t spins = 0;
+      while (std::chrono::steady_clock::now() < end) spins = spins + 1;
+      ::_exit(0);
+    }
+  }
+  burner(const burner&) = delete;
+  burner& operator=(const burner&) = delete;
+  ~burner() {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+  }
+};
+
 const std::string topology = std::string(SPIN_SIM_TEST_DIR) + "/topologies/star4.toml";
 
 /// spin-emu --virtual-time on the four-host star, its socket and statistics in `dir`.
@@ -124,11 +148,9 @@ run_result run_job(const temp_dir& dir, const std::string& tag, bool load) {
   const std::string sock = dir.path + "/" + tag + ".sock";
   auto probe = connect_to(sock, *emu);
   CHECK(probe.virtual_time());
-  std::vector<std::unique_ptr<child>> burners;
+  std::vector<std::unique_ptr<burner>> burners;
   if (load)
-    for (int i = 0; i < 2; ++i)  // bounded: 120 s at most, and killed below
-      burners.push_back(std::make_unique<child>(std::vector<std::string>{"timeout", "120", "sh", "-c", "while :; do :; done"},
-                                                dir.path + "/burn" + std::to_string(i) + ".log"));
+    for (int i = 0; i < 2; ++i) burners.push_back(std::make_unique<burner>());
   std::vector<std::unique_ptr<child>> ranks;
   for (std::uint32_t r = 0; r < 4; ++r)
     ranks.push_back(std::make_unique<child>(
@@ -249,6 +271,9 @@ TEST_CASE("spin-emu --virtual-time refuses waits of connections that are not bou
   CHECK(c.virtual_now() == d.virtual_now());  // one clock per process and server
   REQUIRE(c.sleep_for(4, 1us).ok());          // the switch's connection joined the actor
   CHECK(d.virtual_now() - t0 == 6us);
+  // A wait without end on an idle cluster: cut to request_scheduler::max_wait, not a stop.
+  REQUIRE(d.sleep_for(0, std::chrono::nanoseconds::max()).ok());
+  CHECK(d.virtual_now() - t0 == 6us + std::chrono::hours(24 * 100));
   REQUIRE(d.stop_emulator().ok());
   REQUIRE_MESSAGE(emu->wait(60s), read_file(emu->out));
 }

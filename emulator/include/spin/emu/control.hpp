@@ -108,6 +108,11 @@ inline constexpr int control_protocol_version = host::protocol::version;
 /// Every member is called from the server's threads and must be thread-safe.
 class request_scheduler {
 public:
+  /// A host program's wait or sleep in virtual time lasts at most this long (longer ones are
+  /// cut to it): every wait has a deadline, so a program that waits for an event that never
+  /// comes on an idle cluster gets its answer (none) instead of stopping the simulation.
+  static constexpr std::chrono::hours max_wait{24 * 100};
+
   virtual ~request_scheduler() = default;
   /// Runs `job`, one request of connection `session` (it replies itself), on a thread that may
   /// use the NICs. A session's jobs come one at a time. Returns false, without running it, once

@@ -142,7 +142,8 @@ struct attach {
   std::uint32_t node = 0;
 };
 /// "wait": nic_control::wait_events on the node, in virtual time: up to `max_events` events of
-/// EC `ec`, waiting up to `timeout` (virtual) for the first. The server moves them into the EC's
+/// EC `ec`, waiting up to `timeout` (virtual; the server cuts it to 100 days,
+/// emu::request_scheduler::max_wait) for the first. The server moves them into the EC's
 /// event ring (open_events) before it replies; the reply says how many.
 struct wait {
   std::uint32_t node = 0;
