@@ -17,6 +17,17 @@
 
 namespace spin::test {
 
+/// The group (id 1) of the ranks `members`, as member `me`, and options that aggregate on `fab`.
+inline std::pair<coll::group, coll::options> rank_group(const std::vector<std::uint32_t>& members, std::uint32_t me, coll::fabric* fab) {
+  coll::group g;
+  g.id = 1;
+  g.members = members;
+  g.me = me;
+  coll::options o;
+  o.switches = fab;
+  return {g, o};
+}
+
 inline std::string run_rank(coll::communicator& comm, std::uint32_t me, std::uint32_t hosts, std::size_t count, int iters, bool& ok) {
   std::vector<std::int32_t> in(count), out(count), want(count, 0);
   auto value = [](std::uint32_t r, std::size_t i) {

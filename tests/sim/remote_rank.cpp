@@ -40,12 +40,7 @@ int main(int argc, char** argv) {
   }
   auto fab = coll::fabric::connect({coll::remote_switch{socket, sw, ranks}});
   if (!fab) return std::fprintf(stderr, "rank %u: fabric: %s\n", node, fab.err().message.c_str()), 1;
-  coll::group g;
-  g.id = 1;
-  g.members = ranks;
-  g.me = node;
-  coll::options o;
-  o.switches = fab->get();
+  const auto [g, o] = spin::test::rank_group(ranks, node, fab->get());
   auto comm = coll::communicator::connect(socket, node, g, o);
   if (!comm) return std::fprintf(stderr, "rank %u: communicator: %s\n", node, comm.err().message.c_str()), 1;
 

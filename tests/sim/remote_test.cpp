@@ -201,12 +201,7 @@ TEST_CASE("the same ranks as in-process actors of spin::sim take the same virtua
   std::vector<std::string> lines(4);
   for (std::uint32_t r = 0; r < 4; ++r)
     (*c)->spawn("rank" + std::to_string(r), [&, r] {
-      coll::group g;
-      g.id = 1;
-      g.members = ranks;
-      g.me = r;
-      coll::options o;
-      o.switches = fab->get();
+      const auto [g, o] = rank_group(ranks, r, fab->get());
       auto comm = coll::communicator::create((*c)->node(r), g, o);
       if (!comm) {
         lines[r] = "rank " + std::to_string(r) + ": " + comm.err().message;
