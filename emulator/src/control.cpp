@@ -223,7 +223,13 @@ void control_server_impl::process_next(const conn_ptr& c) {
   const std::uint64_t session = c->session;
   const pid_t pid = c->pid;
   auto job = [this, c, session, pid, line = std::move(line), fds = std::move(fds), truncated]() mutable {
-    auto r = std::make_shared<reply>(handle(session, pid, line, std::move(fds), truncated));
+    const std::function<void(std::string)> send_now = [this, c](std::string l) {
+      auto early = std::make_shared<reply>();
+      early->line = std::move(l);
+      asio::post(_io, [this, c, early]() mutable { send_reply(c, std::move(early)); });
+    };
+    auto r = std::make_shared<reply>(handle(session, pid, line, std::move(fds), truncated, send_now));
+    if (r->sent) return;  // its reply went out before the operation returned
     asio::post(_io, [this, c, r]() mutable { send_reply(c, std::move(r)); });
   };
   if (_opts.scheduler == nullptr) return asio::post(_pool, std::move(job));
@@ -321,7 +327,7 @@ void control_server_impl::pump() {
 // ---- requests (worker threads) -------------------------------------------------------------
 
 reply control_server_impl::handle(std::uint64_t session, pid_t pid, const std::string& line, std::vector<unique_fd> fds,
-                                  bool fds_truncated) {
+                                  bool fds_truncated, const std::function<void(std::string line)>& send_now) {
   reply r;
   std::optional<std::uint64_t> id;
   auto fail_with = [&](errc code, const std::string& message) {
@@ -346,7 +352,11 @@ reply control_server_impl::handle(std::uint64_t session, pid_t pid, const std::s
                                             std::to_string(fds.size()));
       return r;
     }
-    r.line = proto::encode_reply(req->id, execute(session, pid, req->req, fds, r));
+    const std::uint64_t rid = req->id;
+    r.line = proto::encode_reply(req->id, execute(session, pid, req->req, fds, r, [&r, rid, &send_now](const proto::reply& rep) {
+                                   r.sent = true;
+                                   send_now(proto::encode_reply(rid, rep));
+                                 }));
   } catch (const request_error& e) {
     fail_with(e.code, e.message);
   } catch (const std::exception& e) {  // allocation failure and the like: the request fails

@@ -88,6 +88,7 @@ struct reply {
   unique_fd fd;
   bool close_after = false;  ///< close the connection once sent (oversize line, refused peer)
   bool stop_after = false;   ///< run on_stop once sent
+  bool sent = false;         ///< sent already, before the operation returned (call::reply_now)
 };
 
 
@@ -178,8 +179,11 @@ private:
   void pump();
 
   // Workers.
-  reply handle(std::uint64_t session, pid_t pid, const std::string& line, std::vector<unique_fd> fds, bool fds_truncated);
-  proto::reply execute(std::uint64_t session, pid_t pid, const proto::request& req, std::vector<unique_fd>& fds, reply& r);
+  /// Runs one request line; `send_now` sends a reply line before it returns (call::reply_now).
+  reply handle(std::uint64_t session, pid_t pid, const std::string& line, std::vector<unique_fd> fds, bool fds_truncated,
+               const std::function<void(std::string line)>& send_now);
+  proto::reply execute(std::uint64_t session, pid_t pid, const proto::request& req, std::vector<unique_fd>& fds, reply& r,
+                       std::function<void(const proto::reply&)> reply_now);
 
   // ---- the operations (control_ops.cpp): one per request of the protocol ----
   /// What an operation gets beside its request: the session that sent it, the file
@@ -191,6 +195,10 @@ private:
     pid_t pid;
     std::vector<unique_fd>& fds;
     reply& r;
+    /// Sends `rep` as this request's success reply now, from any thread (a barrier's members
+    /// all learn it met from the thread of the last one); what the operation returns is then
+    /// not sent.
+    std::function<void(const proto::reply& rep)> reply_now;
   };
   proto::reply op(const proto::hello& q, call& c);
   proto::reply op(const proto::nodes& q, call& c);
@@ -211,7 +219,8 @@ private:
   proto::reply op(const proto::wait& q, call& c);
   proto::reply op(const proto::sleep& q, call& c);
   proto::reply op(const proto::charge& q, call& c);
-  /// The scheduler of a virtual-time server, for a request that may wait (wait, sleep, charge).
+  proto::reply op(const proto::barrier& q, call& c);
+  /// The scheduler of a virtual-time server, for a request that may wait (wait, sleep, charge, barrier).
   request_scheduler& waiting_scheduler(const char* op, std::uint64_t session);
   proto::clock_reply clock_of(nic_control& nic, std::uint32_t events = 0) const;
   nic_control& node_of(std::uint32_t index);

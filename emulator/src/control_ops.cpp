@@ -47,8 +47,9 @@ void control_server_impl::check_trusted(const std::string& path) const {
 }
 
 proto::reply control_server_impl::execute(std::uint64_t session, pid_t pid, const proto::request& req,
-                                          std::vector<unique_fd>& fds, reply& r) {
-  call c{session, pid, fds, r};
+                                          std::vector<unique_fd>& fds, reply& r,
+                                          std::function<void(const proto::reply&)> reply_now) {
+  call c{session, pid, fds, r, std::move(reply_now)};
   return std::visit([&](const auto& q) { return op(q, c); }, req);
 }
 
@@ -258,6 +259,16 @@ proto::reply control_server_impl::op(const proto::charge& q, call& c) {
   nic_control& nic = node_of(q.node);
   (void)waiting_scheduler("charge", c.session);
   nic.charge_host(q.op, q.bytes);
+  return clock_of(nic);
+}
+
+proto::reply control_server_impl::op(const proto::barrier& q, call& c) {
+  nic_control& nic = node_of(q.node);
+  request_scheduler& sched = waiting_scheduler("barrier", c.session);
+  // Every member's reply goes out when the last one comes, before any of them runs on: an
+  // actor runs only when the simulation hands over to it, and the one that runs first holds it
+  // until its process's next request, which may come only after the others' MPI calls.
+  if (auto r = sched.barrier(c.session, q.members, q.seq, [&] { c.reply_now(clock_of(nic)); }); !r) pass(r.err());
   return clock_of(nic);
 }
 

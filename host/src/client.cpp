@@ -353,6 +353,11 @@ result<void> client::sleep_for(std::uint32_t node, std::chrono::nanoseconds d) {
 
 result<void> client::charge_host(std::uint32_t node, work op, std::uint64_t bytes) { return clocked(proto::charge{node, op, bytes}); }
 
+result<void> client::barrier(std::uint32_t node, std::vector<std::uint32_t> members, std::uint64_t seq) {
+  if (members.empty()) return fail(errc::invalid_argument, "barrier: no members");
+  return clocked(proto::barrier{node, std::move(members), seq});
+}
+
 std::chrono::nanoseconds client::virtual_now() const noexcept {
   return std::chrono::nanoseconds(_clock ? _clock->load(std::memory_order_relaxed) : 0);
 }

@@ -173,6 +173,7 @@ template <> struct op_of<attach> { static constexpr const char* name = "attach";
 template <> struct op_of<wait> { static constexpr const char* name = "wait"; };
 template <> struct op_of<sleep> { static constexpr const char* name = "sleep"; };
 template <> struct op_of<charge> { static constexpr const char* name = "charge"; };
+template <> struct op_of<barrier> { static constexpr const char* name = "barrier"; };
 
 constexpr std::size_t max_members = 65535;
 constexpr std::size_t max_lease_words = 65536;
@@ -282,6 +283,11 @@ void put(json& j, const charge& r) {
   j["work"] = r.op == work::copy ? "copy" : "reduce";
   j["bytes"] = r.bytes;
 }
+void put(json& j, const barrier& r) {
+  j["node"] = r.node;
+  j["members"] = r.members;
+  j["seq"] = r.seq;
+}
 
 constexpr std::uint64_t ns_max = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
 
@@ -306,6 +312,12 @@ void get(fields& f, charge& r) {
   else
     reject("field 'work' must be \"copy\" or \"reduce\"");
   r.bytes = f.u64("bytes", 0, u64_max);
+}
+void get(fields& f, barrier& r) {
+  r.node = f.u32("node");
+  r.members = f.u32_list("members", max_members);
+  if (r.members.empty()) reject("field 'members' must name at least one node");
+  r.seq = f.u64("seq", 0, u64_max);
 }
 
 void get(fields&, hello&) {}

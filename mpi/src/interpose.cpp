@@ -141,6 +141,109 @@ std::string type_name(MPI_Datatype t) {
   return std::string(buf, static_cast<std::size_t>(len));
 }
 
+// ---- virtual time (spin-emu --virtual-time; docs/virtual-time.md, "MPI programs") ----------------
+// Each rank is the host program of its node, attached from MPI_Init on. An MPI collective is a
+// wait outside spin: before it, the members meet in virtual time (host::client::barrier), so
+// they all enter it at the virtual time the last one came, and none of them waits in MPI for a
+// rank that needs the simulation to move.
+
+struct virtual_time {
+  bool on = false;
+  std::mutex mu;                                   // one barrier at a time per process
+  std::unique_ptr<host::client> cl;                // attached: this process's actor
+  std::uint32_t node = 0;
+  std::vector<std::uint32_t> world_nodes;          // node of each MPI_COMM_WORLD rank
+  std::map<std::vector<std::uint32_t>, std::uint64_t> seq;  // barriers so far, per member set
+} vt;
+
+std::uint32_t my_node() { return cfg().node.value_or(static_cast<std::uint32_t>(std::max(0, world_rank()))); }
+
+// After PMPI_Init: is this rank's spin-emu in virtual time? Every rank asks, and all agree (a
+// collective over MPI_COMM_WORLD, before any rank can wait on the simulation).
+void start_virtual_time() {
+  std::uint32_t mine[2] = {0, my_node()};  // {in virtual time, node}
+  std::unique_ptr<host::client> cl;
+  std::string why;
+  if (auto c = host::client::connect(cfg().socket); c.ok() && c.value().virtual_time()) {
+    cl = std::make_unique<host::client>(std::move(c.value()));
+    if (auto a = cl->attach(mine[1]); a.ok())
+      mine[0] = 1;
+    else
+      why = std::string(errc_name(a.err().code)) + ": " + a.err().message;
+  }
+  int size = 0;
+  PMPI_Comm_size(MPI_COMM_WORLD, &size);
+  std::vector<std::uint32_t> all(2 * static_cast<std::size_t>(size));
+  PMPI_Allgather(mine, 2, MPI_UINT32_T, all.data(), 2, MPI_UINT32_T, MPI_COMM_WORLD);
+  int in_vt = 0;
+  for (int r = 0; r < size; ++r) in_vt += static_cast<int>(all[2 * static_cast<std::size_t>(r)]);
+  if (in_vt == 0 && why.empty()) return;  // wall-clock spin-emu, or none: nothing changes
+  if (in_vt != size) {
+    std::fprintf(stderr, "spin-mpi: rank %d: virtual time is off: %d of %d ranks attached to a spin-emu in virtual time%s%s\n",
+                 world_rank(), in_vt, size, why.empty() ? "" : "; this rank: ", why.c_str());
+    return;  // closing `cl` ends this rank's host program
+  }
+  vt.cl = std::move(cl);
+  vt.node = mine[1];
+  for (int r = 0; r < size; ++r) vt.world_nodes.push_back(all[2 * static_cast<std::size_t>(r) + 1]);
+  vt.on = true;
+}
+
+// The nodes of comm's members (both groups of an intercommunicator), sorted.
+std::vector<std::uint32_t> member_nodes(MPI_Comm comm) {
+  std::vector<std::uint32_t> out;
+  MPI_Group world_group;
+  PMPI_Comm_group(MPI_COMM_WORLD, &world_group);
+  auto add = [&](MPI_Group g) {
+    int n = 0;
+    PMPI_Group_size(g, &n);
+    std::vector<int> ranks(static_cast<std::size_t>(n)), in_world(static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) ranks[static_cast<std::size_t>(i)] = i;
+    PMPI_Group_translate_ranks(g, n, ranks.data(), world_group, in_world.data());
+    for (int w : in_world)
+      if (w != MPI_UNDEFINED && static_cast<std::size_t>(w) < vt.world_nodes.size()) out.push_back(vt.world_nodes[static_cast<std::size_t>(w)]);
+    PMPI_Group_free(&g);
+  };
+  MPI_Group g;
+  PMPI_Comm_group(comm, &g);
+  add(g);
+  int inter = 0;
+  PMPI_Comm_test_inter(comm, &inter);
+  if (inter) {
+    PMPI_Comm_remote_group(comm, &g);
+    add(g);
+  }
+  PMPI_Group_free(&world_group);
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+// Before a blocking MPI collective over `comm` (named `call`): its members meet in virtual
+// time. MPI_SUCCESS, or the error the communicator's handler got.
+int vt_sync(MPI_Comm comm, const char* call) {
+  if (!vt.on || comm == MPI_COMM_NULL) return MPI_SUCCESS;
+  std::vector<std::uint32_t> nodes = member_nodes(comm);
+  std::lock_guard g(vt.mu);
+  const std::uint64_t seq = ++vt.seq[nodes];
+  auto r = vt.cl->barrier(vt.node, std::move(nodes), seq);
+  if (r.ok()) return MPI_SUCCESS;
+  std::fprintf(stderr, "spin-mpi: rank %d: %s in virtual time: the members' barrier failed: %s: %s\n", world_rank(), call,
+               errc_name(r.err().code), r.err().message.c_str());
+  PMPI_Comm_call_errhandler(comm, MPI_ERR_OTHER);
+  return MPI_ERR_OTHER;
+}
+
+// A call that waits for one other rank (point to point, or a request's completion): in virtual
+// time it could wait for a rank that needs the simulation to move while this one holds it, so
+// it is refused (docs/virtual-time.md, "MPI programs").
+int vt_refuse(MPI_Comm comm, const char* call) {
+  std::fprintf(stderr, "spin-mpi: rank %d: %s is not supported in virtual time (spin-emu --virtual-time runs MPI programs "
+                       "whose ranks meet only in collectives; docs/virtual-time.md)\n", world_rank(), call);
+  PMPI_Comm_call_errhandler(comm, MPI_ERR_OTHER);
+  return MPI_ERR_OTHER;
+}
+
 // ---- one spin communicator per MPI communicator ---------------------------------------------------
 
 struct spin_comm {
@@ -204,6 +307,9 @@ spin_comm& spin_of(MPI_Comm comm) {
   const auto mine = nic_rank();
   std::uint32_t my_rank = mine.value_or(0);
   std::vector<std::uint32_t> members(static_cast<std::size_t>(size));
+  // In virtual time the members meet first; nothing below waits on a NIC until the last
+  // PMPI collective of the three.
+  (void)vt_sync(comm, "the spin communicator's set-up");
   PMPI_Allgather(&my_rank, 1, MPI_UINT32_T, members.data(), 1, MPI_UINT32_T, comm);
   std::uint32_t gid = next_group_id;
   PMPI_Allreduce(MPI_IN_PLACE, &gid, 1, MPI_UINT32_T, MPI_MAX, comm);
@@ -256,7 +362,8 @@ spin_comm& spin_of(MPI_Comm comm) {
       why = std::string("spin communicator: ") + errc_name(c.err().code) + ": " + c.err().message;
     }
   }
-  // All members use spin, or none does.
+  // All members use spin, or none does. (The communicator's set-up waited on NICs.)
+  (void)vt_sync(comm, "the spin communicator's set-up");
   int all = ok;
   PMPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, comm);
   if (!all) {
@@ -441,7 +548,10 @@ int MPI_Allreduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype da
   spin_comm* sc = nullptr;
   const decision d = decide(comm, pre, &sc);
   note(SPIN_MPI_ALLREDUCE, d, shape(count, datatype));
-  if (!d.spin) return PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
+  if (!d.spin) {
+    if (int e = vt_sync(comm, "MPI_Allreduce"); e != MPI_SUCCESS) return e;
+    return PMPI_Allreduce(sendbuf, recvbuf, count, datatype, op, comm);
+  }
   const void* in = sendbuf == MPI_IN_PLACE ? recvbuf : sendbuf;
   std::lock_guard g(sc->mu);
   auto r = sc->comm->allreduce(in, recvbuf, static_cast<std::uint64_t>(count), *t, *o, cfg().algo);
@@ -459,7 +569,10 @@ int MPI_Reduce_scatter_block(const void* sendbuf, void* recvbuf, int recvcount, 
   spin_comm* sc = nullptr;
   const decision d = decide(comm, pre, &sc);
   note(SPIN_MPI_REDUCE_SCATTER_BLOCK, d, shape(recvcount, datatype));
-  if (!d.spin) return PMPI_Reduce_scatter_block(sendbuf, recvbuf, recvcount, datatype, op, comm);
+  if (!d.spin) {
+    if (int e = vt_sync(comm, "MPI_Reduce_scatter_block"); e != MPI_SUCCESS) return e;
+    return PMPI_Reduce_scatter_block(sendbuf, recvbuf, recvcount, datatype, op, comm);
+  }
   std::lock_guard g(sc->mu);
   const std::uint64_t block = static_cast<std::uint64_t>(recvcount);
   if (sendbuf != MPI_IN_PLACE) {
@@ -489,7 +602,10 @@ int MPI_Allgather(const void* sendbuf, int sendcount, MPI_Datatype sendtype, voi
   spin_comm* sc = nullptr;
   const decision d = decide(comm, pre, &sc);
   note(SPIN_MPI_ALLGATHER, d, std::to_string(rl.bytes) + " bytes");
-  if (!d.spin) return PMPI_Allgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
+  if (!d.spin) {
+    if (int e = vt_sync(comm, "MPI_Allgather"); e != MPI_SUCCESS) return e;
+    return PMPI_Allgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
+  }
   std::lock_guard g(sc->mu);
   const std::uint64_t words = words_of(rl.bytes);
   auto* recv = static_cast<std::byte*>(recvbuf);
@@ -525,7 +641,10 @@ int MPI_Bcast(void* buffer, int count, MPI_Datatype datatype, int root, MPI_Comm
   spin_comm* sc = nullptr;
   const decision d = decide(comm, pre, &sc);
   note(SPIN_MPI_BCAST, d, std::to_string(l.bytes) + " bytes");
-  if (!d.spin) return PMPI_Bcast(buffer, count, datatype, root, comm);
+  if (!d.spin) {
+    if (int e = vt_sync(comm, "MPI_Bcast"); e != MPI_SUCCESS) return e;
+    return PMPI_Bcast(buffer, count, datatype, root, comm);
+  }
   std::lock_guard g(sc->mu);
   const std::uint64_t words = words_of(l.bytes);
   const auto from = static_cast<std::uint32_t>(root);
@@ -541,6 +660,113 @@ int MPI_Bcast(void* buffer, int count, MPI_Datatype datatype, int root, MPI_Comm
   if (sc->rank != root) unpack(stage.data(), buffer, count, datatype, l, comm);
   return MPI_SUCCESS;
 }
+
+int MPI_Init(int* argc, char*** argv) {
+  const int r = PMPI_Init(argc, argv);
+  if (r == MPI_SUCCESS) start_virtual_time();
+  return r;
+}
+
+int MPI_Init_thread(int* argc, char*** argv, int required, int* provided) {
+  const int r = PMPI_Init_thread(argc, argv, required, provided);
+  if (r == MPI_SUCCESS) start_virtual_time();
+  return r;
+}
+
+// In virtual time MPI_Wtime is this rank's virtual clock (seconds since the simulation began):
+// an MPI program times itself in the simulation's time unchanged.
+double MPI_Wtime(void) {
+  if (vt.on) return static_cast<double>(vt.cl->virtual_now().count()) * 1e-9;
+  return PMPI_Wtime();
+}
+
+// ---- the other blocking collectives: unchanged, but in virtual time the members meet first ----
+
+#define SPIN_MPI_SYNCED(name, comm, ...)                                   \
+  {                                                                         \
+    if (int e = vt_sync(comm, #name); e != MPI_SUCCESS) return e;          \
+    return P##name(__VA_ARGS__);                                            \
+  }
+
+int MPI_Barrier(MPI_Comm comm) SPIN_MPI_SYNCED(MPI_Barrier, comm, comm)
+int MPI_Reduce(const void* sendbuf, void* recvbuf, int count, MPI_Datatype datatype, MPI_Op op, int root, MPI_Comm comm)
+    SPIN_MPI_SYNCED(MPI_Reduce, comm, sendbuf, recvbuf, count, datatype, op, root, comm)
+int MPI_Reduce_scatter(const void* sendbuf, void* recvbuf, const int recvcounts[], MPI_Datatype datatype, MPI_Op op, MPI_Comm comm)
+    SPIN_MPI_SYNCED(MPI_Reduce_scatter, comm, sendbuf, recvbuf, recvcounts, datatype, op, comm)
+int MPI_Scan(const void* sendbuf, void* recvbuf, int count, MPI_Datatype datatype, MPI_Op op, MPI_Comm comm)
+    SPIN_MPI_SYNCED(MPI_Scan, comm, sendbuf, recvbuf, count, datatype, op, comm)
+int MPI_Exscan(const void* sendbuf, void* recvbuf, int count, MPI_Datatype datatype, MPI_Op op, MPI_Comm comm)
+    SPIN_MPI_SYNCED(MPI_Exscan, comm, sendbuf, recvbuf, count, datatype, op, comm)
+int MPI_Gather(const void* sendbuf, int sendcount, MPI_Datatype sendtype, void* recvbuf, int recvcount, MPI_Datatype recvtype,
+               int root, MPI_Comm comm)
+    SPIN_MPI_SYNCED(MPI_Gather, comm, sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, root, comm)
+int MPI_Gatherv(const void* sendbuf, int sendcount, MPI_Datatype sendtype, void* recvbuf, const int recvcounts[],
+                const int displs[], MPI_Datatype recvtype, int root, MPI_Comm comm)
+    SPIN_MPI_SYNCED(MPI_Gatherv, comm, sendbuf, sendcount, sendtype, recvbuf, recvcounts, displs, recvtype, root, comm)
+int MPI_Scatter(const void* sendbuf, int sendcount, MPI_Datatype sendtype, void* recvbuf, int recvcount, MPI_Datatype recvtype,
+                int root, MPI_Comm comm)
+    SPIN_MPI_SYNCED(MPI_Scatter, comm, sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, root, comm)
+int MPI_Scatterv(const void* sendbuf, const int sendcounts[], const int displs[], MPI_Datatype sendtype, void* recvbuf,
+                 int recvcount, MPI_Datatype recvtype, int root, MPI_Comm comm)
+    SPIN_MPI_SYNCED(MPI_Scatterv, comm, sendbuf, sendcounts, displs, sendtype, recvbuf, recvcount, recvtype, root, comm)
+int MPI_Allgatherv(const void* sendbuf, int sendcount, MPI_Datatype sendtype, void* recvbuf, const int recvcounts[],
+                   const int displs[], MPI_Datatype recvtype, MPI_Comm comm)
+    SPIN_MPI_SYNCED(MPI_Allgatherv, comm, sendbuf, sendcount, sendtype, recvbuf, recvcounts, displs, recvtype, comm)
+int MPI_Alltoall(const void* sendbuf, int sendcount, MPI_Datatype sendtype, void* recvbuf, int recvcount, MPI_Datatype recvtype,
+                 MPI_Comm comm)
+    SPIN_MPI_SYNCED(MPI_Alltoall, comm, sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm)
+int MPI_Alltoallv(const void* sendbuf, const int sendcounts[], const int sdispls[], MPI_Datatype sendtype, void* recvbuf,
+                  const int recvcounts[], const int rdispls[], MPI_Datatype recvtype, MPI_Comm comm)
+    SPIN_MPI_SYNCED(MPI_Alltoallv, comm, sendbuf, sendcounts, sdispls, sendtype, recvbuf, recvcounts, rdispls, recvtype, comm)
+int MPI_Alltoallw(const void* sendbuf, const int sendcounts[], const int sdispls[], const MPI_Datatype sendtypes[], void* recvbuf,
+                  const int recvcounts[], const int rdispls[], const MPI_Datatype recvtypes[], MPI_Comm comm)
+    SPIN_MPI_SYNCED(MPI_Alltoallw, comm, sendbuf, sendcounts, sdispls, sendtypes, recvbuf, recvcounts, rdispls, recvtypes, comm)
+int MPI_Comm_dup(MPI_Comm comm, MPI_Comm* newcomm) SPIN_MPI_SYNCED(MPI_Comm_dup, comm, comm, newcomm)
+int MPI_Comm_split(MPI_Comm comm, int color, int key, MPI_Comm* newcomm) SPIN_MPI_SYNCED(MPI_Comm_split, comm, comm, color, key, newcomm)
+int MPI_Comm_split_type(MPI_Comm comm, int split_type, int key, MPI_Info info, MPI_Comm* newcomm)
+    SPIN_MPI_SYNCED(MPI_Comm_split_type, comm, comm, split_type, key, info, newcomm)
+int MPI_Comm_create(MPI_Comm comm, MPI_Group group, MPI_Comm* newcomm) SPIN_MPI_SYNCED(MPI_Comm_create, comm, comm, group, newcomm)
+
+#undef SPIN_MPI_SYNCED
+
+// ---- calls that wait for one other rank: refused in virtual time ------------------------------
+
+#define SPIN_MPI_ONE_TO_ONE(name, comm, ...)                                \
+  {                                                                         \
+    if (vt.on) return vt_refuse(comm, #name);                              \
+    return P##name(__VA_ARGS__);                                            \
+  }
+
+int MPI_Send(const void* buf, int count, MPI_Datatype datatype, int dest, int tag, MPI_Comm comm)
+    SPIN_MPI_ONE_TO_ONE(MPI_Send, comm, buf, count, datatype, dest, tag, comm)
+int MPI_Ssend(const void* buf, int count, MPI_Datatype datatype, int dest, int tag, MPI_Comm comm)
+    SPIN_MPI_ONE_TO_ONE(MPI_Ssend, comm, buf, count, datatype, dest, tag, comm)
+int MPI_Rsend(const void* buf, int count, MPI_Datatype datatype, int dest, int tag, MPI_Comm comm)
+    SPIN_MPI_ONE_TO_ONE(MPI_Rsend, comm, buf, count, datatype, dest, tag, comm)
+int MPI_Bsend(const void* buf, int count, MPI_Datatype datatype, int dest, int tag, MPI_Comm comm)
+    SPIN_MPI_ONE_TO_ONE(MPI_Bsend, comm, buf, count, datatype, dest, tag, comm)
+int MPI_Recv(void* buf, int count, MPI_Datatype datatype, int source, int tag, MPI_Comm comm, MPI_Status* status)
+    SPIN_MPI_ONE_TO_ONE(MPI_Recv, comm, buf, count, datatype, source, tag, comm, status)
+int MPI_Sendrecv(const void* sendbuf, int sendcount, MPI_Datatype sendtype, int dest, int sendtag, void* recvbuf, int recvcount,
+                 MPI_Datatype recvtype, int source, int recvtag, MPI_Comm comm, MPI_Status* status)
+    SPIN_MPI_ONE_TO_ONE(MPI_Sendrecv, comm, sendbuf, sendcount, sendtype, dest, sendtag, recvbuf, recvcount, recvtype, source,
+                        recvtag, comm, status)
+int MPI_Sendrecv_replace(void* buf, int count, MPI_Datatype datatype, int dest, int sendtag, int source, int recvtag,
+                         MPI_Comm comm, MPI_Status* status)
+    SPIN_MPI_ONE_TO_ONE(MPI_Sendrecv_replace, comm, buf, count, datatype, dest, sendtag, source, recvtag, comm, status)
+int MPI_Probe(int source, int tag, MPI_Comm comm, MPI_Status* status) SPIN_MPI_ONE_TO_ONE(MPI_Probe, comm, source, tag, comm, status)
+int MPI_Mprobe(int source, int tag, MPI_Comm comm, MPI_Message* message, MPI_Status* status)
+    SPIN_MPI_ONE_TO_ONE(MPI_Mprobe, comm, source, tag, comm, message, status)
+// A request's completion: MPI_COMM_WORLD's handler reports it.
+int MPI_Wait(MPI_Request* request, MPI_Status* status) SPIN_MPI_ONE_TO_ONE(MPI_Wait, MPI_COMM_WORLD, request, status)
+int MPI_Waitall(int count, MPI_Request requests[], MPI_Status statuses[])
+    SPIN_MPI_ONE_TO_ONE(MPI_Waitall, MPI_COMM_WORLD, count, requests, statuses)
+int MPI_Waitany(int count, MPI_Request requests[], int* index, MPI_Status* status)
+    SPIN_MPI_ONE_TO_ONE(MPI_Waitany, MPI_COMM_WORLD, count, requests, index, status)
+int MPI_Waitsome(int incount, MPI_Request requests[], int* outcount, int indices[], MPI_Status statuses[])
+    SPIN_MPI_ONE_TO_ONE(MPI_Waitsome, MPI_COMM_WORLD, incount, requests, outcount, indices, statuses)
+
+#undef SPIN_MPI_ONE_TO_ONE
 
 int MPI_Finalize(void) {
   if (cfg().log >= 1) {
@@ -561,7 +787,13 @@ int MPI_Finalize(void) {
     std::lock_guard g(registry_mu);
     registry.clear();
   }
-  return PMPI_Finalize();
+  // MPI_Finalize is collective over MPI_COMM_WORLD: the ranks meet, and then leave the
+  // simulation together.
+  (void)vt_sync(MPI_COMM_WORLD, "MPI_Finalize");
+  const int r = PMPI_Finalize();
+  vt.on = false;
+  vt.cl.reset();
+  return r;
 }
 
 } // extern "C"

@@ -74,10 +74,69 @@ void cluster::impl::host_visible(std::uint32_t n, rt::ec_id ec) {
 void cluster::impl::actor_timeout(std::uint32_t ai, std::uint64_t token) {
   actor& w = *actors[ai];
   if (token != w.token || w.done || w.runnable) return;
-  auto& ws = nodes[static_cast<std::size_t>(w.wait_node)]->waiters;
-  ws.erase(std::remove(ws.begin(), ws.end(), &w), ws.end());
+  if (w.meeting != nullptr) {
+    auto it = meetings.find(*w.meeting);
+    auto& ws = it->second.waiting;
+    ws.erase(std::remove(ws.begin(), ws.end(), &w), ws.end());
+    w.meeting = nullptr;
+    w.met = cluster::meet_result::timed_out;
+    if (ws.empty()) meetings.erase(it);
+  } else {
+    auto& ws = nodes[static_cast<std::size_t>(w.wait_node)]->waiters;
+    ws.erase(std::remove(ws.begin(), ws.end(), &w), ws.end());
+  }
   ++w.token;
   make_runnable(w);
+}
+
+void cluster::impl::end_meeting(std::map<std::string, meeting>::iterator it, cluster::meet_result why) {
+  for (actor* w : it->second.waiting) {
+    w->meeting = nullptr;
+    w->met = why;
+    ++w->token;  // its timeout no longer applies
+    make_runnable(*w);
+  }
+  meetings.erase(it);
+}
+
+cluster::meet_result cluster::meet(const std::string& key, std::uint32_t count, std::chrono::nanoseconds timeout) {
+  impl& s = *_p;
+  if (self == nullptr || self_sim != &s || s.cancelling) return meet_result::cancelled;
+  auto [it, fresh] = s.meetings.try_emplace(key);
+  if (fresh) it->second.count = std::max<std::uint32_t>(1, count);
+  if (it->second.waiting.size() + 1 >= it->second.count) {
+    s.end_meeting(it, meet_result::met);
+    return meet_result::met;
+  }
+  actor& me = *self;
+  me.meeting = &it->first;  // std::map keys stay put
+  me.met = meet_result::cancelled;
+  me.wait_node = -1;
+  ++me.token;
+  it->second.waiting.push_back(&me);
+  const auto t = static_cast<std::uint64_t>(std::max<std::int64_t>(0, timeout.count()));
+  const ps deadline = t > (UINT64_MAX - s.now) / 1000 ? UINT64_MAX : s.now + t * 1000;
+  const auto idx = static_cast<std::uint32_t>(
+      std::find_if(s.actors.begin(), s.actors.end(), [&](const auto& a) { return a.get() == &me; }) - s.actors.begin());
+  if (deadline != UINT64_MAX) s.schedule(deadline, ev::actor_timeout, idx, me.token);
+  s.back.release();  // the simulation goes on
+  me.go.acquire();   // until the meeting, its deadline or a cancel resumes this actor
+  if (s.cancelling) {
+    if (me.meeting != nullptr) {  // the cluster is going away with this actor still waiting
+      auto m = s.meetings.find(*me.meeting);
+      auto& ws = m->second.waiting;
+      ws.erase(std::remove(ws.begin(), ws.end(), &me), ws.end());
+      me.meeting = nullptr;
+      if (ws.empty()) s.meetings.erase(m);
+    }
+    return meet_result::cancelled;
+  }
+  return me.met;
+}
+
+void cluster::cancel_meeting(const std::string& key) {
+  impl& s = *_p;
+  if (auto it = s.meetings.find(key); it != s.meetings.end()) s.end_meeting(it, meet_result::cancelled);
 }
 
 bool cluster::impl::wait_visible(std::uint32_t n, rt::ec_id ec, ps deadline) {

@@ -126,9 +126,17 @@ struct actor {
   std::string failure;           // what went wrong in body (an exception), for run()
   std::uint64_t token = 0;       // invalidates a pending timeout when woken
   // what it waits for
-  std::int64_t wait_node = -1;
+  std::int64_t wait_node = -1;   // a node whose EC it waits on; -1: none (or a meeting)
   rt::ec_id wait_ec = 0;
   ps deadline = 0;
+  const std::string* meeting = nullptr;  // the meeting it waits in (key held by impl::meetings)
+  cluster::meet_result met = cluster::meet_result::met;
+};
+
+/// Actors waiting in one meeting (cluster::meet).
+struct meeting {
+  std::uint32_t count = 0;
+  std::vector<actor*> waiting;  // in the order they came
 };
 
 class cluster::impl {
@@ -202,6 +210,9 @@ public:
   /// False when the caller cannot wait: a thread that is not an actor while run() runs, the
   /// cluster is being destroyed, or nothing is left that could end a wait without deadline.
   bool wait_visible(std::uint32_t n, rt::ec_id ec, ps deadline);
+  std::map<std::string, meeting> meetings;  // cluster::meet, by key
+  /// Ends the waits of meeting `it` with `why`, in the order they came, and forgets it.
+  void end_meeting(std::map<std::string, meeting>::iterator it, cluster::meet_result why);
 
   // ---- samples ----
   std::vector<sample> samples;

@@ -45,6 +45,12 @@ struct remote_hosts::state {
   std::atomic<bool> has_general{false};       // !general.empty(), read without the lock between events
   std::map<std::uint64_t, session> sessions;
   std::map<pid_t, int> bound;                 // process -> slot, this round
+  /// A barrier that waits: its member slots, and the reply of each member that came.
+  struct meeting {
+    std::vector<int> slots;
+    std::vector<const std::function<void()>*> replies;  // on the waiting members' stacks
+  };
+  std::map<std::string, meeting> meetings;
   bool stopping = false;
   bool first_round = true;
   remote_stats st;
@@ -94,6 +100,15 @@ void remote_hosts::state::serve(int me) {
     if (s.served && s.sessions.empty()) break;  // its process closed every attached connection
     if (stopping) break;
     cv.wait(lk);
+  }
+  // Barriers that wait for this program can no longer meet.
+  for (auto it = meetings.begin(); it != meetings.end();) {
+    if (std::find(it->second.slots.begin(), it->second.slots.end(), me) != it->second.slots.end()) {
+      c.cancel_meeting(it->first);
+      it = meetings.erase(it);
+    } else {
+      ++it;
+    }
   }
   if (s.pid != 0) bound.erase(s.pid);
   s.pid = 0;
@@ -262,6 +277,71 @@ bool remote_hosts::may_wait(std::uint64_t session) const noexcept {
   std::lock_guard lk(_s->mu);
   auto it = _s->sessions.find(session);
   return it != _s->sessions.end() && it->second.slot == current_slot;
+}
+
+result<void> remote_hosts::barrier(std::uint64_t session, std::vector<std::uint32_t> nodes, std::uint64_t seq,
+                                   const std::function<void()>& reply) {
+  state& s = *_s;
+  std::string key;
+  std::uint32_t count = 0;
+  std::vector<const std::function<void()>*> to_reply;  // filled when this member is the last
+  {
+    std::lock_guard lk(s.mu);
+    auto it = s.sessions.find(session);
+    if (current_state != &s || it == s.sessions.end() || it->second.slot == no_slot || it->second.slot != current_slot)
+      return fail(errc::bad_state, "barrier: this connection's process is not bound to a host node (attach first)");
+    const int mine = it->second.slot;
+    std::sort(nodes.begin(), nodes.end());
+    if (auto d = std::adjacent_find(nodes.begin(), nodes.end()); d != nodes.end())
+      return fail(errc::invalid_argument, "barrier: node " + std::to_string(*d) + " is named twice");
+    std::vector<int> member_slots;
+    for (std::uint32_t n : nodes) {
+      const auto at = std::find(s.hosts.begin(), s.hosts.end(), n);
+      if (at == s.hosts.end())
+        return fail(errc::invalid_argument, "barrier: node " + std::to_string(n) + " has no host program in virtual time (a switch, "
+                                                "a host beyond --actors, or no such node)");
+      const int slot = static_cast<int>(at - s.hosts.begin());
+      const state::slot& sl = s.slots[static_cast<std::size_t>(slot)];
+      if (slot != mine && sl.served && (!sl.alive || sl.sessions.empty()))
+        return fail(errc::bad_state, "barrier: the host program of node " + std::to_string(n) + " (" + s.c.topo().nodes[n].name +
+                                         ") has left this round");
+      member_slots.push_back(slot);
+    }
+    if (std::find(member_slots.begin(), member_slots.end(), mine) == member_slots.end())
+      return fail(errc::invalid_argument, "barrier: the members do not include this program's own node " +
+                                              std::to_string(s.hosts[static_cast<std::size_t>(mine)]));
+    for (std::uint32_t n : nodes) key += std::to_string(n) + ",";
+    key += "#" + std::to_string(seq);
+    count = static_cast<std::uint32_t>(nodes.size());
+    auto [m, fresh] = s.meetings.try_emplace(key);
+    if (fresh) m->second.slots = std::move(member_slots);
+    m->second.replies.push_back(&reply);
+    if (m->second.replies.size() == count) {
+      to_reply = std::move(m->second.replies);
+      s.meetings.erase(m);
+    }
+  }
+  if (!to_reply.empty()) {
+    // The last member: the meeting releases the others (they run when this actor hands over),
+    // and every member's process learns now, at this virtual time.
+    const auto how = s.c.meet(key, count, max_wait);
+    if (how != cluster::meet_result::met)
+      return fail(errc::bad_state, "barrier " + std::to_string(seq) + ": spin-emu is stopping");
+    for (const auto* r : to_reply) (*r)();
+    return {};
+  }
+  // On the actor's thread, which holds the simulation: the meeting hands it over.
+  const auto how = s.c.meet(key, count, max_wait);
+  std::lock_guard lk(s.mu);
+  if (how == cluster::meet_result::timed_out)
+    if (auto m = s.meetings.find(key); m != s.meetings.end()) std::erase(m->second.replies, &reply);
+  switch (how) {
+  case cluster::meet_result::met: return {};
+  case cluster::meet_result::timed_out:
+    return fail(errc::timeout, "barrier " + std::to_string(seq) + ": not every member came within 100 days of virtual time");
+  case cluster::meet_result::cancelled: break;
+  }
+  return fail(errc::bad_state, "barrier " + std::to_string(seq) + ": a member's host program left (or spin-emu is stopping)");
 }
 
 } // namespace spin::sim

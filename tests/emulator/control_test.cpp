@@ -544,13 +544,15 @@ TEST_CASE("every malformed request gets an error reply, changes nothing, and the
   CHECK_FALSE(c.virtual_time());
   for (const char* vt : {R"({"id":78,"op":"attach","node":0})", R"({"id":79,"op":"sleep","node":0,"ns":5})",
                          R"({"id":80,"op":"charge","node":0,"work":"copy","bytes":5})",
-                         R"({"id":81,"op":"wait","node":0,"ec":1,"max_events":1,"timeout_ns":5})"}) {
+                         R"({"id":81,"op":"wait","node":0,"ec":1,"max_events":1,"timeout_ns":5})",
+                         R"({"id":82,"op":"barrier","node":0,"members":[0],"seq":1})"}) {
     auto l = c.raw_request(vt);
     REQUIRE(l.ok());
     CHECK(parse_reply(*l)["error"]["code"] == "not_supported");
     CHECK(parse_reply(*l)["error"]["message"].get<std::string>().find("wall-clock") != std::string::npos);
   }
   CHECK(c.attach(0).err().code == errc::not_supported);
+  CHECK(c.barrier(0, {0}, 1).err().code == errc::not_supported);
 
   SUBCASE("a package that does not load is refused with the loader's error") {
     host::install_options o = hostcopy_options(*mem, 0, 4096);

@@ -180,6 +180,10 @@ TEST_CASE("the virtual-time requests and replies survive a round trip; hello say
   CHECK(c.op == host::work::reduce);
   CHECK(c.bytes == 1u << 20);
   CHECK(std::get<proto::charge>(round_trip(proto::charge{3, host::work::copy, 0})).op == host::work::copy);
+  const auto b = std::get<proto::barrier>(round_trip(proto::barrier{2, {0, 2, 5}, UINT64_MAX}));
+  CHECK(b.node == 2);
+  CHECK(b.members == std::vector<std::uint32_t>{0, 2, 5});
+  CHECK(b.seq == UINT64_MAX);
 
   bool other = true;
   auto cr = proto::decode_reply<proto::clock_reply>(proto::encode_reply(3, proto::clock_reply{std::chrono::nanoseconds(123456789), 17}), 3, other);
@@ -260,6 +264,9 @@ TEST_CASE("malformed requests are refused with a message that names the problem"
            bad{R"({"id":1,"op":"sleep","node":0})", "missing field 'ns'"},
            bad{R"({"id":1,"op":"charge","node":0,"work":"fold","bytes":4})", "field 'work' must be \"copy\" or \"reduce\""},
            bad{R"({"id":1,"op":"attach"})", "missing field 'node'"},
+           bad{R"({"id":1,"op":"barrier","node":0,"members":[],"seq":1})", "field 'members' must name at least one node"},
+           bad{R"({"id":1,"op":"barrier","node":0,"members":[0,1]})", "missing field 'seq'"},
+           bad{R"({"id":1,"op":"barrier","node":0,"members":[0,-1],"seq":1})", "members"},
        }) {
     CAPTURE(b.line);
     const error e = refused(b.line);

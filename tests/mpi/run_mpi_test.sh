@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs an MPI program under Open MPI's mpirun against a spin-emu cluster (4 hosts around one
-# switch, lossless) started here with its own control socket, then stops spin-emu.
+# switch, lossless) started here with its own control socket, then stops spin-emu
+# (SPIN_TEST_VIRTUAL_TIME=1: in virtual time).
 #
 #   run_mpi_test.sh SPIN_EMU NP PRELOAD -- PROGRAM [ARGS...]
 #
@@ -41,8 +42,11 @@ trap 'exit 143' INT TERM
 sock=$dir/emu.sock
 # The fabric's management key (docs/deployment.md): in-band joins of a group with a job secret
 # (every MPI and PyTorch group has one) carry its frame key wrapped under it.
+# SPIN_TEST_VIRTUAL_TIME=1: the cluster runs in virtual time (spin-emu --virtual-time).
+emu_args=(--topology "$dir/star.toml" --socket "$sock" --duration 600 -q)
+[[ ${SPIN_TEST_VIRTUAL_TIME:-0} != 1 ]] || emu_args+=(--virtual-time)
 SPIN_MGMT_KEY=$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n') \
-  "$spin_emu" --topology "$dir/star.toml" --socket "$sock" --duration 600 -q > "$dir/emu.log" 2>&1 &
+  "$spin_emu" "${emu_args[@]}" > "$dir/emu.log" 2>&1 &
 emu_pid=$!
 for _ in $(seq 200); do
   [[ -S $sock ]] && break

@@ -272,3 +272,54 @@ TEST_CASE("spin-emu --virtual-time refuses waits of connections that are not bou
   REQUIRE(d.stop_emulator().ok());
   REQUIRE_MESSAGE(emu->wait(60s), read_file(emu->out));
 }
+
+TEST_CASE("a barrier of host programs in other processes: all go on at the virtual time the last came; a member that "
+          "leaves ends it; bad member lists are refused") {
+  temp_dir dir;
+  auto emu = start_emu(dir, "barrier", {"--actors", "2"});
+  const std::string sock = dir.path + "/barrier.sock";
+  auto c = connect_to(sock, *emu);  // the socket answers before the child connects
+  // Node 1's program, in a child process: it comes 30 us late to barrier 1, then leaves
+  // without coming to barrier 2. It reports its virtual time after barrier 1 through a pipe.
+  int p[2];
+  REQUIRE(::pipe(p) == 0);
+  const pid_t kid = ::fork();
+  REQUIRE(kid >= 0);
+  if (kid == 0) {
+    ::close(p[0]);
+    auto k = host::client::connect(sock);
+    if (!k.ok() || !k.value().attach(1).ok() || !k.value().sleep_for(1, 30us).ok()) ::_exit(2);
+    if (!k.value().barrier(1, {0, 1}, 1).ok()) ::_exit(3);
+    const std::int64_t t = k.value().virtual_now().count();
+    if (::write(p[1], &t, sizeof t) != static_cast<ssize_t>(sizeof t)) ::_exit(4);
+    ::_exit(0);  // closes its connection: it leaves the round
+  }
+  ::close(p[1]);
+  REQUIRE(c.attach(0).ok());
+  // Refused member lists, checked before anything waits.
+  for (const auto& [members, what] : std::vector<std::pair<std::vector<std::uint32_t>, std::string>>{
+           {{1}, "own node"}, {{0, 0, 1}, "twice"}, {{0, 4}, "no host program"}, {{0, 2}, "no host program"}}) {
+    auto r = c.barrier(0, members, 9);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.err().code == errc::invalid_argument);
+    CHECK_MESSAGE(r.err().message.find(what) != std::string::npos, r.err().message);
+  }
+  REQUIRE(c.sleep_for(0, 10us).ok());
+  REQUIRE(c.barrier(0, {1, 0}, 1).ok());  // any order of the members
+  CHECK(c.virtual_now() == 30us);          // the time the last one came
+  std::int64_t theirs = -1;
+  REQUIRE(::read(p[0], &theirs, sizeof theirs) == static_cast<ssize_t>(sizeof theirs));
+  ::close(p[0]);
+  CHECK(theirs == c.virtual_now().count());
+  // Barrier 2: its other member leaves instead (before or while this one waits).
+  auto gone = c.barrier(0, {0, 1}, 2);
+  REQUIRE_FALSE(gone.ok());
+  CHECK(gone.err().code == errc::bad_state);
+  CHECK_MESSAGE(gone.err().message.find("left") != std::string::npos, gone.err().message);
+  int st = 0;
+  REQUIRE(::waitpid(kid, &st, 0) == kid);
+  CHECK(WIFEXITED(st));
+  CHECK(WEXITSTATUS(st) == 0);
+  REQUIRE(c.stop_emulator().ok());
+  REQUIRE_MESSAGE(emu->wait(60s), read_file(emu->out));
+}

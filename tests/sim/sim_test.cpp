@@ -571,6 +571,45 @@ TEST_CASE("a cluster whose run() stopped at its limit ends its waiting actors wh
   CHECK(returned);
 }
 
+TEST_CASE("actors that meet go on together at the virtual time the last one came; a meeting times out, or is cancelled") {
+  auto c = sim::cluster::create(emu::pair({}));
+  REQUIRE(c.ok());
+  sim::cluster& cl = *c.value();
+  using sim::cluster;
+  // Not an actor: it cannot wait.
+  CHECK(cl.meet("x", 1, std::chrono::seconds(1)) == cluster::meet_result::cancelled);
+  std::array<cluster::meet_result, 5> how{};
+  std::array<std::uint64_t, 5> at{};
+  for (std::size_t i = 0; i < 3; ++i)
+    cl.spawn("member " + std::to_string(i), [&, i] {
+      cl.node(0).sleep_for(std::chrono::microseconds(10 * (3 - i)));  // 30, 20, 10 us
+      how[i] = cl.meet("three", 3, std::chrono::seconds(1));
+      at[i] = cl.now().count();
+    });
+  cl.spawn("alone", [&] {
+    how[3] = cl.meet("two", 2, std::chrono::microseconds(5));
+    at[3] = cl.now().count();
+  });
+  cl.spawn("cancelled", [&] {
+    how[4] = cl.meet("never", 2, std::chrono::seconds(1));
+    at[4] = cl.now().count();
+  });
+  cl.spawn("canceller", [&] {
+    cl.node(1).sleep_for(std::chrono::microseconds(7));
+    cl.cancel_meeting("never");
+    cl.cancel_meeting("no such meeting");
+  });
+  REQUIRE(cl.run().ok());
+  for (std::size_t i = 0; i < 3; ++i) {
+    CHECK(how[i] == cluster::meet_result::met);
+    CHECK(at[i] == 30'000'000);  // the last one came at 30 us
+  }
+  CHECK(how[3] == cluster::meet_result::timed_out);
+  CHECK(at[3] == 5'000'000);
+  CHECK(how[4] == cluster::meet_result::cancelled);
+  CHECK(at[4] == 7'000'000);
+}
+
 TEST_CASE("queue depth samples are taken at every interval while packets move") {
   emu::link_model lm;
   lm.rate_gbps = 10;

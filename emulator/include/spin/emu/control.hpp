@@ -69,9 +69,13 @@
 //   sleep      node, ns                    -> now_ns, events (0)
 //   charge     node, work ("copy"|"reduce"), bytes
 //                                          -> now_ns, events (0)
-//              ("hello" adds virtual_time: true; a wall-clock server refuses these four with
-//               not_supported, and wait, sleep and charge need an attached connection whose
-//               process is bound to a host node: bad_state otherwise)
+//   barrier    node, members [u32], seq (u64)
+//                                          -> now_ns, events (0)
+//              (request_scheduler::barrier: waits until the host programs of every node in
+//               members have asked for barrier seq over the same members)
+//              ("hello" adds virtual_time: true; a wall-clock server refuses these five with
+//               not_supported, and wait, sleep, charge and barrier need an attached connection
+//               whose process is bound to a host node: bad_state otherwise)
 //
 // Events. A pump on the server thread moves events from nic_control::poll_events into each
 // open ring every 100 microseconds (bursts of up to 256 per EC), so an event reaches the host
@@ -127,6 +131,20 @@ public:
   /// True when the calling thread runs `session`'s requests as a host program bound to an
   /// actor: only such a request may wait in virtual time (wait, sleep, charge).
   virtual bool may_wait(std::uint64_t session) const noexcept = 0;
+  /// "barrier": the calling host program (connection `session`, on the thread that runs its
+  /// requests: may_wait) waits in virtual time until the programs of every host node in `nodes`
+  /// (its own included) have asked for barrier `seq` over the same nodes; all go on at the
+  /// virtual time the last one asked. The wait of a program that synchronises with the others
+  /// outside spin (libspin-mpi's MPI collectives), made visible to the simulation. Errors:
+  /// invalid_argument (a node twice, a node no host program can drive, its own node missing),
+  /// bad_state (not bound; a member's program left, before or during the wait), timeout
+  /// (max_wait passed). `reply` sends this member's success reply: on success it has been
+  /// called, once, by the thread of the member that came last, at the virtual time the barrier
+  /// ended and before any member goes on (each member's process must learn it at once: the
+  /// one whose actor runs first holds the simulation until its process's next request, which
+  /// may come only after an MPI call that needs every member). Not called on failure.
+  virtual result<void> barrier(std::uint64_t session, std::vector<std::uint32_t> nodes, std::uint64_t seq,
+                               const std::function<void()>& reply) = 0;
 };
 
 /// How a control server is built.

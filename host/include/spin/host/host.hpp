@@ -217,8 +217,17 @@ public:
   /// Charges the host model's time for `bytes` of `op` on node `node` (nic_control::charge_host).
   /// Errors: as wait_events.
   result<void> charge_host(std::uint32_t node, work op, std::uint64_t bytes);
-  /// The virtual time (since the simulation began) that the last attach, wait, sleep or charge
-  /// reply of any client of this process to the same server gave: between two of its waits a
+  /// Waits in virtual time until the host programs of every node in `members` (host node
+  /// indexes of this server, `node` among them) have called barrier with the same members and
+  /// `seq`; all return at the virtual time the last one called (protocol::barrier). For a
+  /// program that also synchronises with the others outside spin: call it before the outside
+  /// wait (an MPI collective), which then ends without the simulation having to move. Members
+  /// must number each barrier over the same members alike (a counter per member set). Errors:
+  /// as wait_events; invalid_argument (a node twice, a node without a host program, `node`
+  /// missing), bad_state (also: a member's program left), timeout (100 virtual days passed).
+  result<void> barrier(std::uint32_t node, std::vector<std::uint32_t> members, std::uint64_t seq);
+  /// The virtual time (since the simulation began) that the last attach, wait, sleep, charge or
+  /// barrier reply of any client of this process to the same server gave: between two of its waits a
   /// host program takes no virtual time, so this is the simulation's time whenever the program
   /// runs. 0 before the first attach. Any thread.
   std::chrono::nanoseconds virtual_now() const noexcept;

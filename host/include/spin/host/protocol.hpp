@@ -163,9 +163,20 @@ struct charge {
   std::uint64_t bytes = 0;
 };
 
+/// "barrier": waits in virtual time until the host programs of every node in `members` (the
+/// caller's own node among them) have asked for barrier `seq` over the same members; all go on
+/// at the virtual time the last one asked (emu::request_scheduler::barrier). For programs that
+/// also synchronise outside spin (libspin-mpi: an MPI collective).
+struct barrier {
+  std::uint32_t node = 0;
+  std::vector<std::uint32_t> members;  ///< 1..65535 node indexes
+  std::uint64_t seq = 0;
+};
+
 /// Any request.
 using request = std::variant<hello, nodes, register_memory, unregister_memory, install, uninstall, open_events,
-                             close_events, send, stats, stop, pool, join, decide, leave, attach, wait, sleep, charge>;
+                             close_events, send, stats, stop, pool, join, decide, leave, attach, wait, sleep, charge,
+                             barrier>;
 
 /// The request's "op" ("hello", "register", ...).
 const char* op_name(const request& r) noexcept;
@@ -233,7 +244,7 @@ struct join_reply {
   group_answer answer;
 };
 
-/// Reply of "attach", "wait", "sleep" and "charge": the virtual time when the request ended.
+/// Reply of "attach", "wait", "sleep", "charge" and "barrier": the virtual time when the request ended.
 struct clock_reply {
   std::chrono::nanoseconds now{0};  ///< virtual time since the simulation began
   std::uint32_t events = 0;         ///< "wait": events moved into the ring; else 0

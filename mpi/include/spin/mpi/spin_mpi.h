@@ -2,10 +2,14 @@
  *
  * Loaded with LD_PRELOAD=libspin-mpi.so (an unmodified, dynamically linked MPI program, mpi4py
  * included) or linked before libmpi. It defines MPI_Allreduce, MPI_Reduce_scatter_block,
- * MPI_Allgather, MPI_Bcast, MPI_Comm_free and MPI_Finalize; calls it cannot run on spin::coll
- * go to PMPI_* unchanged. This header is the interposer's own C interface: its counters.
+ * MPI_Allgather, MPI_Bcast and MPI_Finalize; calls it cannot run on spin::coll go to PMPI_*
+ * unchanged. Against spin-emu --virtual-time it also makes the ranks meet in virtual time before
+ * every other blocking collective, makes MPI_Wtime the virtual clock and refuses point to point
+ * (docs/virtual-time.md, "MPI programs"): for that it wraps MPI_Init, MPI_Init_thread,
+ * MPI_Wtime, those collectives and the blocking point-to-point calls, which in wall-clock mode go
+ * to PMPI_* unchanged. This header is the interposer's own C interface: its counters.
  *
- * Environment (read once, at the first collective):
+ * Environment (read once, at MPI_Init):
  *   SPIN_MPI_SOCKET       control socket of the spin-emu process that serves this rank's NIC
  *                         (default /run/spin-emu.sock)
  *   SPIN_MPI_NODE         node index of this rank's NIC in that process (default: the rank's

@@ -177,6 +177,25 @@ public:
   result<void> run(picoseconds limit = picoseconds::max());
   /// Virtual time now.
   picoseconds now() const noexcept;
+
+  /// How a meet ended.
+  enum class meet_result : std::uint8_t {
+    met,        ///< `count` actors came
+    timed_out,  ///< `timeout` passed first
+    cancelled,  ///< cancel_meeting, or the cluster is going away
+  };
+  /// A rendezvous of actors in virtual time: the calling actor waits until `count` actors
+  /// (itself included) have called meet with the same `key`; all of them then go on at the
+  /// virtual time the last one came, in the order they came (the last one first: it does not
+  /// wait). A wait outside the NICs that the simulation can see: spin-emu's "barrier" for host
+  /// programs that synchronise through MPI (remote_hosts::barrier). `count` >= 1; callers of
+  /// one key must agree on it (the first caller's count holds). Only an actor may call it
+  /// (a thread that is not one gets cancelled).
+  meet_result meet(const std::string& key, std::uint32_t count, std::chrono::nanoseconds timeout);
+  /// Ends every wait in meeting `key` with meet_result::cancelled (one of its members cannot
+  /// come: its program left); a later meet of that key starts a new meeting. No meeting of that
+  /// key: nothing happens. Only from an actor, or from the thread driving the simulation.
+  void cancel_meeting(const std::string& key);
   /// Work that must not overlap the simulation but is not an actor's (spin-emu's control
   /// requests of processes that are not host programs: remote_hosts): run() calls `hook` on its
   /// thread before each event and each hand-over to an actor. It must not wait on a NIC. Set

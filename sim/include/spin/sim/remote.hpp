@@ -66,6 +66,10 @@ public:
   void closed(std::uint64_t session, std::function<void()> release) override;
   result<void> attach(std::uint64_t session, pid_t pid, std::uint32_t node) override;
   bool may_wait(std::uint64_t session) const noexcept override;
+  /// The meeting (cluster::meet) of the bound programs of `nodes` for `seq`; a program that
+  /// leaves its round cancels the meetings that wait for it.
+  result<void> barrier(std::uint64_t session, std::vector<std::uint32_t> nodes, std::uint64_t seq,
+                       const std::function<void()>& reply) override;
 
   struct state;
 
