@@ -23,11 +23,13 @@
 #include <torch/python.h>
 
 #include <pybind11/chrono.h>
+#include <pybind11/eval.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -85,6 +87,39 @@ std::string string_of(const std::vector<std::uint8_t>& v) { return {v.begin(), v
 // This process's next group id (the members take the largest proposal; ids are per NIC).
 std::atomic<std::uint32_t> next_group_id{1};
 
+// For torch's own store-based barrier in virtual time (world_barrier): this process's spin-emu
+// and node, and the nodes of each spin group size seen (the world's among them).
+struct seen_groups {
+  std::mutex mu;
+  std::string socket;
+  std::uint32_t node = 0;
+  std::map<int, std::vector<std::uint32_t>> nodes_by_size;
+} seen;
+
+// Before torch's store-based barrier (init_process_group, new_group: every rank of the world
+// waits in the store there, members of the new group after their set-up): in virtual time the
+// world's ranks meet first, so none holds the simulation while waiting in the store for a
+// member whose set-up waits on its NIC. Nothing in wall-clock time. Raises when no spin group
+// spans the world yet (its nodes are unknown).
+void world_barrier(int world_size) {
+  std::string socket;
+  std::uint32_t node = 0;
+  std::vector<std::uint32_t> nodes;
+  {
+    std::lock_guard g(seen.mu);
+    if (seen.socket.empty()) return;  // no spin group yet: nothing drives a NIC
+    socket = seen.socket;
+    node = seen.node;
+    if (auto it = seen.nodes_by_size.find(world_size); it != seen.nodes_by_size.end()) nodes = it->second;
+  }
+  if (!tb::in_virtual_time(socket)) return;
+  if (nodes.empty())
+    throw std::runtime_error("spin: virtual time: torch's store-based barrier needs every rank's node, known once a \"spin\" "
+                             "group of all " + std::to_string(world_size) + " ranks exists (init_process_group(\"spin\"), or "
+                             "new_group(backend=\"spin\") over the world first)");
+  if (std::string e = tb::virtual_time_barrier(socket, node, nodes); !e.empty()) throw std::runtime_error("spin: " + e);
+}
+
 std::optional<tb::elem> reduction_dtype(at::ScalarType t) {
   switch (t) {
   case at::kFloat: return tb::elem::f32;
@@ -138,13 +173,25 @@ public:
     const std::string me = std::to_string(rank);
     store->set("spin/nic/" + me, bytes_of(std::to_string(nic_rank)));
     store->set("spin/gid/" + me, bytes_of(std::to_string(next_group_id.load())));
-    std::vector<std::uint32_t> members;
+    store->set("spin/node/" + me, bytes_of(std::to_string(_cfg.node)));
+    std::vector<std::uint32_t> members, nodes;
     std::uint32_t gid = 0;
     for (int r = 0; r < size; ++r) {
       members.push_back(static_cast<std::uint32_t>(std::stoul(string_of(store->get("spin/nic/" + std::to_string(r))))));
+      nodes.push_back(static_cast<std::uint32_t>(std::stoul(string_of(store->get("spin/node/" + std::to_string(r))))));
       gid = std::max<std::uint32_t>(gid, static_cast<std::uint32_t>(std::stoul(string_of(store->get("spin/gid/" + std::to_string(r))))));
     }
     next_group_id = gid + 1;
+    {
+      std::lock_guard g(seen.mu);
+      if (seen.socket.empty()) {
+        seen.socket = _cfg.socket;
+        seen.node = _cfg.node;
+      }
+      std::vector<std::uint32_t> sorted = nodes;
+      std::sort(sorted.begin(), sorted.end());
+      seen.nodes_by_size.emplace(size, std::move(sorted));
+    }
     // The group's secret (spin::coll::options::job_secret), agreed through the store:
     // SPIN_JOB_SECRET, else rank 0's random bytes.
     std::string secret_error;
@@ -168,7 +215,13 @@ public:
                                           failure);
       if (!failure.empty()) _comm.reset();
     }
-    // Everyone learns whether everyone is ready.
+    // Everyone learns whether everyone is ready. In virtual time the members meet first: the
+    // store's waits below are outside spin, and a member still setting up waits on its NIC
+    // (docs/virtual-time.md, "PyTorch programs"). Until its communicator bound it, a process
+    // holds nothing: the exchange above needs no barrier. Every member comes, also one that
+    // failed: the others wait for it there.
+    if (size > 1)
+      if (std::string b = tb::virtual_time_barrier(_cfg.socket, _cfg.node, nodes); failure.empty()) failure = b;
     store->set("spin/ok/" + me, bytes_of(failure.empty() ? "ok" : failure));
     for (int r = 0; r < size; ++r) {
       const std::string s = string_of(store->get("spin/ok/" + std::to_string(r)));
@@ -358,6 +411,43 @@ PYBIND11_MODULE(spin_torch, m) {
   m.doc() = "torch.distributed backend 'spin': collectives through spinnic's emulated NICs and switches (docs/pytorch.md)";
   m.def("create_process_group", &create, "the backend's creator: (store, rank, size, timeout) -> ProcessGroup",
         pybind11::arg("store"), pybind11::arg("rank"), pybind11::arg("size"), pybind11::arg("timeout"));
+  m.def(
+      "virtual_time_ns",
+      [] {
+        const char* s = std::getenv("SPIN_TORCH_SOCKET");
+        const std::int64_t t = tb::virtual_time_ns(s != nullptr && *s != '\0' ? s : "/run/spin-emu.sock");
+        return t < 0 ? pybind11::object(pybind11::none()) : pybind11::object(pybind11::int_(t));
+      },
+      "this process's virtual time in ns (spin-emu --virtual-time at SPIN_TORCH_SOCKET), or None in wall-clock time");
   pybind11::object dist = pybind11::module::import("torch.distributed");
   dist.attr("Backend").attr("register_backend")("spin", m.attr("create_process_group"));
+  // Waits in the store that torch itself makes every rank of the world do: new_group's start
+  // (the new group's members exchange through the store before their set-up) and the
+  // store-based barrier that ends init_process_group and new_group (torch 1.13). In virtual
+  // time the world's ranks meet in the simulation before each (world_barrier); in wall-clock
+  // time the wrappers only call torch's functions.
+  m.def("_world_barrier", &world_barrier, "virtual time: the world's ranks meet before a wait of torch's in the store");
+  pybind11::object c10d = pybind11::module::import("torch.distributed.distributed_c10d");
+  if (pybind11::hasattr(c10d, "_store_based_barrier") && pybind11::hasattr(c10d, "new_group")) {
+    pybind11::dict scope;
+    scope["c10d"] = c10d;
+    scope["dist"] = dist;
+    scope["meet"] = m.attr("_world_barrier");
+    pybind11::exec(R"(
+import functools
+_torch_store_based_barrier = c10d._store_based_barrier
+def _store_based_barrier(rank, store, timeout):
+    meet(c10d.get_world_size())
+    return _torch_store_based_barrier(rank, store, timeout)
+c10d._store_based_barrier = _store_based_barrier
+_torch_new_group = c10d.new_group
+@functools.wraps(_torch_new_group)
+def new_group(*args, **kwargs):
+    if c10d.is_initialized():
+        meet(c10d.get_world_size())
+    return _torch_new_group(*args, **kwargs)
+c10d.new_group = new_group
+dist.new_group = new_group
+)", scope);
+  }
 }

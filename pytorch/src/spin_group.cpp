@@ -5,6 +5,10 @@
 #include <spin/host/env.hpp>
 #include <spin/host/host.hpp>
 
+#include <algorithm>
+#include <map>
+#include <mutex>
+
 namespace spin::torch_backend {
 
 namespace {
@@ -69,6 +73,51 @@ std::uint32_t nic_rank(const std::string& socket, std::uint32_t node, std::strin
   error = "spin-emu at " + socket + " has no node " + std::to_string(node) + " (" + std::to_string(nodes.value().size()) +
           " nodes; set SPIN_TORCH_NODE)";
   return 0;
+}
+
+namespace {
+// One connection per socket for virtual time's barriers (null: wall-clock time, or none).
+struct vt_link {
+  std::unique_ptr<host::client> cl;
+  bool attached = false;
+  std::map<std::vector<std::uint32_t>, std::uint64_t> seq;  // barriers so far, per member set
+};
+std::mutex vt_mu;
+std::map<std::string, vt_link> vt_links;
+
+vt_link& link_of(const std::string& socket) {  // under vt_mu
+  auto [it, fresh] = vt_links.try_emplace(socket);
+  if (fresh)
+    if (auto c = host::client::connect(socket); c.ok() && c.value().virtual_time())
+      it->second.cl = std::make_unique<host::client>(std::move(c.value()));
+  return it->second;
+}
+} // namespace
+
+bool in_virtual_time(const std::string& socket) {
+  std::lock_guard g(vt_mu);
+  return link_of(socket).cl != nullptr;
+}
+
+std::string virtual_time_barrier(const std::string& socket, std::uint32_t node, std::vector<std::uint32_t> nodes) {
+  std::lock_guard g(vt_mu);
+  vt_link& l = link_of(socket);
+  if (!l.cl) return "";
+  if (!l.attached) {
+    // Joins this process's actor (its communicator's connection bound it), or binds it.
+    if (auto a = l.cl->attach(node); !a.ok()) return std::string("virtual time: ") + errc_name(a.err().code) + ": " + a.err().message;
+    l.attached = true;
+  }
+  std::sort(nodes.begin(), nodes.end());
+  const std::uint64_t seq = ++l.seq[nodes];
+  auto r = l.cl->barrier(node, std::move(nodes), seq);
+  return r.ok() ? std::string() : std::string("virtual time: the members' barrier failed: ") + errc_name(r.err().code) + ": " + r.err().message;
+}
+
+std::int64_t virtual_time_ns(const std::string& socket) {
+  std::lock_guard g(vt_mu);
+  vt_link& l = link_of(socket);
+  return l.cl ? l.cl->virtual_now().count() : -1;
 }
 
 struct group::impl {

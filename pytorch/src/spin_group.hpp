@@ -40,6 +40,21 @@ secret random_secret(std::string& error);
 /// `error` says why and the result is 0.
 std::uint32_t nic_rank(const std::string& socket, std::uint32_t node, std::string& error);
 
+/// Virtual time (spin-emu --virtual-time; docs/virtual-time.md, "PyTorch programs"). Whether
+/// the spin-emu at `socket` runs in virtual time: the first call per socket asks it once (a
+/// connection of its own, kept for the barriers below). False when it does not, or cannot be
+/// reached. Any thread.
+bool in_virtual_time(const std::string& socket);
+/// In virtual time: waits until the host programs of every node in `nodes` (this process's own,
+/// `node`, among them) have called it over the same nodes as often; all return at the virtual
+/// time the last one called (spin::host::client::barrier). Call before a wait outside spin (the
+/// c10d store) that needs every member. "" when it worked or the spin-emu runs in wall-clock
+/// time; else why it failed.
+std::string virtual_time_barrier(const std::string& socket, std::uint32_t node, std::vector<std::uint32_t> nodes);
+/// This process's virtual time at `socket` in nanoseconds (its last wait's end), or -1 when
+/// that spin-emu does not run in virtual time. Any thread.
+std::int64_t virtual_time_ns(const std::string& socket);
+
 /// One rank's spin::coll communicator. Not thread-safe: one call at a time.
 class group {
 public:

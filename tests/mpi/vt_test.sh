@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
-# libspin-mpi in virtual time: tests/mpi/mpi_vt under mpirun against spin-emu --virtual-time,
-# twice; the second time both cores are busy in two other processes (each stops by itself after
-# 120 s, and when this script ends). Both runs must pass every check, and every rank must print
-# the same virtual times both times.
+# A program of 4 ranks in virtual time (tests/mpi/mpi_vt, tests/pytorch/vt_ops.py) under mpirun
+# against spin-emu --virtual-time, twice; the second time both cores are busy in two other
+# processes (each stops by itself after 120 s, and when this script ends). Both runs must pass every check, and every rank must print
+# the same virtual times both times. With SPIN_TEST_SWITCH_NODE the ranks aggregate on that node
+# (run_mpi_test.sh passes it on), and some calls must have gone through it.
 #
-#   vt_test.sh RUN_MPI_TEST SPIN_EMU MPI_VT
+# Each rank prints its times on a line "vt: rank R: ..." and the program exits 0 when every
+# check held.
+#
+#   vt_test.sh RUN_MPI_TEST SPIN_EMU -- PROGRAM [ARGS...]    ("{port}": as run_mpi_test.sh)
 set -euo pipefail
-run=$1 spin_emu=$2 mpi_vt=$3
+run=$1 spin_emu=$2
+shift 2
+[[ ${1:-} == -- ]] && shift
 dir=$(mktemp -d "${TMPDIR:-/tmp}/spin_mpi_vt.XXXXXX")
 burners=()
 cleanup() {
@@ -17,13 +23,17 @@ cleanup() {
 trap cleanup EXIT
 
 once() {
-  SPIN_TEST_VIRTUAL_TIME=1 "$run" "$spin_emu" 4 '' -- "$mpi_vt" > "$dir/$1.out" 2>&1 || {
+  SPIN_TEST_VIRTUAL_TIME=1 "$run" "$spin_emu" 4 '' -- "${program[@]}" > "$dir/$1.out" 2>&1 || {
     echo "run $1 failed:"; cat "$dir/$1.out"; exit 1; }
-  grep -q '^mpi_vt: ok' "$dir/$1.out" || { echo "run $1: no 'mpi_vt: ok':"; cat "$dir/$1.out"; exit 1; }
   grep '^vt: rank' "$dir/$1.out" | sort > "$dir/$1.times"
   [[ $(wc -l < "$dir/$1.times") -eq 4 ]] || { echo "run $1: not 4 ranks' times:"; cat "$dir/$1.out"; exit 1; }
+  # SPIN_TEST_SWITCH_NODE: some calls must have gone through the switch (each rank's counters).
+  if [[ -n ${SPIN_TEST_SWITCH_NODE:-} ]] && ! grep -q 'switch_calls=[1-9]' "$dir/$1.out"; then
+    echo "run $1: no call went through the switch:"; cat "$dir/$1.out"; exit 1
+  fi
 }
 
+program=("$@")
 once quiet
 # The load: two loops that stop by themselves after 120 s. Each is the process started here (no
 # wrapper such as timeout, whose kill would leave its child running), so cleanup's kill ends it.
