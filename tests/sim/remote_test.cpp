@@ -234,10 +234,15 @@ TEST_CASE("the same ranks as in-process actors of spin::sim take the same virtua
 
 TEST_CASE("spin-emu --virtual-time refuses waits of connections that are not bound to a host node, and bad attaches") {
   temp_dir dir;
-  auto emu = start_emu(dir, "refuse", {"--actors", "1"});
+  auto emu = start_emu(dir, "refuse", {"--actors", "1", "--progress", "1"});
   const std::string sock = dir.path + "/refuse.sock";
   auto c = connect_to(sock, *emu);
   REQUIRE(c.virtual_time());
+  // --progress names the host nodes whose programs have not come yet (time stands still).
+  for (int i = 0; i < 500 && read_file(emu->out).find("waiting for the host programs of") == std::string::npos; ++i)
+    std::this_thread::sleep_for(10ms);
+  CHECK_MESSAGE(read_file(emu->out).find("round 1, 0 host programs so far, waiting for the host programs of h0") != std::string::npos,
+                read_file(emu->out));
   // A wait before attach: the simulation would not know this process waits.
   auto m = c.alloc_memory(0, 4096);
   REQUIRE(m.ok());
