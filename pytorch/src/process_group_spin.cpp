@@ -426,7 +426,9 @@ PYBIND11_MODULE(spin_torch, m) {
   // store-based barrier that ends init_process_group and new_group (torch 1.13). In virtual
   // time the world's ranks meet in the simulation before each (world_barrier); in wall-clock
   // time the wrappers only call torch's functions.
-  m.def("_world_barrier", &world_barrier, "virtual time: the world's ranks meet before a wait of torch's in the store");
+  // It waits without the GIL (other Python threads run on), as torch's own barrier sleeps.
+  m.def("_world_barrier", &world_barrier, "virtual time: the world's ranks meet before a wait of torch's in the store",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
   pybind11::object c10d = pybind11::module::import("torch.distributed.distributed_c10d");
   if (pybind11::hasattr(c10d, "_store_based_barrier") && pybind11::hasattr(c10d, "new_group")) {
     pybind11::dict scope;
