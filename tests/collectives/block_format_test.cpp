@@ -100,7 +100,7 @@ void check_allreduce(world& w, dtype t, op o, std::uint64_t count, algorithm a, 
   for (std::uint32_t r = 0; r < n; ++r) {
     INFO("ranks " << n << " rank " << r << " " << name(t) << " " << name(o) << " count " << count << " " << name(a)
                   << (in_place ? " in place" : ""));
-    REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+    REQUIRE_MESSAGE(res[r].ok(), (res[r].ok() ? std::string() : res[r].err().message));
     const long long bad = first_wrong(out[r], want, eb);
     REQUIRE_MESSAGE(bad < 0, "first wrong block " << bad);
   }
@@ -114,7 +114,7 @@ void check_reduce_scatter(world& w, dtype t, std::uint64_t block, algorithm a) {
   auto res = w.run([&](std::uint32_t r) { return w.comms[r]->reduce_scatter(in[r].data(), out[r].data(), block, t, op::sum, a); });
   for (std::uint32_t r = 0; r < n; ++r) {
     INFO("ranks " << n << " rank " << r << " " << name(t) << " block " << block);
-    REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+    REQUIRE_MESSAGE(res[r].ok(), (res[r].ok() ? std::string() : res[r].err().message));
     REQUIRE(test::same_bytes(out[r].data(), want.data() + r * block * eb, block * eb));
   }
 }
@@ -130,7 +130,7 @@ void check_allgather(world& w, dtype t, std::uint64_t block, algorithm a) {
   auto res = w.run([&](std::uint32_t r) { return w.comms[r]->allgather(in[r].data(), out[r].data(), block, t, a); });
   for (std::uint32_t r = 0; r < n; ++r) {
     INFO("ranks " << n << " rank " << r << " " << name(t) << " block " << block << " " << name(a));
-    REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+    REQUIRE_MESSAGE(res[r].ok(), (res[r].ok() ? std::string() : res[r].err().message));
     REQUIRE(out[r] == want);
   }
 }

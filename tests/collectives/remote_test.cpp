@@ -132,7 +132,7 @@ std::vector<std::unique_ptr<communicator>> connect_all(remote_net& net, fabric* 
     g.members = {0, 1, 2};
     g.me = r;
     auto c = communicator::connect(net.hosts[r]->socket, 0, g, o);
-    REQUIRE_MESSAGE(c.ok(), c.err().message << "\n" << net.diag());
+    REQUIRE_MESSAGE(c.ok(), (c.ok() ? std::string() : c.err().message) << "\n" << net.diag());
     comms.push_back(std::move(c.value()));
   }
   return comms;
@@ -166,7 +166,7 @@ std::pair<std::vector<std::unique_ptr<communicator>>, std::vector<std::string>> 
     comms[r] = std::move(c.value());
     return {};
   });
-  for (std::uint32_t r = 0; r < n_hosts; ++r) REQUIRE_MESSAGE(res[r].ok(), res[r].err().message << "\n" << net.diag());
+  for (std::uint32_t r = 0; r < n_hosts; ++r) REQUIRE_MESSAGE(res[r].ok(), (res[r].ok() ? std::string() : res[r].err().message) << "\n" << net.diag());
   std::erase(said, std::string());
   return {std::move(comms), std::move(said)};
 }
@@ -181,7 +181,7 @@ void check_switch_allreduce(const std::vector<std::unique_ptr<communicator>>& co
     return comms[r]->allreduce(in[r].data(), out[r].data(), count, dtype::i64, op::sum, algorithm::switch_agg);
   });
   for (std::uint32_t r = 0; r < n_hosts; ++r) {
-    REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+    REQUIRE_MESSAGE(res[r].ok(), (res[r].ok() ? std::string() : res[r].err().message));
     for (std::uint64_t i = 0; i < count; ++i) REQUIRE(out[r][i] == in[0][i] + in[1][i] + in[2][i]);
   }
 }
@@ -197,16 +197,16 @@ static void shared_pool_case(links k) {
   fabric_options fo;
   fo.slots_per_switch = 32;
   auto fa = fabric::connect({remote_switch{net.sw->socket, 0, {0, 1, 2}}}, fo);
-  REQUIRE_MESSAGE(fa.ok(), fa.err().message);
+  REQUIRE_MESSAGE(fa.ok(), (fa.ok() ? std::string() : fa.err().message));
   auto fb = fabric::connect({remote_switch{net.sw->socket, 0, {0, 1, 2}}}, fo);
-  REQUIRE_MESSAGE(fb.ok(), fb.err().message);
+  REQUIRE_MESSAGE(fb.ok(), (fb.ok() ? std::string() : fb.err().message));
   fabric_options other = fo;
   other.slots_per_switch = 64;
   // A third connection holds 20 of the 32 slots (a group of some other job).
   auto holder = net.sw->connect();
   {
     auto a = holder.join_group(0, host::group_join{4096, {0, 1}, 20}, 0);
-    REQUIRE_MESSAGE(a.ok(), a.err().message);
+    REQUIRE_MESSAGE(a.ok(), (a.ok() ? std::string() : a.err().message));
     REQUIRE(a.value().state == host::join_state::install);
     REQUIRE(holder.decide_group(0, host::group_decision{4096, true, {65535}, ""}).ok());
     // The pool is the switch's: a fabric cannot resize it while groups use it.
@@ -253,7 +253,7 @@ TEST_CASE("communicators and a fabric over spin-emu processes run every algorith
   fabric_options fo;
   fo.slots_per_switch = 32;
   auto fab = fabric::connect({remote_switch{net.sw->socket, 0, {0, 1, 2}}}, fo);
-  REQUIRE_MESSAGE(fab.ok(), fab.err().message);
+  REQUIRE_MESSAGE(fab.ok(), (fab.ok() ? std::string() : fab.err().message));
   {
     const auto u = fab.value()->usage();
     REQUIRE(u.size() == 1);
@@ -280,7 +280,7 @@ TEST_CASE("communicators and a fabric over spin-emu processes run every algorith
     });
     for (std::uint32_t r = 0; r < n_hosts; ++r) {
       INFO(name(a) << " rank " << r);
-      REQUIRE_MESSAGE(res[r].ok(), res[r].err().message << "\n" << net.diag());
+      REQUIRE_MESSAGE(res[r].ok(), (res[r].ok() ? std::string() : res[r].err().message) << "\n" << net.diag());
       for (std::uint64_t i = 0; i < count; ++i) REQUIRE(out[r][i] == in[0][i] + in[1][i] + in[2][i]);
     }
   }
@@ -299,7 +299,7 @@ TEST_CASE("communicators and a fabric over spin-emu processes run every algorith
     });
     for (std::uint32_t r = 0; r < n_hosts; ++r) {
       INFO(name(a) << " rank " << r);
-      REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+      REQUIRE_MESSAGE(res[r].ok(), (res[r].ok() ? std::string() : res[r].err().message));
       if (ref.empty()) ref = out[r];
       CHECK(std::memcmp(out[r].data(), ref.data(), count * sizeof(float)) == 0);
       // Within rounding of the exact sum (the bits themselves are the ring's order).
@@ -321,7 +321,7 @@ TEST_CASE("communicators and a fabric over spin-emu processes run every algorith
       return comms[r]->allgather(mine[r].data(), out[r].data(), block, dtype::u64, algorithm::switch_agg);
     });
     for (std::uint32_t r = 0; r < n_hosts; ++r) {
-      REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+      REQUIRE_MESSAGE(res[r].ok(), (res[r].ok() ? std::string() : res[r].err().message));
       for (std::uint32_t q = 0; q < n_hosts; ++q)
         for (std::uint64_t i = 0; i < block; ++i) REQUIRE(out[r][q * block + i] == mine[q][i]);
     }
@@ -336,7 +336,7 @@ TEST_CASE("communicators and a fabric over spin-emu processes run every algorith
     });
     for (std::uint32_t r = 0; r < n_hosts; ++r) {
       INFO(name(a) << " rank " << r);
-      REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+      REQUIRE_MESSAGE(res[r].ok(), (res[r].ok() ? std::string() : res[r].err().message));
       CHECK(std::memcmp(out[r].data(), src.data(), n * sizeof(double)) == 0);
     }
   }
@@ -350,7 +350,7 @@ TEST_CASE("communicators and a fabric over spin-emu processes run every algorith
       return comms[r]->reduce_scatter(rin[r].data(), part[r].data(), block, dtype::u32, op::max);
     });
     for (std::uint32_t r = 0; r < n_hosts; ++r) {
-      REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+      REQUIRE_MESSAGE(res[r].ok(), (res[r].ok() ? std::string() : res[r].err().message));
       for (std::uint64_t i = 0; i < block; ++i) REQUIRE(part[r][i] == static_cast<std::uint32_t>((r * block + i) * 3 + 2));
     }
   }
@@ -358,11 +358,11 @@ TEST_CASE("communicators and a fabric over spin-emu processes run every algorith
   // A user reduction: its package goes to each NIC and to the switch through their sockets.
   {
     auto pkg = rt::read_package_file(SPIN_ARGMAX_PACKAGE);
-    REQUIRE_MESSAGE(pkg.ok(), pkg.err().message);
+    REQUIRE_MESSAGE(pkg.ok(), (pkg.ok() ? std::string() : pkg.err().message));
     std::vector<custom_op> ops;
     for (auto& c : comms) {
       auto op = c->add_reduction(reduction{"argmax", pkg.value(), kernels_of<argmax>()});
-      REQUIRE_MESSAGE(op.ok(), op.err().message);
+      REQUIRE_MESSAGE(op.ok(), (op.ok() ? std::string() : op.err().message));
       ops.push_back(op.value());
     }
     const std::uint64_t n = 2000;
@@ -376,7 +376,7 @@ TEST_CASE("communicators and a fabric over spin-emu processes run every algorith
       auto res = run_all(n_hosts, [&](std::uint32_t r) { return comms[r]->allreduce(vin[r].data(), vout[r].data(), n, ops[r], a); });
       for (std::uint32_t r = 0; r < n_hosts; ++r) {
         INFO(name(a) << " rank " << r);
-        REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+        REQUIRE_MESSAGE(res[r].ok(), (res[r].ok() ? std::string() : res[r].err().message));
         for (std::uint64_t i = 0; i < n; ++i) {
           value_index best = input(0, i);
           for (std::uint32_t q = 1; q < n_hosts; ++q) best = argmax::combine(best, input(q, i));
@@ -388,7 +388,7 @@ TEST_CASE("communicators and a fabric over spin-emu processes run every algorith
 
   // The engine's counters come back through the shared arena.
   auto k = comms[1]->engine_counters();
-  REQUIRE_MESSAGE(k.ok(), k.err().message);
+  REQUIRE_MESSAGE(k.ok(), (k.ok() ? std::string() : k.err().message));
   CHECK(k->sent[coll::proto::k_up] > 0);
 
   // The switch process ran the group's aggregation engines (standard and argmax) and every
@@ -434,7 +434,7 @@ TEST_CASE("in network namespaces on af_packet veths, members of two processes ag
 TEST_CASE("a shared switch runs the standard engine and refuses a native user reduction, which runs on the edge ring on every member") {
   remote_net net;  // switch mode: --native-packages trusted by default
   auto fab = fabric::connect({remote_switch{net.sw->socket, 0, {0, 1, 2}}});
-  REQUIRE_MESSAGE(fab.ok(), fab.err().message);
+  REQUIRE_MESSAGE(fab.ok(), (fab.ok() ? std::string() : fab.err().message));
   static std::mutex log_m;
   static std::vector<std::string> said;
   said.clear();
@@ -450,7 +450,7 @@ TEST_CASE("a shared switch runs the standard engine and refuses a native user re
     g.members = {0, 1, 2};
     g.me = r;
     auto c = communicator::connect(net.hosts[r]->socket, 0, g, o);
-    REQUIRE_MESSAGE(c.ok(), c.err().message << "\n" << net.diag());
+    REQUIRE_MESSAGE(c.ok(), (c.ok() ? std::string() : c.err().message) << "\n" << net.diag());
     comms[r] = std::move(c.value());
   }
   CHECK(said.empty());  // the standard engine is the switch's own: trusted
@@ -462,13 +462,13 @@ TEST_CASE("a shared switch runs the standard engine and refuses a native user re
     return comms[r]->allreduce(in[r].data(), out[r].data(), count, dtype::u32, op::max, algorithm::switch_agg);
   });
   for (std::uint32_t r = 0; r < n_hosts; ++r) {
-    REQUIRE_MESSAGE(res[r].ok(), res[r].err().message);
+    REQUIRE_MESSAGE(res[r].ok(), (res[r].ok() ? std::string() : res[r].err().message));
     for (std::uint64_t i = 0; i < count; ++i) REQUIRE(out[r][i] == static_cast<std::uint32_t>(i * 3 + 2));
   }
   // A user reduction's engine is native code of the job: the shared switch refuses it, and every
   // member hears the same reason.
   auto pkg = rt::read_package_file(SPIN_ARGMAX_PACKAGE);
-  REQUIRE_MESSAGE(pkg.ok(), pkg.err().message);
+  REQUIRE_MESSAGE(pkg.ok(), (pkg.ok() ? std::string() : pkg.err().message));
   std::vector<custom_op> ops(n_hosts);
   auto added = run_all(n_hosts, [&](std::uint32_t r) -> result<void> {
     auto op = comms[r]->add_reduction(reduction{"argmax", pkg.value(), kernels_of<argmax>()});
@@ -476,7 +476,7 @@ TEST_CASE("a shared switch runs the standard engine and refuses a native user re
     ops[r] = op.value();
     return {};
   });
-  for (std::uint32_t r = 0; r < n_hosts; ++r) REQUIRE_MESSAGE(added[r].ok(), added[r].err().message);
+  for (std::uint32_t r = 0; r < n_hosts; ++r) REQUIRE_MESSAGE(added[r].ok(), (added[r].ok() ? std::string() : added[r].err().message));
   REQUIRE(said.size() == n_hosts);
   for (const auto& line : said) {
     CHECK(line.find("runs without switch aggregation: installing the aggregation engine on sw: this spin-emu is a shared switch") !=
@@ -491,7 +491,7 @@ TEST_CASE("a shared switch runs the standard engine and refuses a native user re
   CHECK(via_switch.err().code == errc::not_supported);
   auto ring = run_all(n_hosts, [&](std::uint32_t r) { return comms[r]->allreduce(vin[r].data(), vout[r].data(), n, ops[r]); });
   for (std::uint32_t r = 0; r < n_hosts; ++r) {
-    REQUIRE_MESSAGE(ring[r].ok(), ring[r].err().message);
+    REQUIRE_MESSAGE(ring[r].ok(), (ring[r].ok() ? std::string() : ring[r].err().message));
     for (std::uint64_t i = 0; i < n; ++i) {
       value_index best = vin[0][i];
       for (std::uint32_t q = 1; q < n_hosts; ++q) best = argmax::combine(best, vin[q][i]);
@@ -519,7 +519,7 @@ static void inband_case(links k) {
   auto sw = net.sw->connect();
   auto pool = [&] {
     auto u = sw.group_pool(0);
-    REQUIRE_MESSAGE(u.ok(), u.err().message);
+    REQUIRE_MESSAGE(u.ok(), (u.ok() ? std::string() : u.err().message));
     return u.value();
   };
   REQUIRE(pool().free == 256);  // spin-emu's default pool: 256 slots of 4096 bytes
@@ -527,7 +527,7 @@ static void inband_case(links k) {
   std::vector<std::unique_ptr<fabric>> fabs;
   for (std::uint32_t r = 0; r < n_hosts; ++r) {
     auto f = fabric::in_band({net.hosts[r]->socket, 0, 65535});
-    REQUIRE_MESSAGE(f.ok(), f.err().message);
+    REQUIRE_MESSAGE(f.ok(), (f.ok() ? std::string() : f.err().message));
     fabs.push_back(std::move(f.value()));
   }
   std::vector<std::string> said;

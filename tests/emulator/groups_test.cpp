@@ -15,7 +15,7 @@ host::group_join req(std::uint32_t group, std::uint32_t slots, std::vector<std::
 
 host::group_answer join(emu::group_registry& r, std::uint64_t owner, const host::group_join& j, std::uint32_t me) {
   auto a = r.join(owner, j, me);
-  REQUIRE_MESSAGE(a.ok(), a.err().message);
+  REQUIRE_MESSAGE(a.ok(), (a.ok() ? std::string() : a.err().message));
   return a.value();
 }
 

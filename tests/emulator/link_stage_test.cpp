@@ -89,7 +89,7 @@ struct stage {
 
 std::unique_ptr<emu::link> make(stage& s, const link_model& m, rte_mempool* dup_pool = nullptr) {
   auto r = emu::link::create(s.in, s.out, dup_pool ? dup_pool : s.pool, m);
-  REQUIRE_MESSAGE(r.ok(), r.err().message);
+  REQUIRE_MESSAGE(r.ok(), (r.ok() ? std::string() : r.err().message));
   return std::move(*r);
 }
 

@@ -47,7 +47,7 @@ std::string pkg(const std::string& name) { return std::string(SPIN_TEST_PKG_DIR)
 /// The statistics of the (only) NIC behind a client.
 json nic_stats(host::client& c) {
   auto st = c.stats();
-  REQUIRE_MESSAGE(st.ok(), st.err().message);
+  REQUIRE_MESSAGE(st.ok(), (st.ok() ? std::string() : st.err().message));
   json s = json::parse(host::to_json(*st));
   REQUIRE(s.is_array());
   REQUIRE(s.size() == 1);
@@ -119,7 +119,7 @@ void ping_pong(host_node& ping, host_node& pong, expected_traffic& ping_t, expec
     po.name = "pong" + std::to_string(v);
     po.match.bits = variants[v].bits;
     auto pe = pong.client->install(0, po);
-    REQUIRE_MESSAGE(pe.ok(), pe.err().message);
+    REQUIRE_MESSAGE(pe.ok(), (pe.ok() ? std::string() : pe.err().message));
 
     const std::uint64_t land_off = (64 << 10) * (v + 1);
     host::install_options lo;
@@ -128,9 +128,9 @@ void ping_pong(host_node& ping, host_node& pong, expected_traffic& ping_t, expec
     lo.match.bits = variants[v].bits;
     lo.window = rt::host_window{ping.mem->region(), land_off, max_len};
     auto le = ping.client->install(0, lo);
-    REQUIRE_MESSAGE(le.ok(), le.err().message);
+    REQUIRE_MESSAGE(le.ok(), (le.ok() ? std::string() : le.err().message));
     auto q = ping.client->open_events(*le, 64);
-    REQUIRE_MESSAGE(q.ok(), q.err().message);
+    REQUIRE_MESSAGE(q.ok(), (q.ok() ? std::string() : q.err().message));
     auto land = ping.mem->bytes().subspan(land_off, max_len);
 
     std::uint64_t packets = 0, bytes = 0;
@@ -148,12 +148,12 @@ void ping_pong(host_node& ping, host_node& pong, expected_traffic& ping_t, expec
       m.region = ping.mem->region();
       m.len_bytes = len;
       auto s = ping.client->send(0, m, 20s);
-      REQUIRE_MESSAGE(s.ok(), s.err().message);
+      REQUIRE_MESSAGE(s.ok(), (s.ok() ? std::string() : s.err().message));
       // The first message also waits for the link (memif connects asynchronously; frames wait
       // in the NIC's transmit stage until then).
       auto e = q->wait(first ? first_wait : 20s);
       first = false;
-      REQUIRE_MESSAGE(e.ok(), "no echo of message " << id << ": " << e.err().message << "\nping stats: " << nic_stats(*ping.client).dump()
+      REQUIRE_MESSAGE(e.ok(), "no echo of message " << id << ": " << (e.ok() ? std::string() : e.err().message) << "\nping stats: " << nic_stats(*ping.client).dump()
                                                     << "\npong stats: " << nic_stats(*pong.client).dump());
       CHECK(e->type == rt::host_event::kind::handler);
       CHECK(e->message_id == id);
@@ -200,9 +200,9 @@ void transfer(host_node& src, host_node& dst, std::uint64_t len, expected_traffi
   lo.match.bits = bits;
   lo.window = rt::host_window{dst.mem->region(), guard, len};
   auto le = dst.client->install(0, lo);
-  REQUIRE_MESSAGE(le.ok(), le.err().message);
+  REQUIRE_MESSAGE(le.ok(), (le.ok() ? std::string() : le.err().message));
   auto q = dst.client->open_events(*le, 64);
-  REQUIRE_MESSAGE(q.ok(), q.err().message);
+  REQUIRE_MESSAGE(q.ok(), (q.ok() ? std::string() : q.err().message));
 
   const json before_src = nic_stats(*src.client);
   const unsigned salt = 77;
@@ -216,9 +216,9 @@ void transfer(host_node& src, host_node& dst, std::uint64_t len, expected_traffi
   m.region = src.mem->region();
   m.len_bytes = len;
   auto s = src.client->send(0, m, 60s);
-  REQUIRE_MESSAGE(s.ok(), s.err().message);
+  REQUIRE_MESSAGE(s.ok(), (s.ok() ? std::string() : s.err().message));
   auto e = q->wait(60s);
-  REQUIRE_MESSAGE(e.ok(), "the " << len << "-byte message did not complete: " << e.err().message << "\nsender: "
+  REQUIRE_MESSAGE(e.ok(), "the " << len << "-byte message did not complete: " << (e.ok() ? std::string() : e.err().message) << "\nsender: "
                                  << nic_stats(*src.client).dump() << "\nreceiver: " << nic_stats(*dst.client).dump());
   CHECK(e->message_id == 9000);
   CHECK(e->source_rank == src.rank);
@@ -261,7 +261,7 @@ enum class tx_release {
 void stop_and_check(std::vector<host_node>& nodes, const std::vector<expected_traffic>& want, tx_release release) {
   for (auto& n : nodes) {
     auto r = n.client->stop_emulator();
-    CHECK_MESSAGE(r.ok(), n.proc->name() << ": stop: " << (r.ok() ? "" : r.err().message));
+    CHECK_MESSAGE(r.ok(), n.proc->name() << ": stop: " << (r.ok() ? "" : (r.ok() ? std::string() : r.err().message)));
   }
   for (std::size_t i = 0; i < nodes.size(); ++i) {
     auto& n = nodes[i];
@@ -301,11 +301,11 @@ void connect_all(std::vector<host_node>& nodes, std::size_t mem_bytes) {
   for (auto& n : nodes) {
     n.client.emplace(n.proc->connect());
     auto list = n.client->nodes();
-    REQUIRE_MESSAGE(list.ok(), list.err().message);
+    REQUIRE_MESSAGE(list.ok(), (list.ok() ? std::string() : list.err().message));
     REQUIRE(list->size() == 1);
     CHECK((*list)[0].rank == n.rank);
     auto m = n.client->alloc_memory(0, mem_bytes);
-    REQUIRE_MESSAGE(m.ok(), m.err().message);
+    REQUIRE_MESSAGE(m.ok(), (m.ok() ? std::string() : m.err().message));
     n.mem.emplace(std::move(m.value()));
   }
   for (auto& n : nodes) n.mbufs_at_start = u64(nic_stats(*n.client).at("mbufs_in_use"));

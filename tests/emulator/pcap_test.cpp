@@ -72,7 +72,7 @@ void write_text(const std::string& path, const std::string& text) {
 /// Reads every record of `path` with its metadata; fails the test when the reader reports an error.
 std::vector<std::tuple<std::vector<std::byte>, std::uint32_t, std::uint64_t>> read_records(const std::string& path) {
   auto r = pcap_reader::open(path);
-  REQUIRE_MESSAGE(r.ok(), (r.ok() ? "" : r.err().message));
+  REQUIRE_MESSAGE(r.ok(), (r.ok() ? "" : (r.ok() ? std::string() : r.err().message)));
   std::vector<std::tuple<std::vector<std::byte>, std::uint32_t, std::uint64_t>> out;
   frame_view f;
   while (r->next(f)) out.emplace_back(std::vector<std::byte>(f.bytes.begin(), f.bytes.end()), f.orig_len, f.timestamp_ns);
@@ -94,7 +94,7 @@ TEST_CASE("contiguous frames are read back byte-identical with their nanosecond 
   std::uint64_t total = 0;
   {
     auto w = pcap_writer::open(path);
-    REQUIRE_MESSAGE(w.ok(), (w.ok() ? "" : w.err().message));
+    REQUIRE_MESSAGE(w.ok(), (w.ok() ? "" : (w.ok() ? std::string() : w.err().message)));
     for (std::size_t i = 0; i < stamps.size(); ++i) {
       frames.push_back(make_frame(static_cast<std::uint32_t>(i), 4 + 100 * i, i == 0 ? wire::flag_start : 0));
       total += frames.back().size();
@@ -434,7 +434,7 @@ TEST_CASE("read_all_frames returns every frame of a capture in order") {
     }
   }  // the destructor closes and flushes
   auto all = spin::emu::read_all_frames(path);
-  REQUIRE_MESSAGE(all.ok(), (all.ok() ? "" : all.err().message));
+  REQUIRE_MESSAGE(all.ok(), (all.ok() ? "" : (all.ok() ? std::string() : all.err().message)));
   CHECK(*all == frames);
   auto missing = spin::emu::read_all_frames(dir.file("nope.pcap"));
   REQUIRE_FALSE(missing.ok());

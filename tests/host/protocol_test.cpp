@@ -17,7 +17,7 @@ namespace {
 proto::request round_trip(const proto::request& r, std::uint64_t id = 7) {
   std::optional<std::uint64_t> seen;
   auto d = proto::decode_request(proto::encode_request(id, r), seen);
-  REQUIRE_MESSAGE(d.ok(), (d.ok() ? "" : d.err().message));
+  REQUIRE_MESSAGE(d.ok(), (d.ok() ? "" : (d.ok() ? std::string() : d.err().message)));
   CHECK(d->id == id);
   CHECK(seen == id);
   CHECK(std::string(proto::op_name(d->req)) == proto::op_name(r));

@@ -37,9 +37,9 @@ bool same(const rt::host_event& a, const rt::host_event& b) {
 // A second mapping of the producer's ring, as a host would map it.
 event_ring_consumer consumer_of(const event_ring_producer& p) {
   auto m = shm_region::map_fd(p.region().fd(), 0);
-  REQUIRE_MESSAGE(m.ok(), m.err().message);
+  REQUIRE_MESSAGE(m.ok(), (m.ok() ? std::string() : m.err().message));
   auto c = event_ring_consumer::attach(std::move(m.value()));
-  REQUIRE_MESSAGE(c.ok(), c.err().message);
+  REQUIRE_MESSAGE(c.ok(), (c.ok() ? std::string() : c.err().message));
   return std::move(c.value());
 }
 
@@ -51,10 +51,10 @@ TEST_SUITE("emulator") {
 
 TEST_CASE("a shared region's bytes are visible through a second mapping of its descriptor") {
   auto a = shm_region::create("test", 10000);
-  REQUIRE_MESSAGE(a.ok(), a.err().message);
+  REQUIRE_MESSAGE(a.ok(), (a.ok() ? std::string() : a.err().message));
   CHECK(a->size_bytes() == 10000);
   auto b = shm_region::map_fd(a->fd(), 0);
-  REQUIRE_MESSAGE(b.ok(), b.err().message);
+  REQUIRE_MESSAGE(b.ok(), (b.ok() ? std::string() : b.err().message));
   CHECK(b->size_bytes() == 10000);
   CHECK(b->fd() != a->fd());
   a->span()[9999] = std::byte{0x5a};
@@ -106,7 +106,7 @@ TEST_CASE("a mapped memory file cannot be truncated under the mapping") {
   REQUIRE(fd >= 0);
   REQUIRE(::ftruncate(fd, 8192) == 0);
   auto r = shm_region::map_fd(fd, 8192);
-  REQUIRE_MESSAGE(r.ok(), r.err().message);
+  REQUIRE_MESSAGE(r.ok(), (r.ok() ? std::string() : r.err().message));
   CHECK(::ftruncate(fd, 0) != 0);  // F_SEAL_SHRINK
   r->span()[8191] = std::byte{1};  // would be SIGBUS after a truncation
   ::close(fd);
@@ -114,7 +114,7 @@ TEST_CASE("a mapped memory file cannot be truncated under the mapping") {
 
 TEST_CASE("events pushed by the producer are popped in order by the consumer across wrap-around") {
   auto p = event_ring_producer::create(5);  // rounded up to 8
-  REQUIRE_MESSAGE(p.ok(), p.err().message);
+  REQUIRE_MESSAGE(p.ok(), (p.ok() ? std::string() : p.err().message));
   CHECK(p->capacity() == 8);
   CHECK(p->region().size_bytes() == L::bytes_for(8));
   auto c = consumer_of(*p);
@@ -219,7 +219,7 @@ TEST_CASE("a producer whose shared header is scribbled on after attach never wri
   auto ring_map = shm_region::map_fd(big->fd(), ring_bytes);
   REQUIRE(ring_map.ok());
   auto p = event_ring_producer::attach(std::move(ring_map.value()));
-  REQUIRE_MESSAGE(p.ok(), p.err().message);
+  REQUIRE_MESSAGE(p.ok(), (p.ok() ? std::string() : p.err().message));
   CHECK(p->capacity() == cap);
 
   const std::uint64_t garbage[] = {0, 1, cap, cap + 1, 0x7fffffffffffffffull, 0xffffffffffffffffull, 0xdeadbeefcafef00dull};

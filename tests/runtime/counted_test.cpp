@@ -44,7 +44,7 @@ std::vector<record> run_one(std::uint32_t len) {
   cfg.observer = &rec;
   test::fixture f(cfg);
   auto lp = rt::load_package_file(pkg_dir + "/counted.native.spkg");
-  REQUIRE_MESSAGE(lp.ok(), lp.err().message);
+  REQUIRE_MESSAGE(lp.ok(), (lp.ok() ? std::string() : lp.err().message));
   std::vector<std::byte> host(64);
   auto region = f.rt->register_host_memory(host);
   REQUIRE(region.ok());
@@ -54,7 +54,7 @@ std::vector<record> run_one(std::uint32_t len) {
   ec.window = rt::host_window{region.value(), 0, 64};
   REQUIRE(lp.value().bind(ec).ok());
   auto id = f.rt->install(ec);
-  REQUIRE_MESSAGE(id.ok(), id.err().message);
+  REQUIRE_MESSAGE(id.ok(), (id.ok() ? std::string() : id.err().message));
   auto pkts = test::message_packets(f.pool, 3, 1, 1, len, len);
   REQUIRE(f.rt->rx_burst(0, pkts.data(), static_cast<std::uint32_t>(pkts.size())) == pkts.size());
   return rec.log;

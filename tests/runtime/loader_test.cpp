@@ -36,7 +36,7 @@ std::string pkg_path(const std::string& name) { return std::string(SPIN_TEST_PKG
 
 rt::package read_pkg(const std::string& name) {
   auto p = rt::read_package_file(pkg_path(name));
-  REQUIRE_MESSAGE(p.ok(), p.err().message);
+  REQUIRE_MESSAGE(p.ok(), (p.ok() ? std::string() : p.err().message));
   return std::move(p.value());
 }
 
@@ -58,7 +58,7 @@ rt::loaded_package load(const std::string& name, rt::bpf_exec exec = rt::bpf_exe
   rt::load_options o;
   o.bpf = exec;
   auto lp = rt::load_package_file(pkg_path(name), o);
-  REQUIRE_MESSAGE(lp.ok(), lp.err().message);
+  REQUIRE_MESSAGE(lp.ok(), (lp.ok() ? std::string() : lp.err().message));
   return std::move(lp.value());
 }
 
@@ -100,7 +100,7 @@ TEST_CASE("a package decodes to what was encoded, and encoding is deterministic"
   rt::package p = read_pkg("isum.native");
   const auto bytes = rt::encode_package(p);
   auto back = rt::decode_package(bytes);
-  REQUIRE_MESSAGE(back.ok(), back.err().message);
+  REQUIRE_MESSAGE(back.ok(), (back.ok() ? std::string() : back.err().message));
   CHECK(back->manifest == p.manifest);
   CHECK(back->object == p.object);
   CHECK(rt::encode_package(*back) == bytes);
@@ -649,7 +649,7 @@ rt::ec_id install_without(fixture& f, const rt::loaded_package& lp, const std::s
                           std::initializer_list<handler_kind> without) {
   rt::ec_config c{.name = name};
   auto b = lp.bind(c);
-  REQUIRE_MESSAGE(b.ok(), b.err().message);
+  REQUIRE_MESSAGE(b.ok(), (b.ok() ? std::string() : b.err().message));
   for (handler_kind k : without) {
     rt::handler_ref& h = k == handler_kind::header    ? c.handlers.header
                          : k == handler_kind::payload ? c.handlers.payload

@@ -29,7 +29,7 @@ namespace {
 // `target`: "native" or "ebpf" (run by rte_bpf's JIT).
 rt::loaded_package load(const std::string& name, const std::string& target) {
   auto lp = rt::load_package_file(std::string(SPIN_TEST_PKG_DIR) + "/" + name + "." + target + ".spkg");
-  REQUIRE_MESSAGE(lp.ok(), lp.err().message);
+  REQUIRE_MESSAGE(lp.ok(), (lp.ok() ? std::string() : lp.err().message));
   return std::move(lp.value());
 }
 

@@ -128,14 +128,14 @@ fixture::fixture(std::uint32_t hpus, rt::transmitter* tx) {
   cfg.tx = tx;
   pool.attach(cfg);
   auto r = rt::runtime::create(cfg);
-  REQUIRE_MESSAGE(r.ok(), r.err().message);
+  REQUIRE_MESSAGE(r.ok(), (r.ok() ? std::string() : r.err().message));
   rt = std::move(r.value());
 }
 
 fixture::fixture(rt::runtime_config cfg) {
   pool.attach(cfg);
   auto r = rt::runtime::create(cfg);
-  REQUIRE_MESSAGE(r.ok(), r.err().message);
+  REQUIRE_MESSAGE(r.ok(), (r.ok() ? std::string() : r.err().message));
   rt = std::move(r.value());
 }
 
@@ -147,13 +147,13 @@ fixture::~fixture() {
 
 rt::ec_id fixture::install(const rt::ec_config& c) {
   auto r = rt->install(c);
-  REQUIRE_MESSAGE(r.ok(), r.err().message);
+  REQUIRE_MESSAGE(r.ok(), (r.ok() ? std::string() : r.err().message));
   return *r;
 }
 
 rt::ec_id fixture::install(const rt::loaded_package& lp, rt::ec_config c) {
   auto b = lp.bind(c);
-  REQUIRE_MESSAGE(b.ok(), b.err().message);
+  REQUIRE_MESSAGE(b.ok(), (b.ok() ? std::string() : b.err().message));
   return install(c);
 }
 
