@@ -220,6 +220,10 @@ private:
   proto::reply op(const proto::sleep& q, call& c);
   proto::reply op(const proto::charge& q, call& c);
   proto::reply op(const proto::barrier& q, call& c);
+  proto::reply op(const proto::p2p_send& q, call& c);
+  proto::reply op(const proto::p2p_recv& q, call& c);
+  proto::reply op(const proto::p2p_wait& q, call& c);
+  proto::reply op(const proto::p2p_probe& q, call& c);
   /// The scheduler of a virtual-time server, for a request that may wait (wait, sleep, charge, barrier).
   request_scheduler& waiting_scheduler(const char* op, std::uint64_t session);
   proto::clock_reply clock_of(nic_control& nic, std::uint32_t events = 0) const;

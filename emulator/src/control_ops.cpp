@@ -272,4 +272,30 @@ proto::reply control_server_impl::op(const proto::barrier& q, call& c) {
   return clock_of(nic);
 }
 
+proto::reply control_server_impl::op(const proto::p2p_send& q, call& c) {
+  nic_control& nic = node_of(q.node);
+  if (auto r = waiting_scheduler("p2p_send", c.session).p2p_send(c.session, q); !r) pass(r.err());
+  return clock_of(nic);
+}
+
+proto::reply control_server_impl::op(const proto::p2p_recv& q, call& c) {
+  nic_control& nic = node_of(q.node);
+  if (auto r = waiting_scheduler("p2p_recv", c.session).p2p_recv(c.session, q); !r) pass(r.err());
+  return clock_of(nic);
+}
+
+proto::reply control_server_impl::op(const proto::p2p_wait& q, call& c) {
+  nic_control& nic = node_of(q.node);
+  auto r = waiting_scheduler("p2p_wait", c.session).p2p_wait(c.session, q);
+  if (!r) pass(r.err());
+  return proto::p2p_reply{clock_of(nic).now, std::move(*r)};
+}
+
+proto::reply control_server_impl::op(const proto::p2p_probe& q, call& c) {
+  nic_control& nic = node_of(q.node);
+  auto r = waiting_scheduler("p2p_probe", c.session).p2p_probe(c.session, q);
+  if (!r) pass(r.err());
+  return proto::p2p_reply{clock_of(nic).now, std::move(*r)};
+}
+
 } // namespace spin::emu

@@ -59,7 +59,8 @@ std::uint32_t event_queue::capacity() const noexcept { return _ring ? _ring->cap
 
 client::client(client&& o) noexcept
     : _fd(std::exchange(o._fd, -1)), _next_id(o._next_id), _in(std::move(o._in)), _reply_timeout(o._reply_timeout),
-      _virtual(o._virtual), _socket(std::move(o._socket)), _clock(std::move(o._clock)) {}
+      _virtual(o._virtual), _socket(std::move(o._socket)), _clock(std::move(o._clock)),
+      _while_waiting(std::move(o._while_waiting)), _wait_every(o._wait_every) {}
 
 client& client::operator=(client&& o) noexcept {
   if (this != &o) {
@@ -70,6 +71,8 @@ client& client::operator=(client&& o) noexcept {
     _reply_timeout = o._reply_timeout;
     _virtual = o._virtual;
     _socket = std::move(o._socket);
+    _while_waiting = std::move(o._while_waiting);
+    _wait_every = o._wait_every;
     _clock = std::move(o._clock);
   }
   return *this;
@@ -145,8 +148,10 @@ result<client::reply_line> client::exchange(const std::string& line, std::span<c
                                      std::to_string((_reply_timeout + extra).count()) + " ms; connection closed");
     }
     pollfd p{_fd, POLLIN, 0};
-    const int pr = ::poll(&p, 1, static_cast<int>(std::min<std::int64_t>(left.count(), std::numeric_limits<int>::max())));
+    const auto slice = _while_waiting ? std::min(left, _wait_every) : left;
+    const int pr = ::poll(&p, 1, static_cast<int>(std::min<std::int64_t>(slice.count(), std::numeric_limits<int>::max())));
     if (pr < 0 && errno == EINTR) continue;
+    if (pr == 0 && _while_waiting) _while_waiting();
     if (pr <= 0) continue;
     std::array<char, 16 * 1024> buf;
     bool truncated = false;
@@ -356,6 +361,43 @@ result<void> client::charge_host(std::uint32_t node, work op, std::uint64_t byte
 result<void> client::barrier(std::uint32_t node, std::vector<std::uint32_t> members, std::uint64_t seq) {
   if (members.empty()) return fail(errc::invalid_argument, "barrier: no members");
   return clocked(proto::barrier{node, std::move(members), seq});
+}
+
+result<void> client::p2p_send(std::uint32_t node, std::uint32_t dest, std::uint64_t match_bits, std::uint64_t bytes,
+                              std::uint64_t sync) {
+  return clocked(proto::p2p_send{node, dest, match_bits, bytes, sync});
+}
+
+result<void> client::p2p_recv(std::uint32_t node, std::uint64_t id, std::uint32_t source, std::uint64_t match_bits,
+                              std::uint64_t ignore_bits) {
+  if (id == 0) return fail(errc::invalid_argument, "p2p_recv: the id must not be 0");
+  return clocked(proto::p2p_recv{node, id, source, match_bits, ignore_bits});
+}
+
+result<std::vector<proto::p2p_match>> client::p2p_wait(std::uint32_t node, std::vector<std::uint64_t> ids, std::uint32_t need,
+                                                       std::chrono::nanoseconds timeout) {
+  if (!_virtual) return fail(errc::not_supported, "this spin-emu runs in wall-clock time; p2p_wait needs spin-emu --virtual-time");
+  if (ids.empty() || need == 0 || need > ids.size())
+    return fail(errc::invalid_argument, "p2p_wait: need 1..ids.size() of at least one id");
+  auto rep = call<proto::p2p_reply>(proto::p2p_wait{node, std::move(ids), need, std::max(timeout, std::chrono::nanoseconds(0))});
+  if (!rep) return rep.err();
+  if (_clock) _clock->store(rep->now.count(), std::memory_order_relaxed);
+  return std::move(rep->done);
+}
+
+result<std::optional<proto::p2p_match>> client::p2p_probe(std::uint32_t node, std::uint32_t source, std::uint64_t match_bits,
+                                                          std::uint64_t ignore_bits, std::chrono::nanoseconds timeout) {
+  if (!_virtual) return fail(errc::not_supported, "this spin-emu runs in wall-clock time; p2p_probe needs spin-emu --virtual-time");
+  auto rep = call<proto::p2p_reply>(proto::p2p_probe{node, source, match_bits, ignore_bits, std::max(timeout, std::chrono::nanoseconds(0))});
+  if (!rep) return rep.err();
+  if (_clock) _clock->store(rep->now.count(), std::memory_order_relaxed);
+  if (rep->done.empty()) return std::optional<proto::p2p_match>();
+  return std::optional<proto::p2p_match>(rep->done.front());
+}
+
+void client::set_while_waiting(std::function<void()> hook, std::chrono::milliseconds every) {
+  _while_waiting = std::move(hook);
+  _wait_every = std::max(every, std::chrono::milliseconds(1));
 }
 
 std::chrono::nanoseconds client::virtual_now() const noexcept {

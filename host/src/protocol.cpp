@@ -84,6 +84,17 @@ public:
     for (const json& x : *v) out.push_back(static_cast<std::uint32_t>(as_u64(x, key, 0, u32_max)));
     return out;
   }
+  /// An array of 0..max_items integers of 0..2^64-1.
+  std::vector<std::uint64_t> u64_list(const char* key, std::size_t max_items) {
+    const json* v = find(key);
+    if (v == nullptr) reject("missing field " + name(key));
+    if (!v->is_array() || v->size() > max_items)
+      reject("field " + name(key) + " must be an array of at most " + std::to_string(max_items) + " integers");
+    std::vector<std::uint64_t> out;
+    out.reserve(v->size());
+    for (const json& x : *v) out.push_back(as_u64(x, key, 0, u64_max));
+    return out;
+  }
   /// A string of 0..max_bytes bytes (control characters allowed: a message for people).
   std::string text(const char* key, std::size_t max_bytes) {
     const json* v = find(key);
@@ -174,6 +185,10 @@ template <> struct op_of<wait> { static constexpr const char* name = "wait"; };
 template <> struct op_of<sleep> { static constexpr const char* name = "sleep"; };
 template <> struct op_of<charge> { static constexpr const char* name = "charge"; };
 template <> struct op_of<barrier> { static constexpr const char* name = "barrier"; };
+template <> struct op_of<p2p_send> { static constexpr const char* name = "p2p_send"; };
+template <> struct op_of<p2p_recv> { static constexpr const char* name = "p2p_recv"; };
+template <> struct op_of<p2p_wait> { static constexpr const char* name = "p2p_wait"; };
+template <> struct op_of<p2p_probe> { static constexpr const char* name = "p2p_probe"; };
 
 constexpr std::size_t max_members = 65535;
 constexpr std::size_t max_lease_words = 65536;
@@ -289,7 +304,36 @@ void put(json& j, const barrier& r) {
   j["seq"] = r.seq;
 }
 
+void put(json& j, const p2p_send& r) {
+  j["node"] = r.node;
+  j["dest"] = r.dest;
+  j["match_bits"] = r.match_bits;
+  j["bytes"] = r.bytes;
+  j["sync"] = r.id;
+}
+void put(json& j, const p2p_recv& r) {
+  j["node"] = r.node;
+  j["recv"] = r.id;
+  j["source"] = r.source;
+  j["match_bits"] = r.match_bits;
+  j["ignore_bits"] = r.ignore_bits;
+}
+void put(json& j, const p2p_wait& r) {
+  j["node"] = r.node;
+  j["ids"] = r.ids;
+  j["need"] = r.need;
+  j["timeout_ns"] = r.timeout.count();
+}
+void put(json& j, const p2p_probe& r) {
+  j["node"] = r.node;
+  j["source"] = r.source;
+  j["match_bits"] = r.match_bits;
+  j["ignore_bits"] = r.ignore_bits;
+  j["timeout_ns"] = r.timeout.count();
+}
+
 constexpr std::uint64_t ns_max = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+constexpr std::size_t max_p2p_ids = 65535;
 
 void get(fields& f, attach& r) { r.node = f.u32("node"); }
 void get(fields& f, wait& r) {
@@ -318,6 +362,37 @@ void get(fields& f, barrier& r) {
   r.members = f.u32_list("members", max_members);
   if (r.members.empty()) reject("field 'members' must name at least one node");
   r.seq = f.u64("seq", 0, u64_max);
+}
+
+void get(fields& f, p2p_send& r) {
+  r.node = f.u32("node");
+  r.dest = f.u32("dest");
+  r.match_bits = f.u64("match_bits", 0, u64_max);
+  r.bytes = f.u64("bytes", 0, ns_max);
+  r.id = f.u64("sync", 0, u64_max);
+}
+void get(fields& f, p2p_recv& r) {
+  r.node = f.u32("node");
+  r.id = f.u64("recv", 1, u64_max);
+  r.source = f.u32("source");
+  r.match_bits = f.u64("match_bits", 0, u64_max);
+  r.ignore_bits = f.u64("ignore_bits", 0, u64_max);
+}
+void get(fields& f, p2p_wait& r) {
+  r.node = f.u32("node");
+  r.ids = f.u64_list("ids", max_p2p_ids);
+  if (r.ids.empty()) reject("field 'ids' must name at least one operation");
+  for (std::uint64_t id : r.ids)
+    if (id == 0) reject("field 'ids' must not hold 0 (the id of a buffered send, which completes at once)");
+  r.need = static_cast<std::uint32_t>(f.u64("need", 1, r.ids.size()));
+  r.timeout = std::chrono::nanoseconds(static_cast<std::int64_t>(f.u64("timeout_ns", 0, ns_max)));
+}
+void get(fields& f, p2p_probe& r) {
+  r.node = f.u32("node");
+  r.source = f.u32("source");
+  r.match_bits = f.u64("match_bits", 0, u64_max);
+  r.ignore_bits = f.u64("ignore_bits", 0, u64_max);
+  r.timeout = std::chrono::nanoseconds(static_cast<std::int64_t>(f.u64("timeout_ns", 0, ns_max)));
 }
 
 void get(fields&, hello&) {}
@@ -476,6 +551,13 @@ void put(json& j, const clock_reply& r) {
   j["now_ns"] = r.now.count();
   j["events"] = r.events;
 }
+void put(json& j, const p2p_reply& r) {
+  j["now_ns"] = r.now.count();
+  json list = json::array();
+  for (const auto& m : r.done)
+    list.push_back({{"id", m.id}, {"source", m.source}, {"match_bits", m.match_bits}, {"bytes", m.bytes}});
+  j["done"] = std::move(list);
+}
 void put(json& j, const nodes_reply& r) {
   json list = json::array();
   for (const auto& n : r.nodes)
@@ -516,6 +598,12 @@ void get(const json& j, hello_reply& r) {
 void get(const json& j, clock_reply& r) {
   r.now = std::chrono::nanoseconds(j.at("now_ns").get<std::int64_t>());
   r.events = j.at("events").get<std::uint32_t>();
+}
+void get(const json& j, p2p_reply& r) {
+  r.now = std::chrono::nanoseconds(j.at("now_ns").get<std::int64_t>());
+  for (const auto& m : j.at("done"))
+    r.done.push_back(p2p_match{m.at("id").get<std::uint64_t>(), m.at("source").get<std::uint32_t>(),
+                               m.at("match_bits").get<std::uint64_t>(), m.at("bytes").get<std::uint64_t>()});
 }
 void get(const json& j, nodes_reply& r) {
   for (const auto& n : j.at("nodes"))
@@ -660,5 +748,6 @@ template result<stats_reply> decode_reply<stats_reply>(std::string_view, std::ui
 template result<pool_reply> decode_reply<pool_reply>(std::string_view, std::uint64_t, bool&);
 template result<join_reply> decode_reply<join_reply>(std::string_view, std::uint64_t, bool&);
 template result<clock_reply> decode_reply<clock_reply>(std::string_view, std::uint64_t, bool&);
+template result<p2p_reply> decode_reply<p2p_reply>(std::string_view, std::uint64_t, bool&);
 
 } // namespace spin::host::protocol

@@ -139,6 +139,11 @@ void cluster::cancel_meeting(const std::string& key) {
   if (auto it = s.meetings.find(key); it != s.meetings.end()) s.end_meeting(it, meet_result::cancelled);
 }
 
+void cluster::release_meeting(const std::string& key) {
+  impl& s = *_p;
+  if (auto it = s.meetings.find(key); it != s.meetings.end()) s.end_meeting(it, meet_result::met);
+}
+
 bool cluster::impl::wait_visible(std::uint32_t n, rt::ec_id ec, ps deadline) {
   impl_node& nd = *nodes[n];
   auto visible = [&] {

@@ -58,6 +58,13 @@ void cluster::impl::run_event(const event& e) {
   case ev::core_done: core_done(e.a, static_cast<std::uint32_t>(e.b >> 32), static_cast<std::uint32_t>(e.b), e.p); break;
   case ev::host_visible: host_visible(e.a, static_cast<rt::ec_id>(e.b)); break;
   case ev::actor_timeout: actor_timeout(e.a, e.b); break;
+  case ev::call: {
+    auto it = calls.find(e.b);
+    auto fn = std::move(it->second);
+    calls.erase(it);
+    fn();
+    break;
+  }
   case ev::sample:
     take_sample();
     // Only while the network or a NIC has work: samples alone do not keep the simulation going.
@@ -207,6 +214,41 @@ void cluster::impl::arrive(std::uint32_t n, frame* f) {
     return;
   }
   nic_ingress(n, f);
+}
+
+void cluster::call_at(picoseconds at, std::function<void()> fn) {
+  impl& s = *_p;
+  const std::uint64_t key = s.next_call++;
+  s.calls.emplace(key, std::move(fn));
+  s.schedule(at.count(), ev::call, 0, key);
+}
+
+result<cluster::transfer> cluster::transfer_time(std::uint32_t from, std::uint32_t to, std::uint64_t bytes) const {
+  const impl& s = *_p;
+  if (from >= s.nodes.size() || to >= s.nodes.size())
+    return fail(errc::not_found, "transfer_time: no node " + std::to_string(std::max(from, to)));
+  if (from == to) return transfer{picoseconds(0), picoseconds(0), 1};
+  const std::uint64_t payload = s.opts.payload_bytes;
+  const std::uint64_t packets = std::max<std::uint64_t>(1, (bytes + payload - 1) / payload);
+  const std::uint64_t wire = std::min<std::uint64_t>(bytes, payload) + rt::wire::max_overhead;
+  const std::uint32_t dest = s.nodes[to]->rank;
+  ps first = 0, bottleneck = 0;
+  std::uint32_t n = from;
+  for (std::size_t hops = 0; n != to; ++hops) {
+    const auto pn = s.next_port(n, dest);
+    if (!pn || hops > s.nodes.size())
+      return fail(errc::not_found, "transfer_time: no route from " + s.nodes[from]->name + " to " + s.nodes[to]->name);
+    const port& p = s.ports[s.port_of[n][*pn]];
+    if (n != from) {
+      const impl_node& via = *s.nodes[n];
+      first += static_cast<ps>(via.is_switch ? s.topo.switch_params.latency.count() : via.model.tx_latency.count()) * 1000;
+    }
+    const ps ser = static_cast<ps>(std::ceil(static_cast<double>(wire) * p.ps_per_byte));
+    first += ser + p.latency;
+    bottleneck = std::max({bottleneck, ser, p.gap});
+    n = p.peer;
+  }
+  return transfer{picoseconds(first), picoseconds(bottleneck), packets};
 }
 
 // ---- samples -----------------------------------------------------------------------------

@@ -48,6 +48,7 @@ enum class ev : std::uint8_t {
   host_visible,  // a: node, b: ec — an event reached host memory
   actor_timeout, // a: actor, b: token
   sample,        // record queue depths
+  call,          // b: key into impl::calls — cluster::call_at
 };
 
 struct event {
@@ -213,6 +214,10 @@ public:
   std::map<std::string, meeting> meetings;  // cluster::meet, by key
   /// Ends the waits of meeting `it` with `why`, in the order they came, and forgets it.
   void end_meeting(std::map<std::string, meeting>::iterator it, cluster::meet_result why);
+
+  // ---- cluster::call_at ----
+  std::unordered_map<std::uint64_t, std::function<void()>> calls;
+  std::uint64_t next_call = 0;
 
   // ---- samples ----
   std::vector<sample> samples;

@@ -11,6 +11,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <limits>
 #include <set>
 #include <string>
 
@@ -20,9 +21,31 @@ namespace {
 constexpr int no_slot = -1;
 } // namespace
 
+namespace {
+thread_local int current_slot = no_slot;  // the slot whose actor runs on this thread
+thread_local const remote_hosts::state* current_state = nullptr;
+} // namespace
+
 struct remote_hosts::state {
   cluster& c;
   std::vector<std::uint32_t> hosts;  // node index per slot
+
+  /// A point-to-point message's envelope on its way or waiting for a receive.
+  struct envelope {
+    std::uint32_t source = 0;  // node
+    std::uint64_t bits = 0, bytes = 0;
+    int sender = no_slot;
+    std::uint64_t sender_generation = 0;
+    std::uint64_t sync = 0;    // the sender's id of a synchronous send; 0: none
+  };
+  struct posted_recv {
+    std::uint64_t id = 0;
+    std::uint32_t source = host::protocol::any_source;
+    std::uint64_t bits = 0, ignore = 0;
+    bool accepts(const envelope& e) const noexcept {
+      return (source == host::protocol::any_source || source == e.source) && ((bits ^ e.bits) & ~ignore) == 0;
+    }
+  };
 
   /// One host node's actor of the current round.
   struct slot {
@@ -31,6 +54,16 @@ struct remote_hosts::state {
     bool alive = false;                  // its actor runs in this round
     std::deque<std::function<void()>> mailbox;
     std::set<std::uint64_t> sessions;    // open attached connections of the bound process
+    // point-to-point envelopes for this node (p2p_*)
+    std::vector<posted_recv> posted;     // in post order
+    std::deque<envelope> unexpected;     // arrived, not matched: in arrival order
+    std::set<std::uint64_t> pending;     // ids posted or sent synchronously, not complete
+    std::map<std::uint64_t, host::protocol::p2p_match> complete;  // complete, not yet reported
+    std::string parked;                  // the meeting its p2p wait or probe waits in; empty: none
+    std::uint64_t parks = 0;
+    std::uint64_t generation = 0;        // changes when a round starts or its program leaves
+    picoseconds in_free{0};     // its last link is free of the messages sent to it so far
+    picoseconds out_free{0};    // its first link is free of the messages it sent so far
   };
   /// An attached connection.
   struct session {
@@ -72,12 +105,78 @@ struct remote_hosts::state {
   }
 
   void serve(int me);
+  /// Forgets a slot's point-to-point state: its program left, or a round starts.
+  static void clear_p2p(slot& sl) {
+    sl.posted.clear();
+    sl.unexpected.clear();
+    sl.pending.clear();
+    sl.complete.clear();
+    sl.parked.clear();
+    ++sl.generation;
+  }
+
+  /// The slot of the host program whose request runs on this thread, or an error. `lk` held.
+  result<int> bound_slot(std::uint64_t session, const char* op) const {
+    auto it = sessions.find(session);
+    if (current_state != this || it == sessions.end() || it->second.slot == no_slot || it->second.slot != current_slot)
+      return fail(errc::bad_state, std::string(op) + ": this connection's process is not bound to a host node (attach first)");
+    return it->second.slot;
+  }
+  /// The slot of host node `n`, or an error naming `op`.
+  result<int> slot_of(std::uint32_t n, const char* op) const {
+    const auto at = std::find(hosts.begin(), hosts.end(), n);
+    if (at == hosts.end())
+      return fail(errc::invalid_argument, std::string(op) + ": node " + std::to_string(n) +
+                                              " has no host program in virtual time (a switch, a host beyond --actors, or no such node)");
+    return static_cast<int>(at - hosts.begin());
+  }
+  /// Wakes the slot's program if it waits in p2p_wait or p2p_probe (it looks again). `mu` held.
+  void wake(slot& sl) {
+    if (sl.parked.empty()) return;
+    const std::string key = std::move(sl.parked);
+    sl.parked.clear();
+    c.release_meeting(key);
+  }
+  /// Receive `id` of slot `dst` matched `e`: complete it, and acknowledge a synchronous send.
+  /// On an actor's thread or in an event; `mu` held.
+  void matched(int dst, std::uint64_t id, const envelope& e) {
+    slot& sl = slots[static_cast<std::size_t>(dst)];
+    sl.pending.erase(id);
+    sl.complete[id] = host::protocol::p2p_match{id, e.source, e.bits, e.bytes};
+    ++st.p2p_matched;
+    wake(sl);
+    if (e.sync == 0) return;
+    const auto back = c.transfer_time(hosts[static_cast<std::size_t>(dst)], e.source, 0);
+    const picoseconds at = c.now() + (back ? back->total() : picoseconds(0));
+    c.call_at(at, [this, e] {
+      std::lock_guard lk(mu);
+      slot& snd = slots[static_cast<std::size_t>(e.sender)];
+      if (snd.generation != e.sender_generation || !snd.pending.contains(e.sync)) return;  // it left
+      snd.pending.erase(e.sync);
+      snd.complete[e.sync] = host::protocol::p2p_match{e.sync, e.source, e.bits, e.bytes};
+      wake(snd);
+    });
+  }
+  /// Waits in virtual time, on the actor's thread, until `ready()` or `deadline`; `lk` held on
+  /// entry and return. False: spin-emu is stopping.
+  bool park(int me, std::unique_lock<std::mutex>& lk, picoseconds deadline, const std::function<bool()>& ready) {
+    slot& sl = slots[static_cast<std::size_t>(me)];
+    while (!ready()) {
+      const picoseconds now = c.now();
+      if (now >= deadline) return true;
+      const std::string key = "p2p/" + std::to_string(me) + "/" + std::to_string(++sl.parks);
+      sl.parked = key;
+      const auto left = std::chrono::ceil<std::chrono::nanoseconds>(deadline - now);
+      lk.unlock();
+      const auto how = c.meet(key, std::numeric_limits<std::uint32_t>::max(), left);
+      lk.lock();
+      if (sl.parked == key) sl.parked.clear();
+      if (how == cluster::meet_result::cancelled) return false;
+    }
+    return true;
+  }
 };
 
-namespace {
-thread_local int current_slot = no_slot;  // the slot whose actor runs on this thread
-thread_local const remote_hosts::state* current_state = nullptr;
-} // namespace
 
 // One host node's actor: it holds the simulation while it waits for its process (to bind, and
 // then for each next request) and gives it up only inside a request that waits.
@@ -114,6 +213,7 @@ void remote_hosts::state::serve(int me) {
   s.pid = 0;
   s.alive = false;
   s.mailbox.clear();
+  clear_p2p(s);
   current_slot = no_slot;
   current_state = nullptr;
 }
@@ -159,6 +259,8 @@ void remote_hosts::spawn_round() {
       sl.alive = true;
       sl.mailbox.clear();
       sl.sessions.clear();
+      state::clear_p2p(sl);
+      sl.in_free = sl.out_free = picoseconds(0);
     }
     // Sessions bound in the last round belong to processes that left; unbound ones stay.
     std::erase_if(s.sessions, [](const auto& e) { return e.second.slot != no_slot; });
@@ -342,6 +444,136 @@ result<void> remote_hosts::barrier(std::uint64_t session, std::vector<std::uint3
   case cluster::meet_result::cancelled: break;
   }
   return fail(errc::bad_state, "barrier " + std::to_string(seq) + ": a member's host program left (or spin-emu is stopping)");
+}
+
+// ---- point-to-point envelopes ----------------------------------------------------------------
+
+namespace proto = host::protocol;
+
+result<void> remote_hosts::p2p_send(std::uint64_t session, const proto::p2p_send& q) {
+  state& s = *_s;
+  std::lock_guard lk(s.mu);
+  auto me = s.bound_slot(session, "p2p_send");
+  if (!me) return me.err();
+  auto dst = s.slot_of(q.dest, "p2p_send");
+  if (!dst) return dst.err();
+  state::slot& from = s.slots[static_cast<std::size_t>(*me)];
+  state::slot& to = s.slots[static_cast<std::size_t>(*dst)];
+  if (to.served && (!to.alive || to.sessions.empty()))
+    return fail(errc::bad_state, "p2p_send: the host program of node " + std::to_string(q.dest) + " (" +
+                                     s.c.topo().nodes[q.dest].name + ") has left this round");
+  if (q.id != 0 && (from.pending.contains(q.id) || from.complete.contains(q.id)))
+    return fail(errc::exists, "p2p_send: id " + std::to_string(q.id) + " is pending already");
+  const std::uint32_t src_node = s.hosts[static_cast<std::size_t>(*me)];
+  auto way = s.c.transfer_time(src_node, q.dest, q.bytes);
+  if (!way) return way.err();
+  // It leaves when its first link is free of this node's earlier messages, and its last packet
+  // lands when the destination's last link is free of the messages sent to it before.
+  const picoseconds now = s.c.now();
+  const picoseconds occupancy = way->gap * way->packets;
+  const picoseconds start = std::max(now, from.out_free);
+  from.out_free = start + occupancy;
+  const picoseconds arrival = std::max(start + way->total(), to.in_free + occupancy);
+  to.in_free = arrival;
+  state::envelope e{src_node, q.match_bits, q.bytes, *me, from.generation, q.id};
+  if (q.id != 0) from.pending.insert(q.id);
+  ++s.st.p2p_messages;
+  const int d = *dst;
+  const std::uint64_t gen = to.generation;
+  s.c.call_at(arrival, [&s, d, gen, e] {
+    std::lock_guard g(s.mu);
+    state::slot& sl = s.slots[static_cast<std::size_t>(d)];
+    if (sl.generation != gen) {  // its program left (or the round ended) meanwhile
+      ++s.st.p2p_dropped;
+      return;
+    }
+    for (auto it = sl.posted.begin(); it != sl.posted.end(); ++it)
+      if (it->accepts(e)) {
+        const std::uint64_t id = it->id;
+        sl.posted.erase(it);
+        s.matched(d, id, e);
+        return;
+      }
+    sl.unexpected.push_back(e);
+    s.wake(sl);  // a probe may wait for it
+  });
+  return {};
+}
+
+result<void> remote_hosts::p2p_recv(std::uint64_t session, const proto::p2p_recv& q) {
+  state& s = *_s;
+  std::lock_guard lk(s.mu);
+  auto me = s.bound_slot(session, "p2p_recv");
+  if (!me) return me.err();
+  if (q.source != proto::any_source)
+    if (auto src = s.slot_of(q.source, "p2p_recv"); !src) return src.err();
+  state::slot& sl = s.slots[static_cast<std::size_t>(*me)];
+  if (sl.pending.contains(q.id) || sl.complete.contains(q.id))
+    return fail(errc::exists, "p2p_recv: id " + std::to_string(q.id) + " is pending already");
+  const state::posted_recv r{q.id, q.source, q.match_bits, q.ignore_bits};
+  sl.pending.insert(q.id);
+  for (auto it = sl.unexpected.begin(); it != sl.unexpected.end(); ++it)
+    if (r.accepts(*it)) {
+      const state::envelope e = *it;
+      sl.unexpected.erase(it);
+      s.matched(*me, q.id, e);
+      return {};
+    }
+  sl.posted.push_back(r);
+  return {};
+}
+
+result<std::vector<proto::p2p_match>> remote_hosts::p2p_wait(std::uint64_t session, const proto::p2p_wait& q) {
+  state& s = *_s;
+  std::unique_lock lk(s.mu);
+  auto me = s.bound_slot(session, "p2p_wait");
+  if (!me) return me.err();
+  state::slot& sl = s.slots[static_cast<std::size_t>(*me)];
+  for (std::uint64_t id : q.ids)
+    if (!sl.pending.contains(id) && !sl.complete.contains(id))
+      return fail(errc::not_found, "p2p_wait: id " + std::to_string(id) + " is not a pending receive or synchronous send");
+  auto complete = [&] {
+    std::uint32_t n = 0;
+    for (std::uint64_t id : q.ids) n += sl.complete.contains(id) ? 1 : 0;
+    return n;
+  };
+  if (q.timeout.count() > 0) {
+    const auto wait = std::min<std::chrono::nanoseconds>(q.timeout, max_wait);
+    const picoseconds deadline = s.c.now() + std::chrono::duration_cast<picoseconds>(wait);
+    if (!s.park(*me, lk, deadline, [&] { return complete() >= q.need; }))
+      return fail(errc::bad_state, "p2p_wait: spin-emu is stopping");
+    if (complete() < q.need)
+      return fail(errc::timeout, "p2p_wait: " + std::to_string(q.need - complete()) + " of the operations waited for are not complete after " +
+                                     std::to_string(wait.count()) + " ns of virtual time (no message came that matches)");
+  }
+  std::vector<proto::p2p_match> out;
+  for (std::uint64_t id : q.ids)
+    if (auto it = sl.complete.find(id); it != sl.complete.end()) {
+      out.push_back(it->second);
+      sl.complete.erase(it);
+    }
+  return out;
+}
+
+result<std::vector<proto::p2p_match>> remote_hosts::p2p_probe(std::uint64_t session, const proto::p2p_probe& q) {
+  state& s = *_s;
+  std::unique_lock lk(s.mu);
+  auto me = s.bound_slot(session, "p2p_probe");
+  if (!me) return me.err();
+  if (q.source != proto::any_source)
+    if (auto src = s.slot_of(q.source, "p2p_probe"); !src) return src.err();
+  state::slot& sl = s.slots[static_cast<std::size_t>(*me)];
+  const state::posted_recv r{0, q.source, q.match_bits, q.ignore_bits};
+  auto first = [&] { return std::find_if(sl.unexpected.begin(), sl.unexpected.end(), [&](const auto& e) { return r.accepts(e); }); };
+  if (q.timeout.count() > 0) {
+    const auto wait = std::min<std::chrono::nanoseconds>(q.timeout, max_wait);
+    const picoseconds deadline = s.c.now() + std::chrono::duration_cast<picoseconds>(wait);
+    if (!s.park(*me, lk, deadline, [&] { return first() != sl.unexpected.end(); }))
+      return fail(errc::bad_state, "p2p_probe: spin-emu is stopping");
+  }
+  std::vector<proto::p2p_match> out;
+  if (auto it = first(); it != sl.unexpected.end()) out.push_back(proto::p2p_match{0, it->source, it->bits, it->bytes});
+  return out;
 }
 
 } // namespace spin::sim

@@ -328,3 +328,126 @@ TEST_CASE("a barrier of host programs in other processes: all go on at the virtu
   REQUIRE(c.stop_emulator().ok());
   REQUIRE_MESSAGE(emu->wait(60s), read_file(emu->out));
 }
+
+TEST_CASE("point-to-point envelopes of host programs in other processes: matched in MPI's order, received at the virtual "
+          "time the model gives; synchronous sends, probes, bad ids and lost peers") {
+  // The model's times, from a cluster of the same topology and options.
+  auto topo = emu::load_topology_file(topology);
+  REQUIRE(topo.ok());
+  auto model = sim::cluster::create(topo.value());
+  REQUIRE(model.ok());
+  auto way = [&](std::uint32_t from, std::uint32_t to, std::uint64_t bytes) {
+    auto t = model.value()->transfer_time(from, to, bytes);
+    REQUIRE(t.ok());
+    return t.value();
+  };
+  auto ns = [](sim::picoseconds p) { return std::chrono::duration_cast<std::chrono::nanoseconds>(p); };
+
+  temp_dir dir;
+  auto emu = start_emu(dir, "p2p", {"--actors", "2"});
+  const std::string sock = dir.path + "/p2p.sock";
+  auto c = connect_to(sock, *emu);
+  namespace proto = host::protocol;
+  // Node 1's program, in a child: at 5 us it sends 100 bytes (bits 7), then 100000 bytes
+  // (bits 8), then 10 bytes synchronously (bits 9, id 77) and waits for that; it reports its
+  // virtual time after the wait through a pipe.
+  int p[2];
+  REQUIRE(::pipe(p) == 0);
+  const pid_t kid = ::fork();
+  REQUIRE(kid >= 0);
+  if (kid == 0) {
+    ::close(p[0]);
+    auto k = host::client::connect(sock);
+    if (!k.ok() || !k.value().attach(1).ok() || !k.value().sleep_for(1, 5us).ok()) ::_exit(2);
+    auto& kc = k.value();
+    if (!kc.p2p_send(1, 0, 7, 100).ok() || !kc.p2p_send(1, 0, 8, 100000).ok() || !kc.p2p_send(1, 0, 9, 10, 77).ok()) ::_exit(3);
+    auto w = kc.p2p_wait(1, {77}, 1, 1s);
+    if (!w.ok() || w.value().size() != 1 || w.value()[0].id != 77) ::_exit(4);
+    const std::int64_t t = kc.virtual_now().count();
+    if (::write(p[1], &t, sizeof t) != static_cast<ssize_t>(sizeof t)) ::_exit(5);
+    ::_exit(0);
+  }
+  ::close(p[1]);
+  REQUIRE(c.attach(0).ok());
+  // Refusals before anything waits.
+  auto bad_src = c.p2p_recv(0, 5, 2, 0, 0);
+  REQUIRE_FALSE(bad_src.ok());
+  CHECK(bad_src.err().code == errc::invalid_argument);
+  auto bad_dest = c.p2p_send(0, 4, 0, 8);
+  REQUIRE_FALSE(bad_dest.ok());
+  CHECK(bad_dest.err().code == errc::invalid_argument);
+  auto unknown = c.p2p_wait(0, {12345}, 1, 1s);
+  REQUIRE_FALSE(unknown.ok());
+  CHECK(unknown.err().code == errc::not_found);
+
+  // Receive 1 takes bits 8 only (posted first); receive 2 takes anything from node 1.
+  REQUIRE(c.p2p_recv(0, 1, 1, 8, 0).ok());
+  REQUIRE(c.p2p_recv(0, 2, proto::any_source, 0, ~0ull).ok());
+  auto dup = c.p2p_recv(0, 2, 1, 0, 0);
+  REQUIRE_FALSE(dup.ok());
+  CHECK(dup.err().code == errc::exists);
+  // A test finds nothing yet and takes no time.
+  auto none = c.p2p_wait(0, {1, 2}, 1, 0ns);
+  REQUIRE(none.ok());
+  CHECK(none.value().empty());
+  CHECK(c.virtual_now() == 0ns);
+
+  const auto t100 = way(1, 0, 100), t100k = way(1, 0, 100000), t10 = way(1, 0, 10);
+  const sim::picoseconds start = 5us;
+  const auto a1 = start + t100.total();  // the first message: nothing before it
+  const auto out1 = start + t100.gap * t100.packets;
+  const auto a2 = std::max(out1 + t100k.total(), a1 + t100k.gap * t100k.packets);
+  const auto out2 = out1 + t100k.gap * t100k.packets;
+  const auto a3 = std::max(out2 + t10.total(), a2 + t10.gap * t10.packets);
+
+  // Bits 7 arrives first and goes to receive 2 (receive 1 does not accept it).
+  auto w2 = c.p2p_wait(0, {1, 2}, 1, 1s);
+  REQUIRE(w2.ok());
+  REQUIRE(w2.value().size() == 1);
+  CHECK(w2.value()[0].id == 2);
+  CHECK(w2.value()[0].source == 1);
+  CHECK(w2.value()[0].match_bits == 7);
+  CHECK(w2.value()[0].bytes == 100);
+  CHECK(c.virtual_now() == ns(a1));
+  auto w1 = c.p2p_wait(0, {1}, 1, 1s);
+  REQUIRE(w1.ok());
+  REQUIRE(w1.value().size() == 1);
+  CHECK(w1.value()[0].match_bits == 8);
+  CHECK(w1.value()[0].bytes == 100000);
+  CHECK(c.virtual_now() == ns(a2));
+  // A probe waits for the synchronous message and leaves it for a receive.
+  auto pr = c.p2p_probe(0, 1, 0, ~0ull, 1s);
+  REQUIRE(pr.ok());
+  REQUIRE(pr.value().has_value());
+  CHECK(pr.value()->match_bits == 9);
+  CHECK(c.virtual_now() == ns(a3));
+  REQUIRE(c.sleep_for(0, 2us).ok());  // the match comes later than the arrival
+  REQUIRE(c.p2p_recv(0, 3, 1, 9, 0).ok());
+  auto w3 = c.p2p_wait(0, {3}, 1, 0ns);
+  REQUIRE(w3.ok());
+  REQUIRE(w3.value().size() == 1);
+  CHECK(w3.value()[0].bytes == 10);
+  // The sender's synchronous send completes when word of the match came back. This program
+  // waits in virtual time past that before it blocks on the pipe: blocked outside spin, it
+  // would hold the simulation.
+  REQUIRE(c.sleep_for(0, 10us).ok());
+  std::int64_t theirs = -1;
+  REQUIRE(::read(p[0], &theirs, sizeof theirs) == static_cast<ssize_t>(sizeof theirs));
+  ::close(p[0]);
+  CHECK(std::chrono::nanoseconds(theirs) == ns(a3 + sim::picoseconds(2us) + way(0, 1, 0).total()));
+  // Nothing more comes from a program that left: the wait ends at its deadline.
+  auto r4 = c.p2p_recv(0, 4, 1, 0, ~0ull);
+  REQUIRE_MESSAGE(r4.ok(), (r4.ok() ? std::string() : r4.err().message));
+  const auto before = c.virtual_now();
+  auto never = c.p2p_wait(0, {4}, 1, 50us);
+  REQUIRE_FALSE(never.ok());
+  CHECK(never.err().code == errc::timeout);
+  REQUIRE(c.sleep_for(0, 0ns).ok());  // an error reply carries no time
+  CHECK(c.virtual_now() == before + 50us);
+  int st = 0;
+  REQUIRE(::waitpid(kid, &st, 0) == kid);
+  CHECK(WIFEXITED(st));
+  CHECK(WEXITSTATUS(st) == 0);
+  REQUIRE(c.stop_emulator().ok());
+  REQUIRE_MESSAGE(emu->wait(60s), read_file(emu->out));
+}

@@ -73,9 +73,19 @@
 //                                          -> now_ns, events (0)
 //              (request_scheduler::barrier: waits until the host programs of every node in
 //               members have asked for barrier seq over the same members)
-//              ("hello" adds virtual_time: true; a wall-clock server refuses these five with
-//               not_supported, and wait, sleep, charge and barrier need an attached connection
-//               whose process is bound to a host node: bad_state otherwise)
+//   p2p_send   node, dest, match_bits, bytes, sync (u64; 0: buffered)
+//                                          -> now_ns, events (0)
+//   p2p_recv   node, recv (u64 id, not 0), source (u32; 4294967295: any), match_bits,
+//              ignore_bits                 -> now_ns, events (0)
+//   p2p_wait   node, ids [u64], need, timeout_ns
+//                                          -> now_ns, done [{id, source, match_bits, bytes}]
+//   p2p_probe  node, source, match_bits, ignore_bits, timeout_ns
+//                                          -> now_ns, done [{id (0), source, match_bits, bytes}]
+//              (request_scheduler::p2p_send and the rest; envelopes only, the bytes travel
+//               outside spin)
+//              ("hello" adds virtual_time: true; a wall-clock server refuses these nine with
+//               not_supported, and all but attach need an attached connection whose process
+//               is bound to a host node: bad_state otherwise)
 //
 // Events. A pump on the server thread moves events from nic_control::poll_events into each
 // open ring every 100 microseconds (bursts of up to 256 per EC), so an event reaches the host
@@ -145,6 +155,27 @@ public:
   /// may come only after an MPI call that needs every member). Not called on failure.
   virtual result<void> barrier(std::uint64_t session, std::vector<std::uint32_t> nodes, std::uint64_t seq,
                                const std::function<void()>& reply) = 0;
+
+  // Point-to-point messages of host programs that move their bytes outside spin (libspin-mpi's
+  // MPI_Send and MPI_Recv), made visible to the simulation (protocol::p2p_send and the rest
+  // give the semantics). Each is called from a job of `session`, on the thread that runs its
+  // requests (may_wait). Common errors: bad_state (not bound to a host node), invalid_argument
+  // (a node that has no host program), exists (an id that is pending already), not_found (an
+  // id that is not pending).
+
+  /// "p2p_send": the message leaves now and arrives after the route's transfer time
+  /// (sim::cluster::transfer_time), after the previous message between the same two nodes and
+  /// when the destination's last link is free of the messages that arrived before it.
+  virtual result<void> p2p_send(std::uint64_t session, const host::protocol::p2p_send& q) = 0;
+  /// "p2p_recv": posts a receive; it matches at once a message that has arrived and waits.
+  virtual result<void> p2p_recv(std::uint64_t session, const host::protocol::p2p_recv& q) = 0;
+  /// "p2p_wait": waits (q.timeout, cut to max_wait) until q.need of q.ids are complete; returns
+  /// every one complete by then. Errors: also timeout (fewer than q.need by the deadline, when
+  /// the timeout is not 0: the ones complete stay pending), bad_state (spin-emu is stopping).
+  virtual result<std::vector<host::protocol::p2p_match>> p2p_wait(std::uint64_t session, const host::protocol::p2p_wait& q) = 0;
+  /// "p2p_probe": waits (q.timeout, cut to max_wait) for a matching message that has arrived
+  /// and was not received; returns it (id 0), or nothing when the timeout passed.
+  virtual result<std::vector<host::protocol::p2p_match>> p2p_probe(std::uint64_t session, const host::protocol::p2p_probe& q) = 0;
 };
 
 /// How a control server is built.

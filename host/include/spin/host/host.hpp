@@ -22,6 +22,7 @@
 #include <memory>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -226,6 +227,39 @@ public:
   /// as wait_events; invalid_argument (a node twice, a node without a host program, `node`
   /// missing), bad_state (also: a member's program left), timeout (100 virtual days passed).
   result<void> barrier(std::uint32_t node, std::vector<std::uint32_t> members, std::uint64_t seq);
+  // Point-to-point messages whose bytes travel outside spin (libspin-mpi's MPI_Send and
+  // MPI_Recv), made visible to the simulation so a receive ends at the virtual time its
+  // message arrives (protocol::p2p_send and the rest; docs/virtual-time.md, "MPI programs").
+  // Common errors: those of wait_events; invalid_argument (a node without a host program),
+  // exists (an id that is pending already), not_found (an id that is not pending).
+
+  /// Tells the simulation that node `node`'s program sends `bytes` bytes with `match_bits` to
+  /// host node `dest`. `sync` 0: complete at once; else an id for p2p_wait, complete when a
+  /// receive has matched the message and word of it has come back. Returns at once.
+  result<void> p2p_send(std::uint32_t node, std::uint32_t dest, std::uint64_t match_bits, std::uint64_t bytes,
+                        std::uint64_t sync = 0);
+  /// Posts receive `id` (not 0) for a message from host node `source` (or protocol::any_source)
+  /// whose match bits equal `match_bits` except where `ignore_bits` is set. Returns at once.
+  result<void> p2p_recv(std::uint32_t node, std::uint64_t id, std::uint32_t source, std::uint64_t match_bits,
+                        std::uint64_t ignore_bits);
+  /// Waits in virtual time, up to `timeout`, until `need` of `ids` are complete, and returns
+  /// every one complete by then (each once). A zero `timeout` tests without waiting (fewer than
+  /// `need`, even none, is then no error). Errors: also timeout (fewer than `need` by the
+  /// deadline; they stay pending).
+  result<std::vector<protocol::p2p_match>> p2p_wait(std::uint32_t node, std::vector<std::uint64_t> ids, std::uint32_t need,
+                                                    std::chrono::nanoseconds timeout);
+  /// Waits in virtual time, up to `timeout` (0: look only), for a message that has arrived and
+  /// that no receive has taken, from `source` with `match_bits` under `ignore_bits`; returns
+  /// the first in arrival order, or nullopt.
+  result<std::optional<protocol::p2p_match>> p2p_probe(std::uint32_t node, std::uint32_t source, std::uint64_t match_bits,
+                                                       std::uint64_t ignore_bits, std::chrono::nanoseconds timeout);
+
+  /// While a call waits for its reply, runs `hook` every `every` of wall-clock time on the
+  /// calling thread (empty: none). For a program that must keep another library moving while
+  /// it waits in virtual time (libspin-mpi progresses its buffered MPI sends). The hook must
+  /// not use this client.
+  void set_while_waiting(std::function<void()> hook, std::chrono::milliseconds every);
+
   /// The virtual time (since the simulation began) that the last attach, wait, sleep, charge or
   /// barrier reply of any client of this process to the same server gave: between two of its waits a
   /// host program takes no virtual time, so this is the simulation's time whenever the program
@@ -260,6 +294,8 @@ private:
   bool _virtual = false;
   std::string _socket;                              // as connect was given it
   std::shared_ptr<std::atomic<std::int64_t>> _clock;  // the process's virtual clock of this server (attach)
+  std::function<void()> _while_waiting;             // set_while_waiting
+  std::chrono::milliseconds _wait_every{0};
 };
 
 } // namespace spin::host

@@ -173,10 +173,62 @@ struct barrier {
   std::uint64_t seq = 0;
 };
 
+// Point-to-point messages in virtual time (emu::request_scheduler::p2p_*): what a host program
+// that moves data outside spin (libspin-mpi: MPI_Send and MPI_Recv) tells the simulation about
+// each message, so a receive ends at the virtual time its message arrives. The bytes travel
+// outside spin; these requests carry only envelopes: source node, 64 match bits, size. Matching
+// follows MPI's rules (and Portals 4's posted and unexpected lists): an arriving message
+// matches the earliest posted receive that accepts it, else it waits in arrival order for a
+// receive; messages from one node to another arrive in the order they were sent.
+
+/// Any source node in p2p_recv and p2p_probe.
+inline constexpr std::uint32_t any_source = 0xFFFFFFFF;
+
+/// "p2p_send": node `node`'s program sends a message of `bytes` bytes to host node `dest`.
+/// With `id` 0 the send is complete at once (buffered); with a nonzero `id` (unique among the
+/// program's pending ids) it completes, for p2p_wait, when a receive has matched it and word
+/// of that has come back (a synchronous send).
+struct p2p_send {
+  std::uint32_t node = 0;
+  std::uint32_t dest = 0;
+  std::uint64_t match_bits = 0;
+  std::uint64_t bytes = 0;  ///< 0..2^63-1
+  std::uint64_t id = 0;
+};
+/// "p2p_recv": posts receive `id` (nonzero, unique among the program's pending ids) for a
+/// message from `source` (a host node, or any_source) whose match bits equal `match_bits` in
+/// every bit `ignore_bits` does not set. Returns at once; p2p_wait waits for it.
+struct p2p_recv {
+  std::uint32_t node = 0;
+  std::uint64_t id = 0;
+  std::uint32_t source = any_source;
+  std::uint64_t match_bits = 0;
+  std::uint64_t ignore_bits = 0;
+};
+/// "p2p_wait": waits in virtual time, up to `timeout`, until at least `need` of `ids` (posted
+/// receives, synchronous sends) are complete; replies with every one of them complete by then
+/// (each is reported once and then forgotten). `timeout` 0 tests without waiting.
+struct p2p_wait {
+  std::uint32_t node = 0;
+  std::vector<std::uint64_t> ids;  ///< 1..65535
+  std::uint32_t need = 1;          ///< 1..ids.size()
+  std::chrono::nanoseconds timeout{0};
+};
+/// "p2p_probe": waits in virtual time, up to `timeout`, for a message that has arrived and that
+/// no receive has matched yet, from `source` with `match_bits` under `ignore_bits`; replies with
+/// the first in arrival order (id 0), or none. The message stays for a receive.
+struct p2p_probe {
+  std::uint32_t node = 0;
+  std::uint32_t source = any_source;
+  std::uint64_t match_bits = 0;
+  std::uint64_t ignore_bits = 0;
+  std::chrono::nanoseconds timeout{0};
+};
+
 /// Any request.
 using request = std::variant<hello, nodes, register_memory, unregister_memory, install, uninstall, open_events,
                              close_events, send, stats, stop, pool, join, decide, leave, attach, wait, sleep, charge,
-                             barrier>;
+                             barrier, p2p_send, p2p_recv, p2p_wait, p2p_probe>;
 
 /// The request's "op" ("hello", "register", ...).
 const char* op_name(const request& r) noexcept;
@@ -244,15 +296,28 @@ struct join_reply {
   group_answer answer;
 };
 
-/// Reply of "attach", "wait", "sleep", "charge" and "barrier": the virtual time when the request ended.
+/// Reply of "attach", "wait", "sleep", "charge", "barrier", "p2p_send" and "p2p_recv": the virtual time when the request ended.
 struct clock_reply {
   std::chrono::nanoseconds now{0};  ///< virtual time since the simulation began
   std::uint32_t events = 0;         ///< "wait": events moved into the ring; else 0
 };
 
+/// One completed point-to-point operation (p2p_wait), or a probed message (p2p_probe, id 0).
+struct p2p_match {
+  std::uint64_t id = 0;
+  std::uint32_t source = 0;       ///< the sending node (a synchronous send: its own node)
+  std::uint64_t match_bits = 0;   ///< the message's
+  std::uint64_t bytes = 0;        ///< the message's size as its sender gave it
+};
+/// Reply of "p2p_wait" and "p2p_probe".
+struct p2p_reply {
+  std::chrono::nanoseconds now{0};  ///< virtual time since the simulation began
+  std::vector<p2p_match> done;
+};
+
 /// Any successful reply.
 using reply = std::variant<done, hello_reply, nodes_reply, register_reply, install_reply, events_reply, stats_reply,
-                           pool_reply, join_reply, clock_reply>;
+                           pool_reply, join_reply, clock_reply, p2p_reply>;
 
 /// The success reply line for request id `id`.
 std::string encode_reply(std::uint64_t id, const reply& r);

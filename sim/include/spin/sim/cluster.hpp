@@ -196,6 +196,33 @@ public:
   /// come: its program left); a later meet of that key starts a new meeting. No meeting of that
   /// key: nothing happens. Only from an actor, or from the thread driving the simulation.
   void cancel_meeting(const std::string& key);
+  /// Ends every wait in meeting `key` with meet_result::met: the wake-up of actors that wait
+  /// (meet with a count no one reaches) for something the caller decides, such as a message
+  /// matching a posted receive (remote_hosts' point-to-point messages). No meeting of that key:
+  /// nothing happens. Only from an actor, the thread driving the simulation, or a call_at
+  /// function.
+  void release_meeting(const std::string& key);
+  /// Runs `fn` at virtual time `at` (now, if `at` has passed) on the thread that runs the
+  /// simulation, as an event: ordered with the others by time, then by order of scheduling. It
+  /// must not wait. Only from an actor, or from a call_at function.
+  void call_at(picoseconds at, std::function<void()> fn);
+  /// A message's way through the network when nothing else uses it (transfer_time).
+  struct transfer {
+    picoseconds first{0};     ///< the first packet's last byte at the destination, after it left
+    picoseconds gap{0};       ///< the bottleneck gap: one packet after another
+    std::uint64_t packets = 1;
+    /// The last packet's arrival after the first left.
+    picoseconds total() const noexcept { return first + gap * (packets - 1); }
+  };
+  /// How a message of `bytes` bytes goes from node `from` to node `to` over the routes by the
+  /// links' LogGP parameters when nothing else uses them: it travels as
+  /// max(1, ceil(bytes / options::payload_bytes)) packets, each with the largest header
+  /// (rt::wire::max_overhead); the first packet crosses every hop (s*G + L, plus the forwarding
+  /// latency of each switch or host it passes), the others follow it one bottleneck gap
+  /// (max over hops of max(g, s*G)) apart. From a node to itself: all 0. The NICs' models take
+  /// no part (a host-to-host transfer outside spin: remote_hosts' point-to-point messages).
+  /// Errors: not_found (no such node, or no route).
+  result<transfer> transfer_time(std::uint32_t from, std::uint32_t to, std::uint64_t bytes) const;
   /// Work that must not overlap the simulation but is not an actor's (spin-emu's control
   /// requests of processes that are not host programs: remote_hosts): run() calls `hook` on its
   /// thread before each event and each hand-over to an actor. It must not wait on a NIC. Set

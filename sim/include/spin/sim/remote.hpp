@@ -37,6 +37,9 @@ struct remote_stats {
   std::uint64_t processes = 0;   ///< processes bound to a host node so far
   std::uint64_t actor_requests = 0;  ///< requests run on the actors
   std::uint64_t other_requests = 0;  ///< requests of connections that were not bound, run where the simulation stood still
+  std::uint64_t p2p_messages = 0;    ///< p2p_send envelopes sent
+  std::uint64_t p2p_matched = 0;     ///< of those, matched by a receive
+  std::uint64_t p2p_dropped = 0;     ///< of those, dropped: their destination's program had left when they arrived
 };
 
 class remote_hosts final : public emu::request_scheduler {
@@ -70,6 +73,14 @@ public:
   /// leaves its round cancels the meetings that wait for it.
   result<void> barrier(std::uint64_t session, std::vector<std::uint32_t> nodes, std::uint64_t seq,
                        const std::function<void()>& reply) override;
+  /// Point-to-point envelopes: matched per destination slot (posted receives in post order,
+  /// unexpected messages in arrival order); arrivals and synchronous sends' acknowledgements
+  /// are events (cluster::call_at). A program that leaves drops what waits for it; a message
+  /// for it is dropped on arrival (remote_stats::p2p_dropped).
+  result<void> p2p_send(std::uint64_t session, const host::protocol::p2p_send& q) override;
+  result<void> p2p_recv(std::uint64_t session, const host::protocol::p2p_recv& q) override;
+  result<std::vector<host::protocol::p2p_match>> p2p_wait(std::uint64_t session, const host::protocol::p2p_wait& q) override;
+  result<std::vector<host::protocol::p2p_match>> p2p_probe(std::uint64_t session, const host::protocol::p2p_probe& q) override;
 
   struct state;
 
