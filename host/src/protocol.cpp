@@ -555,7 +555,7 @@ void put(json& j, const p2p_reply& r) {
   j["now_ns"] = r.now.count();
   json list = json::array();
   for (const auto& m : r.done)
-    list.push_back({{"id", m.id}, {"source", m.source}, {"match_bits", m.match_bits}, {"bytes", m.bytes}});
+    list.push_back({{"id", m.id}, {"source", m.source}, {"match_bits", m.match_bits}, {"bytes", m.bytes}, {"order", m.order}});
   j["done"] = std::move(list);
 }
 void put(json& j, const nodes_reply& r) {
@@ -603,7 +603,8 @@ void get(const json& j, p2p_reply& r) {
   r.now = std::chrono::nanoseconds(j.at("now_ns").get<std::int64_t>());
   for (const auto& m : j.at("done"))
     r.done.push_back(p2p_match{m.at("id").get<std::uint64_t>(), m.at("source").get<std::uint32_t>(),
-                               m.at("match_bits").get<std::uint64_t>(), m.at("bytes").get<std::uint64_t>()});
+                               m.at("match_bits").get<std::uint64_t>(), m.at("bytes").get<std::uint64_t>(),
+                               m.at("order").get<std::uint64_t>()});
 }
 void get(const json& j, nodes_reply& r) {
   for (const auto& n : j.at("nodes"))

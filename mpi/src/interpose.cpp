@@ -7,6 +7,8 @@
 #include <spin/host/host.hpp>
 #include <spin/mpi/spin_mpi.h>
 
+#include "vt.hpp"
+
 #include <mpi.h>
 
 #include <algorithm>
@@ -22,9 +24,76 @@
 #include <string>
 #include <vector>
 
+namespace spin::mpi_detail {
+
+virtual_time vt;
+
+int world_rank() {
+  int r = -1;
+  int up = 0;
+  MPI_Initialized(&up);
+  if (up) PMPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+// The nodes of comm's members (both groups of an intercommunicator), sorted.
+std::vector<std::uint32_t> member_nodes(MPI_Comm comm) {
+  std::vector<std::uint32_t> out;
+  MPI_Group world_group;
+  PMPI_Comm_group(MPI_COMM_WORLD, &world_group);
+  auto add = [&](MPI_Group g) {
+    int n = 0;
+    PMPI_Group_size(g, &n);
+    std::vector<int> ranks(static_cast<std::size_t>(n)), in_world(static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) ranks[static_cast<std::size_t>(i)] = i;
+    PMPI_Group_translate_ranks(g, n, ranks.data(), world_group, in_world.data());
+    for (int w : in_world)
+      if (w != MPI_UNDEFINED && static_cast<std::size_t>(w) < vt.world_nodes.size()) out.push_back(vt.world_nodes[static_cast<std::size_t>(w)]);
+    PMPI_Group_free(&g);
+  };
+  MPI_Group g;
+  PMPI_Comm_group(comm, &g);
+  add(g);
+  int inter = 0;
+  PMPI_Comm_test_inter(comm, &inter);
+  if (inter) {
+    PMPI_Comm_remote_group(comm, &g);
+    add(g);
+  }
+  PMPI_Group_free(&world_group);
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+// Before a blocking MPI collective over `comm` (named `call`): its members meet in virtual
+// time. MPI_SUCCESS, or the error the communicator's handler got.
+int vt_sync(MPI_Comm comm, const char* call) {
+  if (!vt.on || comm == MPI_COMM_NULL) return MPI_SUCCESS;
+  std::vector<std::uint32_t> nodes = member_nodes(comm);
+  std::lock_guard g(vt.mu);
+  const std::uint64_t seq = ++vt.seq[nodes];
+  auto r = vt.cl->barrier(vt.node, std::move(nodes), seq);
+  if (r.ok()) return MPI_SUCCESS;
+  std::fprintf(stderr, "spin-mpi: rank %d: %s in virtual time: the members' barrier failed: %s: %s\n", world_rank(), call,
+               errc_name(r.err().code), r.err().message.c_str());
+  PMPI_Comm_call_errhandler(comm, MPI_ERR_OTHER);
+  return MPI_ERR_OTHER;
+}
+
+int vt_refuse(MPI_Comm comm, const char* call, const char* why) {
+  std::fprintf(stderr, "spin-mpi: rank %d: %s is not supported in virtual time: %s (docs/virtual-time.md, \"MPI programs\")\n",
+               world_rank(), call, why != nullptr ? why : "spin-emu --virtual-time cannot see what it waits for");
+  PMPI_Comm_call_errhandler(comm, MPI_ERR_OTHER);
+  return MPI_ERR_OTHER;
+}
+
+} // namespace spin::mpi_detail
+
 namespace {
 
 using namespace spin;
+using namespace spin::mpi_detail;
 
 // ---- configuration and counters ----------------------------------------------------------------
 
@@ -105,13 +174,6 @@ struct counters {
 constexpr const char* call_names[SPIN_MPI_CALLS] = {"MPI_Allreduce", "MPI_Reduce_scatter_block", "MPI_Allgather", "MPI_Bcast"};
 constexpr const char* reason_names[SPIN_MPI_REASONS] = {"datatype", "op", "communicator", "arguments", "unavailable"};
 
-int world_rank() {
-  int r = -1;
-  int up = 0;
-  MPI_Initialized(&up);
-  if (up) PMPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
 
 // ---- what spin can run --------------------------------------------------------------------------
 
@@ -147,14 +209,6 @@ std::string type_name(MPI_Datatype t) {
 // they all enter it at the virtual time the last one came, and none of them waits in MPI for a
 // rank that needs the simulation to move.
 
-struct virtual_time {
-  bool on = false;
-  std::mutex mu;                                   // one barrier at a time per process
-  std::unique_ptr<host::client> cl;                // attached: this process's actor
-  std::uint32_t node = 0;
-  std::vector<std::uint32_t> world_nodes;          // node of each MPI_COMM_WORLD rank
-  std::map<std::vector<std::uint32_t>, std::uint64_t> seq;  // barriers so far, per member set
-} vt;
 
 std::uint32_t my_node() { return cfg().node.value_or(static_cast<std::uint32_t>(std::max(0, world_rank()))); }
 
@@ -187,61 +241,7 @@ void start_virtual_time() {
   vt.node = mine[1];
   for (int r = 0; r < size; ++r) vt.world_nodes.push_back(all[2 * static_cast<std::size_t>(r) + 1]);
   vt.on = true;
-}
-
-// The nodes of comm's members (both groups of an intercommunicator), sorted.
-std::vector<std::uint32_t> member_nodes(MPI_Comm comm) {
-  std::vector<std::uint32_t> out;
-  MPI_Group world_group;
-  PMPI_Comm_group(MPI_COMM_WORLD, &world_group);
-  auto add = [&](MPI_Group g) {
-    int n = 0;
-    PMPI_Group_size(g, &n);
-    std::vector<int> ranks(static_cast<std::size_t>(n)), in_world(static_cast<std::size_t>(n));
-    for (int i = 0; i < n; ++i) ranks[static_cast<std::size_t>(i)] = i;
-    PMPI_Group_translate_ranks(g, n, ranks.data(), world_group, in_world.data());
-    for (int w : in_world)
-      if (w != MPI_UNDEFINED && static_cast<std::size_t>(w) < vt.world_nodes.size()) out.push_back(vt.world_nodes[static_cast<std::size_t>(w)]);
-    PMPI_Group_free(&g);
-  };
-  MPI_Group g;
-  PMPI_Comm_group(comm, &g);
-  add(g);
-  int inter = 0;
-  PMPI_Comm_test_inter(comm, &inter);
-  if (inter) {
-    PMPI_Comm_remote_group(comm, &g);
-    add(g);
-  }
-  PMPI_Group_free(&world_group);
-  std::sort(out.begin(), out.end());
-  out.erase(std::unique(out.begin(), out.end()), out.end());
-  return out;
-}
-
-// Before a blocking MPI collective over `comm` (named `call`): its members meet in virtual
-// time. MPI_SUCCESS, or the error the communicator's handler got.
-int vt_sync(MPI_Comm comm, const char* call) {
-  if (!vt.on || comm == MPI_COMM_NULL) return MPI_SUCCESS;
-  std::vector<std::uint32_t> nodes = member_nodes(comm);
-  std::lock_guard g(vt.mu);
-  const std::uint64_t seq = ++vt.seq[nodes];
-  auto r = vt.cl->barrier(vt.node, std::move(nodes), seq);
-  if (r.ok()) return MPI_SUCCESS;
-  std::fprintf(stderr, "spin-mpi: rank %d: %s in virtual time: the members' barrier failed: %s: %s\n", world_rank(), call,
-               errc_name(r.err().code), r.err().message.c_str());
-  PMPI_Comm_call_errhandler(comm, MPI_ERR_OTHER);
-  return MPI_ERR_OTHER;
-}
-
-// A call that waits for one other rank (point to point, or a request's completion): in virtual
-// time it could wait for a rank that needs the simulation to move while this one holds it, so
-// it is refused (docs/virtual-time.md, "MPI programs").
-int vt_refuse(MPI_Comm comm, const char* call) {
-  std::fprintf(stderr, "spin-mpi: rank %d: %s is not supported in virtual time (spin-emu --virtual-time runs MPI programs "
-                       "whose ranks meet only in collectives; docs/virtual-time.md)\n", world_rank(), call);
-  PMPI_Comm_call_errhandler(comm, MPI_ERR_OTHER);
-  return MPI_ERR_OTHER;
+  p2p_start();
 }
 
 // ---- one spin communicator per MPI communicator ---------------------------------------------------
@@ -721,52 +721,29 @@ int MPI_Alltoallv(const void* sendbuf, const int sendcounts[], const int sdispls
 int MPI_Alltoallw(const void* sendbuf, const int sendcounts[], const int sdispls[], const MPI_Datatype sendtypes[], void* recvbuf,
                   const int recvcounts[], const int rdispls[], const MPI_Datatype recvtypes[], MPI_Comm comm)
     SPIN_MPI_SYNCED(MPI_Alltoallw, comm, sendbuf, sendcounts, sdispls, sendtypes, recvbuf, recvcounts, rdispls, recvtypes, comm)
-int MPI_Comm_dup(MPI_Comm comm, MPI_Comm* newcomm) SPIN_MPI_SYNCED(MPI_Comm_dup, comm, comm, newcomm)
-int MPI_Comm_split(MPI_Comm comm, int color, int key, MPI_Comm* newcomm) SPIN_MPI_SYNCED(MPI_Comm_split, comm, comm, color, key, newcomm)
-int MPI_Comm_split_type(MPI_Comm comm, int split_type, int key, MPI_Info info, MPI_Comm* newcomm)
-    SPIN_MPI_SYNCED(MPI_Comm_split_type, comm, comm, split_type, key, info, newcomm)
-int MPI_Comm_create(MPI_Comm comm, MPI_Group group, MPI_Comm* newcomm) SPIN_MPI_SYNCED(MPI_Comm_create, comm, comm, group, newcomm)
 
 #undef SPIN_MPI_SYNCED
 
-// ---- calls that wait for one other rank: refused in virtual time ------------------------------
-
-#define SPIN_MPI_ONE_TO_ONE(name, comm, ...)                                \
+// Communicators: created after the members met, then given the context id their point-to-point
+// messages carry in virtual time.
+#define SPIN_MPI_CREATES(name, comm, newcomm, ...)                         \
   {                                                                         \
-    if (vt.on) return vt_refuse(comm, #name);                              \
-    return P##name(__VA_ARGS__);                                            \
+    if (int e = vt_sync(comm, #name); e != MPI_SUCCESS) return e;          \
+    const int r = P##name(__VA_ARGS__);                                     \
+    if (r == MPI_SUCCESS) p2p_comm_created(*(newcomm));                     \
+    return r;                                                               \
   }
 
-int MPI_Send(const void* buf, int count, MPI_Datatype datatype, int dest, int tag, MPI_Comm comm)
-    SPIN_MPI_ONE_TO_ONE(MPI_Send, comm, buf, count, datatype, dest, tag, comm)
-int MPI_Ssend(const void* buf, int count, MPI_Datatype datatype, int dest, int tag, MPI_Comm comm)
-    SPIN_MPI_ONE_TO_ONE(MPI_Ssend, comm, buf, count, datatype, dest, tag, comm)
-int MPI_Rsend(const void* buf, int count, MPI_Datatype datatype, int dest, int tag, MPI_Comm comm)
-    SPIN_MPI_ONE_TO_ONE(MPI_Rsend, comm, buf, count, datatype, dest, tag, comm)
-int MPI_Bsend(const void* buf, int count, MPI_Datatype datatype, int dest, int tag, MPI_Comm comm)
-    SPIN_MPI_ONE_TO_ONE(MPI_Bsend, comm, buf, count, datatype, dest, tag, comm)
-int MPI_Recv(void* buf, int count, MPI_Datatype datatype, int source, int tag, MPI_Comm comm, MPI_Status* status)
-    SPIN_MPI_ONE_TO_ONE(MPI_Recv, comm, buf, count, datatype, source, tag, comm, status)
-int MPI_Sendrecv(const void* sendbuf, int sendcount, MPI_Datatype sendtype, int dest, int sendtag, void* recvbuf, int recvcount,
-                 MPI_Datatype recvtype, int source, int recvtag, MPI_Comm comm, MPI_Status* status)
-    SPIN_MPI_ONE_TO_ONE(MPI_Sendrecv, comm, sendbuf, sendcount, sendtype, dest, sendtag, recvbuf, recvcount, recvtype, source,
-                        recvtag, comm, status)
-int MPI_Sendrecv_replace(void* buf, int count, MPI_Datatype datatype, int dest, int sendtag, int source, int recvtag,
-                         MPI_Comm comm, MPI_Status* status)
-    SPIN_MPI_ONE_TO_ONE(MPI_Sendrecv_replace, comm, buf, count, datatype, dest, sendtag, source, recvtag, comm, status)
-int MPI_Probe(int source, int tag, MPI_Comm comm, MPI_Status* status) SPIN_MPI_ONE_TO_ONE(MPI_Probe, comm, source, tag, comm, status)
-int MPI_Mprobe(int source, int tag, MPI_Comm comm, MPI_Message* message, MPI_Status* status)
-    SPIN_MPI_ONE_TO_ONE(MPI_Mprobe, comm, source, tag, comm, message, status)
-// A request's completion: MPI_COMM_WORLD's handler reports it.
-int MPI_Wait(MPI_Request* request, MPI_Status* status) SPIN_MPI_ONE_TO_ONE(MPI_Wait, MPI_COMM_WORLD, request, status)
-int MPI_Waitall(int count, MPI_Request requests[], MPI_Status statuses[])
-    SPIN_MPI_ONE_TO_ONE(MPI_Waitall, MPI_COMM_WORLD, count, requests, statuses)
-int MPI_Waitany(int count, MPI_Request requests[], int* index, MPI_Status* status)
-    SPIN_MPI_ONE_TO_ONE(MPI_Waitany, MPI_COMM_WORLD, count, requests, index, status)
-int MPI_Waitsome(int incount, MPI_Request requests[], int* outcount, int indices[], MPI_Status statuses[])
-    SPIN_MPI_ONE_TO_ONE(MPI_Waitsome, MPI_COMM_WORLD, incount, requests, outcount, indices, statuses)
+int MPI_Comm_dup(MPI_Comm comm, MPI_Comm* newcomm) SPIN_MPI_CREATES(MPI_Comm_dup, comm, newcomm, comm, newcomm)
+int MPI_Comm_split(MPI_Comm comm, int color, int key, MPI_Comm* newcomm)
+    SPIN_MPI_CREATES(MPI_Comm_split, comm, newcomm, comm, color, key, newcomm)
+int MPI_Comm_split_type(MPI_Comm comm, int split_type, int key, MPI_Info info, MPI_Comm* newcomm)
+    SPIN_MPI_CREATES(MPI_Comm_split_type, comm, newcomm, comm, split_type, key, info, newcomm)
+int MPI_Comm_create(MPI_Comm comm, MPI_Group group, MPI_Comm* newcomm)
+    SPIN_MPI_CREATES(MPI_Comm_create, comm, newcomm, comm, group, newcomm)
 
-#undef SPIN_MPI_ONE_TO_ONE
+#undef SPIN_MPI_CREATES
+
 
 int MPI_Finalize(void) {
   if (cfg().log >= 1) {
@@ -790,6 +767,7 @@ int MPI_Finalize(void) {
   // MPI_Finalize is collective over MPI_COMM_WORLD: the ranks meet, and then leave the
   // simulation together.
   (void)vt_sync(MPI_COMM_WORLD, "MPI_Finalize");
+  p2p_finalize();
   const int r = PMPI_Finalize();
   vt.on = false;
   vt.cl.reset();

@@ -61,6 +61,7 @@ struct remote_hosts::state {
     std::map<std::uint64_t, host::protocol::p2p_match> complete;  // complete, not yet reported
     std::string parked;                  // the meeting its p2p wait or probe waits in; empty: none
     std::uint64_t parks = 0;
+    std::uint64_t matches = 0;           // receives matched so far (p2p_match::order)
     std::uint64_t generation = 0;        // changes when a round starts or its program leaves
     picoseconds in_free{0};     // its last link is free of the messages sent to it so far
     picoseconds out_free{0};    // its first link is free of the messages it sent so far
@@ -112,6 +113,7 @@ struct remote_hosts::state {
     sl.pending.clear();
     sl.complete.clear();
     sl.parked.clear();
+    sl.matches = 0;
     ++sl.generation;
   }
 
@@ -142,7 +144,7 @@ struct remote_hosts::state {
   void matched(int dst, std::uint64_t id, const envelope& e) {
     slot& sl = slots[static_cast<std::size_t>(dst)];
     sl.pending.erase(id);
-    sl.complete[id] = host::protocol::p2p_match{id, e.source, e.bits, e.bytes};
+    sl.complete[id] = host::protocol::p2p_match{id, e.source, e.bits, e.bytes, sl.matches++};
     ++st.p2p_matched;
     wake(sl);
     if (e.sync == 0) return;

@@ -4,7 +4,9 @@
 // MPI_COMM_WORLD and on a split, with exact results. MPI_Wtime is the virtual clock: after a
 // collective that went to MPI every member reads the same time (the members met in virtual
 // time first), and each rank prints its times ("vt: rank R: ...", nanoseconds), which two runs
-// must print alike. Point to point is refused in virtual time with MPI_ERR_OTHER.
+// must print alike. Point to point (MPI_Send, _Ssend, _Bsend, _Recv, _Sendrecv, _Isend, _Irecv,
+// _Wait, _Waitall, _Test, _Probe, _Iprobe) with exact data, MPI's matching order, any source
+// and any tag, and a 1 MiB message that takes the model's line-rate time.
 //
 //   mpi_vt [--wall-clock]     (--wall-clock: against a wall-clock spin-emu; skips the time checks)
 //
@@ -128,15 +130,117 @@ int main(int argc, char** argv) {
     stamp(MPI_COMM_WORLD, "MPI_Bcast", false);
   }
 
-  // Point to point: refused in virtual time (a rank could wait in MPI for one that needs the
-  // simulation to move), reported through the communicator's error handler.
-  if (virtual_time) {
+  // Point to point, on a duplicate of MPI_COMM_WORLD (a communicator of its own context).
+  {
     MPI_Comm c;
     MPI_Comm_dup(MPI_COMM_WORLD, &c);
-    MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
-    int v = rank;
-    const int e = MPI_Send(&v, 1, MPI_INT, (rank + 1) % size, 0, c);
-    check(e == MPI_ERR_OTHER, "MPI_Send in virtual time returned " + std::to_string(e) + ", not MPI_ERR_OTHER");
+    stamp(c, "MPI_Comm_dup", true);
+    const int right = (rank + 1) % size, left = (rank + size - 1) % size;
+    // A ring: every rank sends to its right and receives from its left at once.
+    {
+      long long v = 100 + rank, got = -1;
+      MPI_Status st;
+      check(MPI_Sendrecv(&v, 1, MPI_LONG_LONG, right, 3, &got, 1, MPI_LONG_LONG, left, 3, c, &st) == MPI_SUCCESS, "MPI_Sendrecv failed");
+      check(got == 100 + left && st.MPI_SOURCE == left && st.MPI_TAG == 3,
+            "MPI_Sendrecv got " + std::to_string(got) + " from " + std::to_string(st.MPI_SOURCE) + " tag " + std::to_string(st.MPI_TAG));
+      stamp(c, "MPI_Sendrecv ring", false);
+    }
+    // 1 MiB from rank 0 to rank 1 with MPI_Send: in virtual time it takes at least its bytes
+    // over a 100 Gbit/s link (the run script's topology), and less than twice that.
+    MPI_Barrier(c);
+    stamp(c, "MPI_Barrier", true);
+    {
+      const int words = 262144;
+      std::vector<std::int32_t> big(static_cast<std::size_t>(words));
+      if (rank == 0) {
+        for (int i = 0; i < words; ++i) big[static_cast<std::size_t>(i)] = i ^ 0x5a5a;
+        check(MPI_Send(big.data(), words, MPI_INT32_T, 1, 11, c) == MPI_SUCCESS, "MPI_Send of 1 MiB failed");
+      } else if (rank == 1) {
+        const long long t0 = now_ns();
+        MPI_Status st;
+        check(MPI_Recv(big.data(), words, MPI_INT32_T, 0, 11, c, &st) == MPI_SUCCESS, "MPI_Recv of 1 MiB failed");
+        int cnt = -1;
+        MPI_Get_count(&st, MPI_INT32_T, &cnt);
+        bool exact = cnt == words;
+        for (int i = 0; i < words && exact; ++i) exact = big[static_cast<std::size_t>(i)] == (i ^ 0x5a5a);
+        check(exact, "MPI_Recv of 1 MiB is not exact (count " + std::to_string(cnt) + ")");
+        const long long took = now_ns() - t0, line = 4LL * words * 8 / 100;  // ns at 100 Gbit/s
+        if (virtual_time) check(took >= line && took < 2 * line, "1 MiB took " + std::to_string(took) + " ns (line rate: " + std::to_string(line) + " ns)");
+      }
+      stamp(c, "1 MiB", false);
+    }
+    // Any source, any tag: rank 0 posts a receive per other rank, each of which sends its rank
+    // as the tag; every sender is seen once, with its own value.
+    {
+      if (rank == 0) {
+        std::vector<MPI_Request> req(static_cast<std::size_t>(size - 1));
+        std::vector<long long> got(static_cast<std::size_t>(size - 1), -1);
+        std::vector<MPI_Status> st(static_cast<std::size_t>(size - 1));
+        for (int i = 0; i < size - 1; ++i)
+          MPI_Irecv(&got[static_cast<std::size_t>(i)], 1, MPI_LONG_LONG, MPI_ANY_SOURCE, MPI_ANY_TAG, c, &req[static_cast<std::size_t>(i)]);
+        check(MPI_Waitall(size - 1, req.data(), st.data()) == MPI_SUCCESS, "MPI_Waitall failed");
+        std::vector<int> seen(static_cast<std::size_t>(size), 0);
+        for (int i = 0; i < size - 1; ++i) {
+          const MPI_Status& s = st[static_cast<std::size_t>(i)];
+          check(s.MPI_SOURCE > 0 && s.MPI_SOURCE < size && s.MPI_TAG == s.MPI_SOURCE && got[static_cast<std::size_t>(i)] == 10LL * s.MPI_SOURCE,
+                "any-source receive " + std::to_string(i) + ": source " + std::to_string(s.MPI_SOURCE) + " tag " + std::to_string(s.MPI_TAG) +
+                    " value " + std::to_string(got[static_cast<std::size_t>(i)]));
+          if (s.MPI_SOURCE > 0 && s.MPI_SOURCE < size) ++seen[static_cast<std::size_t>(s.MPI_SOURCE)];
+        }
+        for (int r = 1; r < size; ++r) check(seen[static_cast<std::size_t>(r)] == 1, "rank " + std::to_string(r) + " seen " + std::to_string(seen[static_cast<std::size_t>(r)]) + " times");
+      } else {
+        const long long v = 10LL * rank;
+        MPI_Request r;
+        check(MPI_Isend(&v, 1, MPI_LONG_LONG, 0, rank, c, &r) == MPI_SUCCESS, "MPI_Isend failed");
+        check(MPI_Wait(&r, MPI_STATUS_IGNORE) == MPI_SUCCESS && r == MPI_REQUEST_NULL, "MPI_Wait of an MPI_Isend failed");
+      }
+      stamp(c, "any source", false);
+      // Rank 0's any-tag receives would take the next stage's messages too if a sender came on
+      // before they all matched.
+      MPI_Barrier(c);
+    }
+    // Two receives of one source and tag, completed in the opposite order: the first posted
+    // still gets the first sent (MPI's order). Then a synchronous send found by MPI_Probe, and
+    // a message polled for with MPI_Iprobe and MPI_Test.
+    if (rank == 0) {
+      int a = -1, b = -1;
+      MPI_Request ra, rb;
+      MPI_Irecv(&a, 1, MPI_INT, 1, 7, c, &ra);
+      MPI_Irecv(&b, 1, MPI_INT, 1, 7, c, &rb);
+      MPI_Wait(&rb, MPI_STATUS_IGNORE);
+      MPI_Wait(&ra, MPI_STATUS_IGNORE);
+      check(a == 71 && b == 72, "two receives of one source and tag got " + std::to_string(a) + " and " + std::to_string(b) + " (want 71 and 72)");
+      MPI_Status st;
+      MPI_Probe(MPI_ANY_SOURCE, 9, c, &st);
+      int cnt = -1;
+      MPI_Get_count(&st, MPI_INT, &cnt);
+      check(st.MPI_SOURCE == 1 && cnt == 3, "MPI_Probe: source " + std::to_string(st.MPI_SOURCE) + ", count " + std::to_string(cnt));
+      std::vector<int> three(3, -1);
+      MPI_Recv(three.data(), 3, MPI_INT, st.MPI_SOURCE, 9, c, MPI_STATUS_IGNORE);
+      check(three == std::vector<int>({9, 99, 999}), "the synchronous message is not exact");
+      int flag = 0, polls = 0;
+      while (!flag && polls < 100000) {
+        MPI_Iprobe(2 % size, 13, c, &flag, MPI_STATUS_IGNORE);
+        ++polls;
+      }
+      check(flag == 1, "MPI_Iprobe never found rank 2's message");
+      int x = -1;
+      MPI_Request rx;
+      MPI_Irecv(&x, 1, MPI_INT, 2 % size, 13, c, &rx);
+      int done = 0;
+      for (int i = 0; i < 100000 && !done; ++i) MPI_Test(&rx, &done, MPI_STATUS_IGNORE);
+      check(done == 1 && x == 13, "MPI_Test: done " + std::to_string(done) + ", value " + std::to_string(x));
+    } else if (rank == 1) {
+      int a = 71, b = 72;
+      MPI_Send(&a, 1, MPI_INT, 0, 7, c);
+      MPI_Send(&b, 1, MPI_INT, 0, 7, c);
+      const int three[3] = {9, 99, 999};
+      check(MPI_Ssend(three, 3, MPI_INT, 0, 9, c) == MPI_SUCCESS, "MPI_Ssend failed");
+    } else if (rank == 2) {
+      int x = 13;
+      MPI_Send(&x, 1, MPI_INT, 0, 13, c);
+    }
+    stamp(c, "order, probe, test", false);
     MPI_Comm_free(&c);
   }
 

@@ -78,9 +78,9 @@
 //   p2p_recv   node, recv (u64 id, not 0), source (u32; 4294967295: any), match_bits,
 //              ignore_bits                 -> now_ns, events (0)
 //   p2p_wait   node, ids [u64], need, timeout_ns
-//                                          -> now_ns, done [{id, source, match_bits, bytes}]
+//                                          -> now_ns, done [{id, source, match_bits, bytes, order}]
 //   p2p_probe  node, source, match_bits, ignore_bits, timeout_ns
-//                                          -> now_ns, done [{id (0), source, match_bits, bytes}]
+//                                          -> now_ns, done [{id (0), source, match_bits, bytes, order (0)}]
 //              (request_scheduler::p2p_send and the rest; envelopes only, the bytes travel
 //               outside spin)
 //              ("hello" adds virtual_time: true; a wall-clock server refuses these nine with

@@ -308,6 +308,9 @@ struct p2p_match {
   std::uint32_t source = 0;       ///< the sending node (a synchronous send: its own node)
   std::uint64_t match_bits = 0;   ///< the message's
   std::uint64_t bytes = 0;        ///< the message's size as its sender gave it
+  /// A receive: how many receives of this node had matched before it (match order, which is
+  /// send order for messages of one source with equal match bits). Otherwise 0.
+  std::uint64_t order = 0;
 };
 /// Reply of "p2p_wait" and "p2p_probe".
 struct p2p_reply {
