@@ -545,7 +545,11 @@ TEST_CASE("every malformed request gets an error reply, changes nothing, and the
   for (const char* vt : {R"({"id":78,"op":"attach","node":0})", R"({"id":79,"op":"sleep","node":0,"ns":5})",
                          R"({"id":80,"op":"charge","node":0,"work":"copy","bytes":5})",
                          R"({"id":81,"op":"wait","node":0,"ec":1,"max_events":1,"timeout_ns":5})",
-                         R"({"id":82,"op":"barrier","node":0,"members":[0],"seq":1})"}) {
+                         R"({"id":82,"op":"barrier","node":0,"members":[0],"seq":1})",
+                         R"({"id":83,"op":"p2p_send","node":0,"dest":1,"match_bits":0,"bytes":4,"sync":0})",
+                         R"({"id":84,"op":"p2p_recv","node":0,"recv":1,"source":1,"match_bits":0,"ignore_bits":0})",
+                         R"({"id":85,"op":"p2p_wait","node":0,"ids":[1],"need":1,"timeout_ns":0})",
+                         R"({"id":86,"op":"p2p_probe","node":0,"source":1,"match_bits":0,"ignore_bits":0,"timeout_ns":0})"}) {
     auto l = c.raw_request(vt);
     REQUIRE(l.ok());
     CHECK(parse_reply(*l)["error"]["code"] == "not_supported");
@@ -553,6 +557,8 @@ TEST_CASE("every malformed request gets an error reply, changes nothing, and the
   }
   CHECK(c.attach(0).err().code == errc::not_supported);
   CHECK(c.barrier(0, {0}, 1).err().code == errc::not_supported);
+  CHECK(c.p2p_send(0, 1, 0, 4).err().code == errc::not_supported);
+  CHECK(c.p2p_wait(0, {1}, 1, std::chrono::nanoseconds(0)).err().code == errc::not_supported);
 
   SUBCASE("a package that does not load is refused with the loader's error") {
     host::install_options o = hostcopy_options(*mem, 0, 4096);

@@ -184,8 +184,40 @@ TEST_CASE("the virtual-time requests and replies survive a round trip; hello say
   CHECK(b.node == 2);
   CHECK(b.members == std::vector<std::uint32_t>{0, 2, 5});
   CHECK(b.seq == UINT64_MAX);
+  const auto ps = std::get<proto::p2p_send>(round_trip(proto::p2p_send{1, 3, UINT64_MAX, (1ull << 40) + 5, 77}));
+  CHECK(ps.node == 1);
+  CHECK(ps.dest == 3);
+  CHECK(ps.match_bits == UINT64_MAX);
+  CHECK(ps.bytes == (1ull << 40) + 5);
+  CHECK(ps.id == 77);
+  const auto pr = std::get<proto::p2p_recv>(round_trip(proto::p2p_recv{2, 9, proto::any_source, 0x1234ull << 32, 0xFFFFFFFFull}));
+  CHECK(pr.id == 9);
+  CHECK(pr.source == proto::any_source);
+  CHECK(pr.match_bits == 0x1234ull << 32);
+  CHECK(pr.ignore_bits == 0xFFFFFFFFull);
+  const auto pw = std::get<proto::p2p_wait>(round_trip(proto::p2p_wait{2, {5, UINT64_MAX, 7}, 2, std::chrono::nanoseconds(0)}));
+  CHECK(pw.ids == std::vector<std::uint64_t>{5, UINT64_MAX, 7});
+  CHECK(pw.need == 2);
+  CHECK(pw.timeout.count() == 0);
+  const auto pp = std::get<proto::p2p_probe>(round_trip(proto::p2p_probe{0, 4, 6, 1, std::chrono::nanoseconds(INT64_MAX)}));
+  CHECK(pp.source == 4);
+  CHECK(pp.match_bits == 6);
+  CHECK(pp.ignore_bits == 1);
+  CHECK(pp.timeout == std::chrono::nanoseconds(INT64_MAX));
 
   bool other = true;
+  auto p2 = proto::decode_reply<proto::p2p_reply>(
+      proto::encode_reply(4, proto::p2p_reply{std::chrono::nanoseconds(42), {{9, 3, UINT64_MAX, 100, 6}, {10, 1, 0, 0, 0}}}), 4, other);
+  REQUIRE(p2.ok());
+  CHECK(p2->now.count() == 42);
+  REQUIRE(p2->done.size() == 2);
+  CHECK(p2->done[0].id == 9);
+  CHECK(p2->done[0].source == 3);
+  CHECK(p2->done[0].match_bits == UINT64_MAX);
+  CHECK(p2->done[0].bytes == 100);
+  CHECK(p2->done[0].order == 6);
+  CHECK(p2->done[1].id == 10);
+
   auto cr = proto::decode_reply<proto::clock_reply>(proto::encode_reply(3, proto::clock_reply{std::chrono::nanoseconds(123456789), 17}), 3, other);
   REQUIRE(cr.ok());
   CHECK(cr->now.count() == 123456789);
@@ -267,6 +299,14 @@ TEST_CASE("malformed requests are refused with a message that names the problem"
            bad{R"({"id":1,"op":"barrier","node":0,"members":[],"seq":1})", "field 'members' must name at least one node"},
            bad{R"({"id":1,"op":"barrier","node":0,"members":[0,1]})", "missing field 'seq'"},
            bad{R"({"id":1,"op":"barrier","node":0,"members":[0,-1],"seq":1})", "members"},
+           bad{R"({"id":1,"op":"p2p_recv","node":0,"recv":0,"source":1,"match_bits":0,"ignore_bits":0})",
+               "field 'recv' must be an integer in 1..2^64-1"},
+           bad{R"({"id":1,"op":"p2p_send","node":0,"dest":1,"match_bits":0,"bytes":9223372036854775808,"sync":0})", "field 'bytes'"},
+           bad{R"({"id":1,"op":"p2p_send","node":0,"dest":1,"match_bits":0,"bytes":1})", "missing field 'sync'"},
+           bad{R"({"id":1,"op":"p2p_wait","node":0,"ids":[],"need":1,"timeout_ns":0})", "field 'ids' must name at least one"},
+           bad{R"({"id":1,"op":"p2p_wait","node":0,"ids":[3,0],"need":1,"timeout_ns":0})", "must not hold 0"},
+           bad{R"({"id":1,"op":"p2p_wait","node":0,"ids":[3,4],"need":3,"timeout_ns":0})", "field 'need' must be an integer in 1..2"},
+           bad{R"({"id":1,"op":"p2p_probe","node":0,"source":-1,"match_bits":0,"ignore_bits":0,"timeout_ns":0})", "source"},
        }) {
     CAPTURE(b.line);
     const error e = refused(b.line);
