@@ -182,8 +182,9 @@ result<void> learn(const std::vector<op*>& of, std::uint32_t need) {
 }
 
 /// Takes the bytes of receive `o` (matched) from MPI: first those of receives of the same
-/// communicator, source and tag that matched before it, so MPI matches the same messages.
-result<void> take(op& o) {
+/// communicator, source and tag that matched before it, so MPI matches the same messages. With
+/// `message`, o's own message is not received but matched (PMPI_Mprobe) into it.
+result<void> take(op& o, MPI_Message* message = nullptr) {
   if (o.received) return {};
   // What else has matched by now: their envelopes may come before o's.
   std::vector<op*> others;
@@ -202,7 +203,8 @@ result<void> take(op& o) {
     const int tag = static_cast<int>(x->m.match_bits & tag_mask);
     if (src == MPI_UNDEFINED)
       return fail(errc::bad_state, "a message from node " + std::to_string(x->m.source) + ", which is no rank of the communicator");
-    const int e = PMPI_Recv(x->buf, x->count, x->type, src, tag, x->comm, &x->status);
+    const int e = x == &o && message != nullptr ? PMPI_Mprobe(src, tag, x->comm, message, &x->status)
+                                                : PMPI_Recv(x->buf, x->count, x->type, src, tag, x->comm, &x->status);
     x->received = true;
     if (e != MPI_SUCCESS) return fail(errc::bad_state, "PMPI_Recv failed (" + std::to_string(e) + ")");
   }
@@ -599,9 +601,55 @@ int MPI_Iprobe(int source, int tag, MPI_Comm comm, int* flag, MPI_Status* status
   if (source == MPI_PROC_NULL || bad_recv_args(0, source, tag, comm)) return PMPI_Iprobe(source, tag, comm, flag, status);
   return probe_common(source, tag, comm, flag, status, "MPI_Iprobe");
 }
+namespace {
+/// Matched probes: the envelope probe, then a receive of exactly that envelope (it matches at
+/// once: no earlier message of that source and match bits is left), then MPI's matched probe
+/// of exactly that message, which MPI_Mrecv and MPI_Imrecv (straight to PMPI) receive.
+int mprobe_common(int source, int tag, MPI_Comm comm, int* flag, MPI_Message* message, MPI_Status* status, const char* call) {
+  std::lock_guard g(p2p_mu);
+  const comm_info* info = info_of(comm);
+  if (info == nullptr)
+    return vt_refuse(comm, call, "the communicator was not made by a call libspin-mpi wraps, so it has no context id in virtual time");
+  const std::uint32_t from = source == MPI_ANY_SOURCE ? proto::any_source : info->nodes[static_cast<std::size_t>(source)];
+  const std::uint64_t bits = static_cast<std::uint64_t>(info->context) << 32 | (tag == MPI_ANY_TAG ? 0 : static_cast<std::uint32_t>(tag));
+  spin::result<std::optional<proto::p2p_match>> m = std::optional<proto::p2p_match>();
+  {
+    std::lock_guard v(vt.mu);
+    m = vt.cl->p2p_probe(vt.node, from, bits, tag == MPI_ANY_TAG ? tag_mask : 0, flag == nullptr ? forever : std::chrono::nanoseconds(0));
+  }
+  if (!m) return failed(comm, call, m.err());
+  if (!m.value()) {
+    if (flag == nullptr) return failed(comm, call, spin::error{spin::errc::timeout, "no message came within 100 days of virtual time"});
+    *flag = 0;
+    *message = MPI_MESSAGE_NULL;
+    poll_wait();
+    return MPI_SUCCESS;
+  }
+  op o;
+  const int tag_of = static_cast<int>(m.value()->match_bits & tag_mask);
+  if (int e = post_recv(nullptr, 0, MPI_BYTE, info->rank_of(m.value()->source), tag_of, comm, o, call); e != MPI_SUCCESS) return e;
+  if (auto r = learn({&o}, 1); !r) {
+    forget(&o);
+    return failed(comm, call, r.err());
+  }
+  auto r = take(o, message);
+  forget(&o);
+  if (!r) return failed(comm, call, r.err());
+  if (status != MPI_STATUS_IGNORE) *status = o.status;
+  if (flag != nullptr) *flag = 1;
+  return MPI_SUCCESS;
+}
+} // namespace
+
 int MPI_Mprobe(int source, int tag, MPI_Comm comm, MPI_Message* message, MPI_Status* status) {
-  if (vt.on) return vt_refuse(comm, "MPI_Mprobe", "matched probes are not supported; MPI_Probe and MPI_Recv are");
-  return PMPI_Mprobe(source, tag, comm, message, status);
+  if (!vt.on || intercomm(comm) || source == MPI_PROC_NULL || bad_recv_args(0, source, tag, comm))
+    return PMPI_Mprobe(source, tag, comm, message, status);
+  return mprobe_common(source, tag, comm, nullptr, message, status, "MPI_Mprobe");
+}
+int MPI_Improbe(int source, int tag, MPI_Comm comm, int* flag, MPI_Message* message, MPI_Status* status) {
+  if (!vt.on || intercomm(comm) || source == MPI_PROC_NULL || bad_recv_args(0, source, tag, comm))
+    return PMPI_Improbe(source, tag, comm, flag, message, status);
+  return mprobe_common(source, tag, comm, flag, message, status, "MPI_Improbe");
 }
 
 #undef SPIN_MPI_VT_ONLY

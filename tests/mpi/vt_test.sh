@@ -6,7 +6,7 @@
 # (run_mpi_test.sh passes it on), and some calls must have gone through it.
 #
 # Each rank prints its times on a line "vt: rank R: ..." and the program exits 0 when every
-# check held.
+# check held. SPIN_TEST_PRELOAD: libspin-mpi's path for LD_PRELOAD (a program not linked with it).
 #
 #   vt_test.sh RUN_MPI_TEST SPIN_EMU -- PROGRAM [ARGS...]    ("{port}": as run_mpi_test.sh)
 set -euo pipefail
@@ -23,7 +23,7 @@ cleanup() {
 trap cleanup EXIT
 
 once() {
-  SPIN_TEST_VIRTUAL_TIME=1 "$run" "$spin_emu" 4 '' -- "${program[@]}" > "$dir/$1.out" 2>&1 || {
+  SPIN_TEST_VIRTUAL_TIME=1 "$run" "$spin_emu" 4 "${SPIN_TEST_PRELOAD:-}" -- "${program[@]}" > "$dir/$1.out" 2>&1 || {
     echo "run $1 failed:"; cat "$dir/$1.out"; exit 1; }
   grep '^vt: rank' "$dir/$1.out" | sort > "$dir/$1.times"
   [[ $(wc -l < "$dir/$1.times") -eq 4 ]] || { echo "run $1: not 4 ranks' times:"; cat "$dir/$1.out"; exit 1; }
