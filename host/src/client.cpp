@@ -60,7 +60,7 @@ std::uint32_t event_queue::capacity() const noexcept { return _ring ? _ring->cap
 client::client(client&& o) noexcept
     : _fd(std::exchange(o._fd, -1)), _next_id(o._next_id), _in(std::move(o._in)), _reply_timeout(o._reply_timeout),
       _virtual(o._virtual), _socket(std::move(o._socket)), _clock(std::move(o._clock)),
-      _while_waiting(std::move(o._while_waiting)), _wait_every(o._wait_every) {}
+      _barriers(std::move(o._barriers)), _while_waiting(std::move(o._while_waiting)), _wait_every(o._wait_every) {}
 
 client& client::operator=(client&& o) noexcept {
   if (this != &o) {
@@ -71,6 +71,7 @@ client& client::operator=(client&& o) noexcept {
     _reply_timeout = o._reply_timeout;
     _virtual = o._virtual;
     _socket = std::move(o._socket);
+    _barriers = std::move(o._barriers);
     _while_waiting = std::move(o._while_waiting);
     _wait_every = o._wait_every;
     _clock = std::move(o._clock);
@@ -398,6 +399,13 @@ result<std::optional<proto::p2p_match>> client::p2p_probe(std::uint32_t node, st
 void client::set_while_waiting(std::function<void()> hook, std::chrono::milliseconds every) {
   _while_waiting = std::move(hook);
   _wait_every = std::max(every, std::chrono::milliseconds(1));
+}
+
+result<void> client::barrier(std::uint32_t node, std::vector<std::uint32_t> members) {
+  if (members.empty()) return fail(errc::invalid_argument, "barrier: no members");
+  std::sort(members.begin(), members.end());
+  const std::uint64_t seq = ++_barriers[members];
+  return barrier(node, std::move(members), seq);
 }
 
 std::chrono::nanoseconds client::virtual_now() const noexcept {

@@ -72,8 +72,7 @@ int vt_sync(MPI_Comm comm, const char* call) {
   if (!vt.on || comm == MPI_COMM_NULL) return MPI_SUCCESS;
   std::vector<std::uint32_t> nodes = member_nodes(comm);
   std::lock_guard g(vt.mu);
-  const std::uint64_t seq = ++vt.seq[nodes];
-  auto r = vt.cl->barrier(vt.node, std::move(nodes), seq);
+  auto r = vt.cl->barrier(vt.node, std::move(nodes));
   if (r.ok()) return MPI_SUCCESS;
   std::fprintf(stderr, "spin-mpi: rank %d: %s in virtual time: the members' barrier failed: %s: %s\n", world_rank(), call,
                errc_name(r.err().code), r.err().message.c_str());

@@ -22,7 +22,6 @@ struct virtual_time {
   std::unique_ptr<host::client> cl;                // attached: this process's actor
   std::uint32_t node = 0;
   std::vector<std::uint32_t> world_nodes;          // node of each MPI_COMM_WORLD rank
-  std::map<std::vector<std::uint32_t>, std::uint64_t> seq;  // barriers so far, per member set
 };
 extern virtual_time vt;
 

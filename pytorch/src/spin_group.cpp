@@ -80,7 +80,6 @@ namespace {
 struct vt_link {
   std::unique_ptr<host::client> cl;
   bool attached = false;
-  std::map<std::vector<std::uint32_t>, std::uint64_t> seq;  // barriers so far, per member set
 };
 std::mutex vt_mu;
 std::map<std::string, vt_link> vt_links;
@@ -108,9 +107,7 @@ std::string virtual_time_barrier(const std::string& socket, std::uint32_t node, 
     if (auto a = l.cl->attach(node); !a.ok()) return std::string("virtual time: ") + errc_name(a.err().code) + ": " + a.err().message;
     l.attached = true;
   }
-  std::sort(nodes.begin(), nodes.end());
-  const std::uint64_t seq = ++l.seq[nodes];
-  auto r = l.cl->barrier(node, std::move(nodes), seq);
+  auto r = l.cl->barrier(node, std::move(nodes));
   return r.ok() ? std::string() : std::string("virtual time: the members' barrier failed: ") + errc_name(r.err().code) + ": " + r.err().message;
 }
 

@@ -19,7 +19,8 @@ def stamp():
 
 def check(ok, what):
     if not ok:
-        print(f"vt_mpi4py: rank {r}: FAILED: {what}", flush=True)
+        sys.stdout.write(f"vt_mpi4py: rank {r}: FAILED: {what}\n")
+        sys.stdout.flush()
         sys.exit(1)
 
 
@@ -51,4 +52,7 @@ check((b[:1000] == np.arange(1000, dtype=np.float64) * (left + 1)).all(), "Isend
 stamp()
 c.Barrier()
 stamp()
-print(f"vt: rank {r}: " + " ".join(str(t) for t in times), flush=True)
+# One write per line: print() writes the text and the newline apart, and mpirun may put another
+# rank's output between them.
+sys.stdout.write(f"vt: rank {r}: " + " ".join(str(t) for t in times) + "\n")
+sys.stdout.flush()

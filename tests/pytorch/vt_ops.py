@@ -87,7 +87,10 @@ check(all(torch.equal(e, flat) for e in every), "DDP: parameters differ between 
 stamp()
 
 check(all(b >= a for a, b in zip(times, times[1:])), f"the virtual clock went back: {times}")
-print(f"vt: rank {rank}: " + " ".join(str(t) for t in times), flush=True)
+# One write per line: print() writes the text and the newline apart, and mpirun may put another
+# rank's output between them.
+sys.stdout.write(f"vt: rank {rank}: " + " ".join(str(t) for t in times) + "\n")
+sys.stdout.flush()
 for f in failures:
     print(f"vt_ops: rank {rank}: FAILED: {f}", file=sys.stderr, flush=True)
 dist.destroy_process_group()

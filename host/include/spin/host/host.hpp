@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <span>
 #include <string>
@@ -227,6 +228,10 @@ public:
   /// as wait_events; invalid_argument (a node twice, a node without a host program, `node`
   /// missing), bad_state (also: a member's program left), timeout (100 virtual days passed).
   result<void> barrier(std::uint32_t node, std::vector<std::uint32_t> members, std::uint64_t seq);
+  /// barrier with `seq` numbered by this client: the next of its barriers over the same member
+  /// set (in any order). For a process that makes all its barriers through one client (each
+  /// member then counts the same barriers alike).
+  result<void> barrier(std::uint32_t node, std::vector<std::uint32_t> members);
   // Point-to-point messages whose bytes travel outside spin (libspin-mpi's MPI_Send and
   // MPI_Recv), made visible to the simulation so a receive ends at the virtual time its
   // message arrives (protocol::p2p_send and the rest; docs/virtual-time.md, "MPI programs").
@@ -294,6 +299,7 @@ private:
   bool _virtual = false;
   std::string _socket;                              // as connect was given it
   std::shared_ptr<std::atomic<std::int64_t>> _clock;  // the process's virtual clock of this server (attach)
+  std::map<std::vector<std::uint32_t>, std::uint64_t> _barriers;  // barriers so far, per member set
   std::function<void()> _while_waiting;             // set_while_waiting
   std::chrono::milliseconds _wait_every{0};
 };
