@@ -828,4 +828,37 @@ int MPI_Testall(int count, MPI_Request requests[], int* flag, MPI_Status statuse
   return err;
 }
 
+// Requests of ours freed, cancelled or looked at without completing them.
+int MPI_Request_free(MPI_Request* request) {
+  if (!vt.on || *request == MPI_REQUEST_NULL || ours(*request) == nullptr) return PMPI_Request_free(request);
+  std::lock_guard g(p2p_mu);
+  op* o = ours(*request);
+  if (o->k != kind::send)
+    return vt_refuse(o->comm, "MPI_Request_free", "of a pending receive or synchronous send; wait for it or test it instead");
+  return complete_request(request, MPI_STATUS_IGNORE, "MPI_Request_free");  // a buffered send is complete
+}
+
+int MPI_Cancel(MPI_Request* request) {
+  if (!vt.on || *request == MPI_REQUEST_NULL || ours(*request) == nullptr) return PMPI_Cancel(request);
+  return vt_refuse(ours(*request)->comm, "MPI_Cancel", "cancelling a point-to-point operation is not supported");
+}
+
+int MPI_Request_get_status(MPI_Request request, int* flag, MPI_Status* status) {
+  if (!vt.on || request == MPI_REQUEST_NULL || ours(request) == nullptr) return PMPI_Request_get_status(request, flag, status);
+  std::lock_guard g(p2p_mu);
+  op* o = ours(request);
+  if (auto r = learn({o}, 0); !r) return failed(o->comm, "MPI_Request_get_status", r.err());
+  if (!complete_now(*o)) {
+    *flag = 0;
+    poll_wait();
+    return MPI_SUCCESS;
+  }
+  // A receive's status needs its bytes: they are taken now, and its wait only frees it.
+  if (o->k == kind::recv)
+    if (auto r = take(*o); !r) return failed(o->comm, "MPI_Request_get_status", r.err());
+  *flag = 1;
+  if (status != MPI_STATUS_IGNORE) query_status(o, status);
+  return MPI_SUCCESS;
+}
+
 } // extern "C"

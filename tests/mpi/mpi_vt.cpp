@@ -5,7 +5,7 @@
 // collective that went to MPI every member reads the same time (the members met in virtual
 // time first), and each rank prints its times ("vt: rank R: ...", nanoseconds), which two runs
 // must print alike. Point to point (MPI_Send, _Ssend, _Bsend, _Recv, _Sendrecv, _Isend, _Irecv,
-// _Wait, _Waitall, _Test, _Probe, _Iprobe) with exact data, MPI's matching order, any source
+// _Wait, _Waitall, _Test, _Probe, _Iprobe, _Request_get_status, _Request_free) with exact data, MPI's matching order, any source
 // and any tag, and a 1 MiB message that takes the model's line-rate time.
 //
 //   mpi_vt [--wall-clock]     (--wall-clock: against a wall-clock spin-emu; skips the time checks)
@@ -230,6 +230,16 @@ int main(int argc, char** argv) {
       int done = 0;
       for (int i = 0; i < 100000 && !done; ++i) MPI_Test(&rx, &done, MPI_STATUS_IGNORE);
       check(done == 1 && x == 13, "MPI_Test: done " + std::to_string(done) + ", value " + std::to_string(x));
+      if (size > 3) {  // MPI_Request_get_status polls without completing; the wait then frees
+        int y = -1, got = 0;
+        MPI_Request ry;
+        MPI_Irecv(&y, 1, MPI_INT, 3, 14, c, &ry);
+        MPI_Status gs;
+        for (int i = 0; i < 100000 && !got; ++i) MPI_Request_get_status(ry, &got, &gs);
+        check(got == 1 && y == 33 && gs.MPI_SOURCE == 3 && gs.MPI_TAG == 14 && ry != MPI_REQUEST_NULL,
+              "MPI_Request_get_status: flag " + std::to_string(got) + ", value " + std::to_string(y));
+        check(MPI_Wait(&ry, MPI_STATUS_IGNORE) == MPI_SUCCESS && ry == MPI_REQUEST_NULL && y == 33, "MPI_Wait after get_status");
+      }
     } else if (rank == 1) {
       int a = 71, b = 72;
       MPI_Send(&a, 1, MPI_INT, 0, 7, c);
@@ -239,6 +249,11 @@ int main(int argc, char** argv) {
     } else if (rank == 2) {
       int x = 13;
       MPI_Send(&x, 1, MPI_INT, 0, 13, c);
+    } else if (rank == 3) {  // a send freed at once: its bytes still arrive
+      int y = 33;
+      MPI_Request ry;
+      MPI_Isend(&y, 1, MPI_INT, 0, 14, c, &ry);
+      check(MPI_Request_free(&ry) == MPI_SUCCESS && ry == MPI_REQUEST_NULL, "MPI_Request_free of an MPI_Isend");
     }
     stamp(c, "order, probe, test", false);
     MPI_Comm_free(&c);
