@@ -167,7 +167,10 @@ void cluster::impl::port_kick(std::uint32_t pi) {
   p.busy_until = now + std::max(ser, p.gap);
   p.busy += std::max(ser, p.gap);
   const double u_loss = p.rng.next_unit(), u_dup = p.rng.next_unit(), u_reorder = p.rng.next_unit();
-  if (u_loss < p.model.loss) {
+  // Host traffic is a reliable transport's: the link model neither loses nor duplicates it
+  // (retransmissions are not modelled); it still draws, so spin's frames see the same draws.
+  const bool reliable = f->traffic != 0;
+  if (!reliable && u_loss < p.model.loss) {
     ++p.dropped_loss;
     nodes[p.node]->st.drops[static_cast<std::size_t>(drop::link_loss)] += 1;
     free_frame(f);
@@ -176,7 +179,7 @@ void cluster::impl::port_kick(std::uint32_t pi) {
     p.bytes += f->len;
     ps at = now + ser + p.latency;
     if (u_reorder < p.model.reorder) at += p.reorder_delay;
-    if (u_dup < p.model.duplicate) {
+    if (!reliable && u_dup < p.model.duplicate) {
       frame* d = alloc_frame();
       const std::uint64_t seq = d->seq;
       std::byte* data = d->data;
@@ -213,7 +216,61 @@ void cluster::impl::arrive(std::uint32_t n, frame* f) {
     }
     return;
   }
+  if (f->traffic != 0) {
+    traffic_arrived(n, f);
+    return;
+  }
   nic_ingress(n, f);
+}
+
+void cluster::impl::traffic_arrived(std::uint32_t n, frame* f) {
+  impl_node& nd = *nodes[n];
+  nd.st.packets_in += 1;
+  nd.st.bytes_in += f->len;
+  // Past the HPUs: the NIC writes the payload to host memory.
+  const ps landed = dma(nd, now, f->len - static_cast<std::uint32_t>(rt::wire::max_overhead), true);
+  auto it = traffic.find(f->traffic);
+  free_frame(f);
+  host_traffic& t = it->second;
+  t.last = std::max(t.last, landed);
+  if (--t.left > 0) return;
+  const std::uint64_t key = next_call++;
+  calls.emplace(key, std::move(t.arrived));
+  schedule(t.last, ev::call, 0, key);
+  traffic.erase(it);
+}
+
+result<void> cluster::send_host_traffic(std::uint32_t from, std::uint32_t to, std::uint64_t bytes, std::function<void()> arrived) {
+  impl& s = *_p;
+  if (from >= s.nodes.size() || to >= s.nodes.size() || s.nodes[from]->is_switch || s.nodes[to]->is_switch)
+    return fail(errc::not_found, "host traffic: nodes " + std::to_string(from) + " and " + std::to_string(to) + " must both be hosts");
+  impl_node& src = *s.nodes[from];
+  const std::uint32_t dest = s.nodes[to]->rank;
+  if (from != to && !s.next_port(from, dest))
+    return fail(errc::not_found, "host traffic: no route from " + src.name + " to " + s.nodes[to]->name);
+  const std::uint64_t payload = s.opts.payload_bytes;
+  const std::uint64_t packets = std::max<std::uint64_t>(1, (bytes + payload - 1) / payload);
+  if (packets >= (1ull << 32)) return fail(errc::invalid_argument, "host traffic: a message of more than 2^32 packets");
+  const std::uint32_t key = s.next_traffic++;
+  if (s.next_traffic == 0) s.next_traffic = 1;
+  s.traffic.emplace(key, host_traffic{packets, 0, std::move(arrived)});
+  // As a host message leaves (vnic::send): the doorbell over PCIe, each packet's payload read
+  // from host memory by the DMA engine, then the transmit latency.
+  const ps doorbell = s.now + static_cast<ps>(src.model.pcie_latency.count()) * 1000;
+  std::uint64_t off = 0;
+  for (std::uint64_t k = 0; k < packets; ++k) {
+    const auto n = static_cast<std::uint32_t>(std::min<std::uint64_t>(bytes - off, payload));
+    frame* f = s.alloc_frame();
+    f->len = n + static_cast<std::uint32_t>(rt::wire::max_overhead);
+    f->dest_rank = dest;
+    f->traffic = key;
+    f->ready = s.dma(src, doorbell, n, false) + static_cast<ps>(src.model.tx_latency.count()) * 1000;
+    drop why{};
+    (void)s.route(from, f, why, false);  // routable (checked), and never dropped at a full queue
+    src.st.host_packets += 1;
+    off += n;
+  }
+  return {};
 }
 
 void cluster::call_at(picoseconds at, std::function<void()> fn) {

@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <map>
 #include <mutex>
@@ -37,6 +38,14 @@ struct frame {
   ps arrived = 0;              // last byte at the receiving NIC
   std::uint64_t seq = 0;       // order of creation: ties in port queues
   frame* next = nullptr;       // the list of frames an HPU frees when done (core_done)
+  std::uint32_t traffic = 0;   // a packet of host traffic (cluster::send_host_traffic): its key in impl::traffic; 0: a spin frame
+};
+
+/// A message of host traffic on its way (cluster::send_host_traffic).
+struct host_traffic {
+  std::uint64_t left = 0;      // packets not yet in the destination's host memory
+  ps last = 0;                 // when the last of those that arrived is there
+  std::function<void()> arrived;
 };
 
 enum class ev : std::uint8_t {
@@ -214,6 +223,11 @@ public:
   std::map<std::string, meeting> meetings;  // cluster::meet, by key
   /// Ends the waits of meeting `it` with `why`, in the order they came, and forgets it.
   void end_meeting(std::map<std::string, meeting>::iterator it, cluster::meet_result why);
+
+  // ---- host traffic (cluster::send_host_traffic) ----
+  std::unordered_map<std::uint32_t, host_traffic> traffic;
+  std::uint32_t next_traffic = 1;
+  void traffic_arrived(std::uint32_t n, frame* f);
 
   // ---- cluster::call_at ----
   std::unordered_map<std::uint64_t, std::function<void()>> calls;

@@ -63,8 +63,6 @@ struct remote_hosts::state {
     std::uint64_t parks = 0;
     std::uint64_t matches = 0;           // receives matched so far (p2p_match::order)
     std::uint64_t generation = 0;        // changes when a round starts or its program leaves
-    picoseconds in_free{0};     // its last link is free of the messages sent to it so far
-    picoseconds out_free{0};    // its first link is free of the messages it sent so far
   };
   /// An attached connection.
   struct session {
@@ -148,9 +146,8 @@ struct remote_hosts::state {
     ++st.p2p_matched;
     wake(sl);
     if (e.sync == 0) return;
-    const auto back = c.transfer_time(hosts[static_cast<std::size_t>(dst)], e.source, 0);
-    const picoseconds at = c.now() + (back ? back->total() : picoseconds(0));
-    c.call_at(at, [this, e] {
+    // Word of the match goes back to the sender as a packet of its own.
+    (void)c.send_host_traffic(hosts[static_cast<std::size_t>(dst)], e.source, 0, [this, e] {
       std::lock_guard lk(mu);
       slot& snd = slots[static_cast<std::size_t>(e.sender)];
       if (snd.generation != e.sender_generation || !snd.pending.contains(e.sync)) return;  // it left
@@ -158,6 +155,26 @@ struct remote_hosts::state {
       snd.complete[e.sync] = host::protocol::p2p_match{e.sync, e.source, e.bits, e.bytes};
       wake(snd);
     });
+  }
+  /// Envelopes from one slot to another, delivered in the order they were sent.
+  struct pair_order {
+    std::uint64_t sent = 0, delivered = 0;
+    std::map<std::uint64_t, envelope> held;  // arrived before an earlier one, by send number
+  };
+  std::map<std::pair<int, int>, pair_order> pairs;  // (sender, destination) slots; cleared each round
+  /// Envelope `e` has arrived at slot `dst`: the earliest posted receive that accepts it takes
+  /// it, else it waits with the unexpected ones. `mu` held.
+  void deliver(int dst, const envelope& e) {
+    slot& sl = slots[static_cast<std::size_t>(dst)];
+    for (auto it = sl.posted.begin(); it != sl.posted.end(); ++it)
+      if (it->accepts(e)) {
+        const std::uint64_t id = it->id;
+        sl.posted.erase(it);
+        matched(dst, id, e);
+        return;
+      }
+    sl.unexpected.push_back(e);
+    wake(sl);  // a probe may wait for it
   }
   /// Waits in virtual time, on the actor's thread, until `ready()` or `deadline`; `lk` held on
   /// entry and return. False: spin-emu is stopping.
@@ -262,8 +279,8 @@ void remote_hosts::spawn_round() {
       sl.mailbox.clear();
       sl.sessions.clear();
       state::clear_p2p(sl);
-      sl.in_free = sl.out_free = picoseconds(0);
     }
+    s.pairs.clear();
     // Sessions bound in the last round belong to processes that left; unbound ones stay.
     std::erase_if(s.sessions, [](const auto& e) { return e.second.slot != no_slot; });
   }
@@ -467,38 +484,33 @@ result<void> remote_hosts::p2p_send(std::uint64_t session, const proto::p2p_send
   if (q.id != 0 && (from.pending.contains(q.id) || from.complete.contains(q.id)))
     return fail(errc::exists, "p2p_send: id " + std::to_string(q.id) + " is pending already");
   const std::uint32_t src_node = s.hosts[static_cast<std::size_t>(*me)];
-  auto way = s.c.transfer_time(src_node, q.dest, q.bytes);
-  if (!way) return way.err();
-  // It leaves when its first link is free of this node's earlier messages, and its last packet
-  // lands when the destination's last link is free of the messages sent to it before.
-  const picoseconds now = s.c.now();
-  const picoseconds occupancy = way->gap * way->packets;
-  const picoseconds start = std::max(now, from.out_free);
-  from.out_free = start + occupancy;
-  const picoseconds arrival = std::max(start + way->total(), to.in_free + occupancy);
-  to.in_free = arrival;
   state::envelope e{src_node, q.match_bits, q.bytes, *me, from.generation, q.id};
-  if (q.id != 0) from.pending.insert(q.id);
-  ++s.st.p2p_messages;
   const int d = *dst;
   const std::uint64_t gen = to.generation;
-  s.c.call_at(arrival, [&s, d, gen, e] {
+  // The message's bytes cross the network as packets (the envelope arrives with the last).
+  // The bytes cross the network as packets; the envelope arrives with the last of them, but
+  // never before an earlier message of the same sender to the same node (MPI's
+  // non-overtaking: a small message's packets may pass a large one's on the way).
+  state::pair_order& order = s.pairs[{*me, d}];
+  const std::uint64_t seq = order.sent;
+  auto sent = s.c.send_host_traffic(src_node, q.dest, q.bytes, [&s, me = *me, d, gen, seq, e] {
     std::lock_guard g(s.mu);
-    state::slot& sl = s.slots[static_cast<std::size_t>(d)];
-    if (sl.generation != gen) {  // its program left (or the round ended) meanwhile
+    if (s.slots[static_cast<std::size_t>(d)].generation != gen) {  // its program left (or the round ended) meanwhile
       ++s.st.p2p_dropped;
       return;
     }
-    for (auto it = sl.posted.begin(); it != sl.posted.end(); ++it)
-      if (it->accepts(e)) {
-        const std::uint64_t id = it->id;
-        sl.posted.erase(it);
-        s.matched(d, id, e);
-        return;
-      }
-    sl.unexpected.push_back(e);
-    s.wake(sl);  // a probe may wait for it
+    state::pair_order& o = s.pairs[{me, d}];
+    o.held.emplace(seq, e);
+    while (!o.held.empty() && o.held.begin()->first == o.delivered) {
+      s.deliver(d, o.held.begin()->second);
+      o.held.erase(o.held.begin());
+      ++o.delivered;
+    }
   });
+  if (!sent) return sent.err();
+  ++order.sent;
+  if (q.id != 0) from.pending.insert(q.id);
+  ++s.st.p2p_messages;
   return {};
 }
 

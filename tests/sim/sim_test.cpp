@@ -6,9 +6,12 @@
 #include <spin/emu/cluster.hpp>
 #include <spin/host/message.hpp>
 #include <spin/rt/loader.hpp>
+#include <spin/rt/wire.hpp>
 #include <spin/sim/cluster.hpp>
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <csignal>
 #include <cstring>
 #include <random>
@@ -670,3 +673,76 @@ TEST_CASE("a NIC in virtual time refuses handlers that do not count their instru
 }
 
 } // TEST_SUITE
+
+TEST_CASE("host traffic crosses the ports as packets: an isolated packet's exact time, two messages to one node share its "
+          "link, a lossy link loses none") {
+  emu::link_model lm;
+  lm.rate_gbps = 100;
+  lm.latency = std::chrono::nanoseconds(1000);
+  lm.queue_packets = 1 << 16;
+  const emu::nic_model nic{};
+  auto ceil_ps = [](double v) { return static_cast<std::uint64_t>(std::ceil(v)); };
+  SUBCASE("one packet of 100 bytes between two hosts: doorbell, DMA read, transmit, wire, DMA write") {
+    auto c = sim::cluster::create(emu::pair(lm));
+    REQUIRE(c.ok());
+    sim::cluster& cl = *c.value();
+    std::uint64_t at = 0;
+    cl.spawn("sender", [&] { REQUIRE(cl.send_host_traffic(0, 1, 100, [&] { at = cl.now().count(); }).ok()); });
+    REQUIRE(cl.run().ok());
+    const std::uint64_t pcie = static_cast<std::uint64_t>(nic.pcie_latency.count()) * 1000;
+    const std::uint64_t xfer = ceil_ps(100 * 8000.0 / nic.pcie_gbps);
+    const std::uint64_t ready = pcie + xfer + 2 * pcie + static_cast<std::uint64_t>(nic.tx_latency.count()) * 1000;
+    const std::uint64_t wire = ceil_ps((100 + rt::wire::max_overhead) * 8000.0 / lm.rate_gbps) + 1'000'000;
+    CHECK(at == ready + wire + xfer + pcie);
+    const auto st = cl.stats();
+    CHECK(st.nodes[0].host_packets == 1);
+    CHECK(st.nodes[1].packets_in == 1);
+    CHECK(st.nodes[1].handled == 0);  // past the HPUs
+  }
+  SUBCASE("two 1 MiB messages to one host at once each take about twice one alone; alone it runs at line rate") {
+    const std::uint64_t mib = 1 << 20;
+    auto one = [&](int senders) {
+      auto c = sim::cluster::create(emu::star(3, lm));
+      REQUIRE(c.ok());
+      sim::cluster& cl = *c.value();
+      std::vector<std::uint64_t> at(static_cast<std::size_t>(senders), 0);
+      for (int i = 0; i < senders; ++i)
+        cl.spawn("sender", [&, i] {
+          REQUIRE(cl.send_host_traffic(static_cast<std::uint32_t>(1 + i), 0, mib, [&, i] { at[static_cast<std::size_t>(i)] = cl.now().count(); }).ok());
+        });
+      REQUIRE(cl.run().ok());
+      return *std::max_element(at.begin(), at.end());
+    };
+    const std::uint64_t line = mib * 8000 / 100;  // ps at 100 Gbit/s, payload only
+    const std::uint64_t alone = one(1), both = one(2);
+    CHECK(alone > line);
+    CHECK(alone < line + line / 5);  // headers and latencies: within 20 %
+    CHECK(both > 2 * line);          // the last link carries both
+    CHECK(both < 2 * alone);
+  }
+  SUBCASE("a link that loses half its packets loses none of a host's traffic") {
+    emu::link_model lossy = lm;
+    lossy.loss = 0.5;
+    lossy.duplicate = 0.2;
+    auto c = sim::cluster::create(emu::pair(lossy));
+    REQUIRE(c.ok());
+    sim::cluster& cl = *c.value();
+    bool arrived = false;
+    cl.spawn("sender", [&] { REQUIRE(cl.send_host_traffic(0, 1, 100 * 4096, [&] { arrived = true; }).ok()); });
+    REQUIRE(cl.run().ok());
+    CHECK(arrived);
+    CHECK(cl.stats().nodes[1].packets_in == 100);
+  }
+  SUBCASE("a switch is no end of host traffic") {
+    auto c = sim::cluster::create(emu::star(2, lm));
+    REQUIRE(c.ok());
+    sim::cluster& cl = *c.value();
+    bool refused = false;
+    cl.spawn("sender", [&] {
+      auto r = cl.send_host_traffic(0, 2, 8, [] {});
+      refused = !r.ok() && r.err().code == errc::not_found;
+    });
+    REQUIRE(cl.run().ok());
+    CHECK(refused);
+  }
+}

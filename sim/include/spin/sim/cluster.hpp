@@ -26,7 +26,9 @@
 //    handler after its last payload handler. A handler's sends leave tx_latency after the
 //    command; its events reach the host after a DMA of 8 bytes;
 //  - a host program (an actor) runs in zero virtual time between its waits; its messages reach
-//    the NIC pcie_latency after the doorbell, their payload by DMA (inline up to 256 bytes).
+//    the NIC pcie_latency after the doorbell, their payload by DMA (inline up to 256 bytes);
+//  - a host's own traffic (send_host_traffic: MPI's messages) takes the same DMA engines, port
+//    queues and links, past the HPUs, and is never lost.
 //
 // Threads. One thread runs the simulation: the thread in run(), or the thread that waits on a
 // NIC (wait_events) while no actor exists. Host programs run as actors (spawn): each on a thread
@@ -206,6 +208,20 @@ public:
   /// simulation, as an event: ordered with the others by time, then by order of scheduling. It
   /// must not wait. Only from an actor, or from a call_at function.
   void call_at(picoseconds at, std::function<void()> fn);
+  /// Sends `bytes` bytes of a host's own traffic, not handler work (libspin-mpi's MPI
+  /// messages: remote_hosts' point-to-point envelopes), from host node `from` to host node `to`
+  /// through the network, and calls `arrived` (as an event on the simulation's thread) when
+  /// its last byte is in `to`'s host memory. It travels as max(1, ceil(bytes /
+  /// options::payload_bytes)) packets with the largest header (rt::wire::max_overhead), and
+  /// leaves as a host message does: the doorbell over PCIe, each packet read by `from`'s DMA
+  /// engine, the transmit latency; then the same port queues and links as every frame (so it
+  /// contends with spin's packets), and `to`'s DMA engine writes each payload to host memory,
+  /// past the HPUs and the packet buffer. It is never dropped: a full queue takes it (as host
+  /// messages), and the link model neither loses nor duplicates it (a reliable transport; its
+  /// retransmissions are not modelled). Counted in node_stats::host_packets (sender) and
+  /// packets_in, bytes_in (receiver). Only from an actor or a call_at function. Errors:
+  /// not_found (a node that is not a host, or no route), invalid_argument (2^32 packets or more).
+  result<void> send_host_traffic(std::uint32_t from, std::uint32_t to, std::uint64_t bytes, std::function<void()> arrived);
   /// A message's way through the network when nothing else uses it (transfer_time).
   struct transfer {
     picoseconds first{0};     ///< the first packet's last byte at the destination, after it left
