@@ -4,7 +4,7 @@
 // waiting for another rank's message could wait for a rank that needs the simulation to move.
 // Here no MPI call waits for that: every message's envelope goes through spin-emu
 // (host::client::p2p_send and the rest). A receive waits there, in virtual time, until its
-// message arrives by the network model (sim::cluster::transfer_time over the route); only then
+// message's bytes have crossed the simulated network (sim::cluster::send_host_traffic); only then
 // does this rank take the bytes from MPI, and the sender handed them to MPI before the
 // simulation could move past its send:
 //  - a standard, buffered or ready send copies the bytes, posts the envelope and a PMPI_Isend

@@ -273,13 +273,6 @@ result<void> cluster::send_host_traffic(std::uint32_t from, std::uint32_t to, st
   return {};
 }
 
-void cluster::call_at(picoseconds at, std::function<void()> fn) {
-  impl& s = *_p;
-  const std::uint64_t key = s.next_call++;
-  s.calls.emplace(key, std::move(fn));
-  s.schedule(at.count(), ev::call, 0, key);
-}
-
 result<cluster::transfer> cluster::transfer_time(std::uint32_t from, std::uint32_t to, std::uint64_t bytes) const {
   const impl& s = *_p;
   if (from >= s.nodes.size() || to >= s.nodes.size())

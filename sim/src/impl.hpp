@@ -57,7 +57,7 @@ enum class ev : std::uint8_t {
   host_visible,  // a: node, b: ec — an event reached host memory
   actor_timeout, // a: actor, b: token
   sample,        // record queue depths
-  call,          // b: key into impl::calls — cluster::call_at
+  call,          // b: key into impl::calls — a callback (host traffic that arrived)
 };
 
 struct event {
@@ -229,7 +229,7 @@ public:
   std::uint32_t next_traffic = 1;
   void traffic_arrived(std::uint32_t n, frame* f);
 
-  // ---- cluster::call_at ----
+  // ---- callbacks run as events (ev::call) ----
   std::unordered_map<std::uint64_t, std::function<void()>> calls;
   std::uint64_t next_call = 0;
 

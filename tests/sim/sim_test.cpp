@@ -694,6 +694,9 @@ TEST_CASE("host traffic crosses the ports as packets: an isolated packet's exact
     const std::uint64_t ready = pcie + xfer + 2 * pcie + static_cast<std::uint64_t>(nic.tx_latency.count()) * 1000;
     const std::uint64_t wire = ceil_ps((100 + rt::wire::max_overhead) * 8000.0 / lm.rate_gbps) + 1'000'000;
     CHECK(at == ready + wire + xfer + pcie);
+    auto idle = cl.transfer_time(0, 1, 100);  // the wire alone
+    REQUIRE(idle.ok());
+    CHECK(idle.value().total().count() == wire);
     const auto st = cl.stats();
     CHECK(st.nodes[0].host_packets == 1);
     CHECK(st.nodes[1].packets_in == 1);

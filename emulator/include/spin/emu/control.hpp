@@ -163,9 +163,9 @@ public:
   // (a node that has no host program), exists (an id that is pending already), not_found (an
   // id that is not pending).
 
-  /// "p2p_send": the message leaves now and arrives after the route's transfer time
-  /// (sim::cluster::transfer_time), after the previous message between the same two nodes and
-  /// when the destination's last link is free of the messages that arrived before it.
+  /// "p2p_send": the message leaves now; its bytes cross the network as packets (in spin::sim:
+  /// cluster::send_host_traffic) and its envelope arrives with the last of them, after every
+  /// earlier message of the same sender to the same node.
   virtual result<void> p2p_send(std::uint64_t session, const host::protocol::p2p_send& q) = 0;
   /// "p2p_recv": posts a receive; it matches at once a message that has arrived and waits.
   virtual result<void> p2p_recv(std::uint64_t session, const host::protocol::p2p_recv& q) = 0;

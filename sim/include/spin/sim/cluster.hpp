@@ -201,13 +201,9 @@ public:
   /// Ends every wait in meeting `key` with meet_result::met: the wake-up of actors that wait
   /// (meet with a count no one reaches) for something the caller decides, such as a message
   /// matching a posted receive (remote_hosts' point-to-point messages). No meeting of that key:
-  /// nothing happens. Only from an actor, the thread driving the simulation, or a call_at
-  /// function.
+  /// nothing happens. Only from an actor, the thread driving the simulation, or an event's
+  /// callback (send_host_traffic's).
   void release_meeting(const std::string& key);
-  /// Runs `fn` at virtual time `at` (now, if `at` has passed) on the thread that runs the
-  /// simulation, as an event: ordered with the others by time, then by order of scheduling. It
-  /// must not wait. Only from an actor, or from a call_at function.
-  void call_at(picoseconds at, std::function<void()> fn);
   /// Sends `bytes` bytes of a host's own traffic, not handler work (libspin-mpi's MPI
   /// messages: remote_hosts' point-to-point envelopes), from host node `from` to host node `to`
   /// through the network, and calls `arrived` (as an event on the simulation's thread) when
@@ -219,7 +215,7 @@ public:
   /// past the HPUs and the packet buffer. It is never dropped: a full queue takes it (as host
   /// messages), and the link model neither loses nor duplicates it (a reliable transport; its
   /// retransmissions are not modelled). Counted in node_stats::host_packets (sender) and
-  /// packets_in, bytes_in (receiver). Only from an actor or a call_at function. Errors:
+  /// packets_in, bytes_in (receiver). Only from an actor or an `arrived` callback. Errors:
   /// not_found (a node that is not a host, or no route), invalid_argument (2^32 packets or more).
   result<void> send_host_traffic(std::uint32_t from, std::uint32_t to, std::uint64_t bytes, std::function<void()> arrived);
   /// A message's way through the network when nothing else uses it (transfer_time).

@@ -74,9 +74,11 @@ public:
   result<void> barrier(std::uint64_t session, std::vector<std::uint32_t> nodes, std::uint64_t seq,
                        const std::function<void()>& reply) override;
   /// Point-to-point envelopes: matched per destination slot (posted receives in post order,
-  /// unexpected messages in arrival order); arrivals and synchronous sends' acknowledgements
-  /// are events (cluster::call_at). A program that leaves drops what waits for it; a message
-  /// for it is dropped on arrival (remote_stats::p2p_dropped).
+  /// unexpected messages in arrival order). A message's bytes, and a synchronous send's
+  /// acknowledgement, cross the network as host traffic (cluster::send_host_traffic); an
+  /// envelope arrives with its last byte, after every earlier one of its sender to the same
+  /// node. A program that leaves drops what waits for it; a message for it is dropped on
+  /// arrival (remote_stats::p2p_dropped).
   result<void> p2p_send(std::uint64_t session, const host::protocol::p2p_send& q) override;
   result<void> p2p_recv(std::uint64_t session, const host::protocol::p2p_recv& q) override;
   result<std::vector<host::protocol::p2p_match>> p2p_wait(std::uint64_t session, const host::protocol::p2p_wait& q) override;
