@@ -99,14 +99,20 @@ struct buffered {
 std::mutex sends_mu;
 std::vector<buffered> sends;
 
+/// Completes the buffered sends MPI has finished: one PMPI_Testsome over all of them (one
+/// progress call, not one per send: a rank may have thousands pending).
 void progress() {
   std::unique_lock lk(sends_mu, std::try_to_lock);
-  if (!lk) return;
-  std::erase_if(sends, [](buffered& b) {
-    int done = 0;
-    PMPI_Test(&b.req, &done, MPI_STATUS_IGNORE);
-    return done != 0;
-  });
+  if (!lk || sends.empty()) return;
+  std::vector<MPI_Request> reqs;
+  reqs.reserve(sends.size());
+  for (const auto& b : sends) reqs.push_back(b.req);
+  std::vector<int> idx(sends.size());
+  int n = 0;
+  PMPI_Testsome(static_cast<int>(reqs.size()), reqs.data(), &n, idx.data(), MPI_STATUSES_IGNORE);
+  if (n <= 0) return;  // none, or MPI_UNDEFINED
+  for (std::size_t i = 0; i < sends.size(); ++i) sends[i].req = reqs[i];
+  std::erase_if(sends, [](const buffered& b) { return b.req == MPI_REQUEST_NULL; });
 }
 
 // ---- requests this layer owns ----
@@ -270,8 +276,13 @@ int post_send(const void* buf, int count, MPI_Datatype type, int dest, int tag, 
   b.copy = std::move(copy);
   const int e = PMPI_Isend(base, count, type, dest, tag, comm, &b.req);
   if (e == MPI_SUCCESS) {
-    std::lock_guard g(sends_mu);
-    sends.push_back(std::move(b));
+    bool tidy = false;
+    {
+      std::lock_guard g(sends_mu);
+      sends.push_back(std::move(b));
+      tidy = sends.size() % 64 == 0;
+    }
+    if (tidy) progress();  // keeps the list short when a rank sends many
   }
   return e;
 }
