@@ -274,6 +274,25 @@ int main(int argc, char** argv) {
       }
       stamp(c, "1000 messages", false);
     }
+    // A message longer than the receive: MPI's own error (MPI_ERR_TRUNCATE), returned.
+    {
+      MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
+      std::vector<int> big(100, 5), small(10, -1);
+      if (rank == 0) {
+        MPI_Send(big.data(), 100, MPI_INT, 1, 21, c);
+        MPI_Send(big.data(), 100, MPI_INT, 1, 22, c);
+      } else if (rank == 1) {
+        int cls = -1;
+        MPI_Error_class(MPI_Recv(small.data(), 10, MPI_INT, 0, 21, c, MPI_STATUS_IGNORE), &cls);
+        check(cls == MPI_ERR_TRUNCATE, "a truncating MPI_Recv returned class " + std::to_string(cls));
+        MPI_Request r;
+        MPI_Irecv(small.data(), 10, MPI_INT, 0, 22, c, &r);
+        MPI_Error_class(MPI_Wait(&r, MPI_STATUS_IGNORE), &cls);
+        check(cls == MPI_ERR_TRUNCATE, "a truncating MPI_Irecv's MPI_Wait returned class " + std::to_string(cls));
+      }
+      MPI_Comm_set_errhandler(c, MPI_ERRORS_ARE_FATAL);
+      stamp(c, "truncation", false);
+    }
     MPI_Comm_free(&c);
   }
 
