@@ -21,6 +21,18 @@
 
 namespace spin::host {
 
+namespace {
+// client::set_while_waiting: one hook for every client of the process.
+std::function<void()>& while_waiting() {
+  static std::function<void()> hook;
+  return hook;
+}
+std::chrono::milliseconds& wait_every() {
+  static std::chrono::milliseconds every{1};
+  return every;
+}
+} // namespace
+
 namespace proto = protocol;
 
 namespace {
@@ -60,7 +72,7 @@ std::uint32_t event_queue::capacity() const noexcept { return _ring ? _ring->cap
 client::client(client&& o) noexcept
     : _fd(std::exchange(o._fd, -1)), _next_id(o._next_id), _in(std::move(o._in)), _reply_timeout(o._reply_timeout),
       _virtual(o._virtual), _socket(std::move(o._socket)), _clock(std::move(o._clock)),
-      _barriers(std::move(o._barriers)), _while_waiting(std::move(o._while_waiting)), _wait_every(o._wait_every) {}
+      _barriers(std::move(o._barriers)) {}
 
 client& client::operator=(client&& o) noexcept {
   if (this != &o) {
@@ -72,8 +84,6 @@ client& client::operator=(client&& o) noexcept {
     _virtual = o._virtual;
     _socket = std::move(o._socket);
     _barriers = std::move(o._barriers);
-    _while_waiting = std::move(o._while_waiting);
-    _wait_every = o._wait_every;
     _clock = std::move(o._clock);
   }
   return *this;
@@ -149,10 +159,11 @@ result<client::reply_line> client::exchange(const std::string& line, std::span<c
                                      std::to_string((_reply_timeout + extra).count()) + " ms; connection closed");
     }
     pollfd p{_fd, POLLIN, 0};
-    const auto slice = _while_waiting ? std::min(left, _wait_every) : left;
+    const auto& hook = while_waiting();
+    const auto slice = hook ? std::min(left, wait_every()) : left;
     const int pr = ::poll(&p, 1, static_cast<int>(std::min<std::int64_t>(slice.count(), std::numeric_limits<int>::max())));
     if (pr < 0 && errno == EINTR) continue;
-    if (pr == 0 && _while_waiting) _while_waiting();
+    if (pr == 0 && hook) hook();
     if (pr <= 0) continue;
     std::array<char, 16 * 1024> buf;
     bool truncated = false;
@@ -397,8 +408,8 @@ result<std::optional<proto::p2p_match>> client::p2p_probe(std::uint32_t node, st
 }
 
 void client::set_while_waiting(std::function<void()> hook, std::chrono::milliseconds every) {
-  _while_waiting = std::move(hook);
-  _wait_every = std::max(every, std::chrono::milliseconds(1));
+  while_waiting() = std::move(hook);
+  wait_every() = std::max(every, std::chrono::milliseconds(1));
 }
 
 result<void> client::barrier(std::uint32_t node, std::vector<std::uint32_t> members) {

@@ -17,8 +17,9 @@
 // context id << 32 | tag). The bytes are received in the envelopes' match order for each
 // (communicator, source, tag), so MPI's own matching picks the same message.
 //
-// While this rank waits in spin-emu, its buffered sends keep moving (client::set_while_waiting):
-// a receiver's PMPI_Recv of a large message may need the sender's MPI progress.
+// While this rank waits in spin-emu, through any client (spin::coll's too), its buffered sends
+// keep moving (client::set_while_waiting): a receiver's PMPI_Recv of a large message may need
+// the sender's MPI progress, and the receiver holds the simulation until it ends.
 #include "vt.hpp"
 
 #include <algorithm>
@@ -409,7 +410,7 @@ void p2p_start() {
   world_info.nodes = vt.world_nodes;
   self_info.context = 1;
   self_info.nodes = {vt.node};
-  vt.cl->set_while_waiting(progress, std::chrono::milliseconds(1));
+  host::client::set_while_waiting(progress, std::chrono::milliseconds(1));
 }
 
 void p2p_comm_created(MPI_Comm newcomm) {
@@ -426,6 +427,7 @@ void p2p_comm_created(MPI_Comm newcomm) {
 
 void p2p_finalize() {
   if (!vt.on) return;
+  host::client::set_while_waiting(nullptr, std::chrono::milliseconds(1));
   std::lock_guard g(sends_mu);
   for (auto& b : sends) PMPI_Wait(&b.req, MPI_STATUS_IGNORE);
   sends.clear();

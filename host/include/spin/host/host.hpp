@@ -259,11 +259,12 @@ public:
   result<std::optional<protocol::p2p_match>> p2p_probe(std::uint32_t node, std::uint32_t source, std::uint64_t match_bits,
                                                        std::uint64_t ignore_bits, std::chrono::nanoseconds timeout);
 
-  /// While a call waits for its reply, runs `hook` every `every` of wall-clock time on the
-  /// calling thread (empty: none). For a program that must keep another library moving while
-  /// it waits in virtual time (libspin-mpi progresses its buffered MPI sends). The hook must
-  /// not use this client.
-  void set_while_waiting(std::function<void()> hook, std::chrono::milliseconds every);
+  /// While any client of this process waits for a reply, `hook` runs every `every` of wall-clock
+  /// time on the waiting thread (empty: none). For a program that must keep another library
+  /// moving while it waits in virtual time: libspin-mpi progresses its buffered MPI sends, also
+  /// while spin::coll's own clients wait (a rank that receives them may hold the simulation in
+  /// MPI until they move). Set it before any client waits; the hook must not use a client.
+  static void set_while_waiting(std::function<void()> hook, std::chrono::milliseconds every);
 
   /// The virtual time (since the simulation began) that the last attach, wait, sleep, charge or
   /// barrier reply of any client of this process to the same server gave: between two of its waits a
@@ -300,8 +301,6 @@ private:
   std::string _socket;                              // as connect was given it
   std::shared_ptr<std::atomic<std::int64_t>> _clock;  // the process's virtual clock of this server (attach)
   std::map<std::vector<std::uint32_t>, std::uint64_t> _barriers;  // barriers so far, per member set
-  std::function<void()> _while_waiting;             // set_while_waiting
-  std::chrono::milliseconds _wait_every{0};
 };
 
 } // namespace spin::host
