@@ -740,8 +740,39 @@ int MPI_Comm_split_type(MPI_Comm comm, int split_type, int key, MPI_Info info, M
     SPIN_MPI_CREATES(MPI_Comm_split_type, comm, newcomm, comm, split_type, key, info, newcomm)
 int MPI_Comm_create(MPI_Comm comm, MPI_Group group, MPI_Comm* newcomm)
     SPIN_MPI_CREATES(MPI_Comm_create, comm, newcomm, comm, group, newcomm)
+int MPI_Cart_create(MPI_Comm comm_old, int ndims, const int dims[], const int periods[], int reorder, MPI_Comm* comm_cart)
+    SPIN_MPI_CREATES(MPI_Cart_create, comm_old, comm_cart, comm_old, ndims, dims, periods, reorder, comm_cart)
+int MPI_Cart_sub(MPI_Comm comm, const int remain_dims[], MPI_Comm* newcomm)
+    SPIN_MPI_CREATES(MPI_Cart_sub, comm, newcomm, comm, remain_dims, newcomm)
+int MPI_Graph_create(MPI_Comm comm_old, int nnodes, const int index[], const int edges[], int reorder, MPI_Comm* comm_graph)
+    SPIN_MPI_CREATES(MPI_Graph_create, comm_old, comm_graph, comm_old, nnodes, index, edges, reorder, comm_graph)
+int MPI_Dist_graph_create_adjacent(MPI_Comm comm_old, int indegree, const int sources[], const int sourceweights[], int outdegree,
+                                   const int destinations[], const int destweights[], MPI_Info info, int reorder,
+                                   MPI_Comm* comm_dist_graph)
+    SPIN_MPI_CREATES(MPI_Dist_graph_create_adjacent, comm_old, comm_dist_graph, comm_old, indegree, sources, sourceweights, outdegree,
+                     destinations, destweights, info, reorder, comm_dist_graph)
+int MPI_Dist_graph_create(MPI_Comm comm_old, int n, const int sources[], const int degrees[], const int destinations[],
+                          const int weights[], MPI_Info info, int reorder, MPI_Comm* comm_dist_graph)
+    SPIN_MPI_CREATES(MPI_Dist_graph_create, comm_old, comm_dist_graph, comm_old, n, sources, degrees, destinations, weights, info,
+                     reorder, comm_dist_graph)
+// Collective over both groups of the intercommunicator (member_nodes takes both).
+int MPI_Intercomm_merge(MPI_Comm intercomm, int high, MPI_Comm* newintracomm)
+    SPIN_MPI_CREATES(MPI_Intercomm_merge, intercomm, newintracomm, intercomm, high, newintracomm)
 
 #undef SPIN_MPI_CREATES
+
+// Constructors whose members virtual time cannot name before the call: MPI_Comm_create_group is
+// collective over a group, not a communicator, and MPI_Intercomm_create's leaders talk over a
+// peer communicator to a group this rank does not know yet. Refused in virtual time.
+int MPI_Comm_create_group(MPI_Comm comm, MPI_Group group, int tag, MPI_Comm* newcomm) {
+  if (vt.on) return vt_refuse(comm, "MPI_Comm_create_group", "its members meet outside what the simulation can see");
+  return PMPI_Comm_create_group(comm, group, tag, newcomm);
+}
+int MPI_Intercomm_create(MPI_Comm local_comm, int local_leader, MPI_Comm peer_comm, int remote_leader, int tag,
+                         MPI_Comm* newintercomm) {
+  if (vt.on) return vt_refuse(local_comm, "MPI_Intercomm_create", "its leaders meet outside what the simulation can see");
+  return PMPI_Intercomm_create(local_comm, local_leader, peer_comm, remote_leader, tag, newintercomm);
+}
 
 
 int MPI_Finalize(void) {

@@ -9,7 +9,7 @@
 // simulation could move past its send:
 //  - a standard, buffered or ready send copies the bytes, posts the envelope and a PMPI_Isend
 //    of the copy, and returns (a buffered send: complete at once in virtual time);
-//  - a synchronous send posts its envelope with an id and a PMPI_Issend, then waits in virtual
+//  - a synchronous send does the same with an id on its envelope, then waits in virtual
 //    time until a receive matched it and word of that came back;
 //  - a receive posts its envelope receive, waits for the match, then PMPI_Recv's with the exact
 //    source and tag the envelope carried.
@@ -134,7 +134,6 @@ struct op {
   bool received = false;           // recv: the bytes are in buf (status holds MPI's status)
   int mpi_error = MPI_SUCCESS;     // recv: what PMPI_Recv returned (MPI_ERR_TRUNCATE, ...)
   MPI_Status status{};
-  MPI_Request inner = MPI_REQUEST_NULL;  // ssend's PMPI_Issend
 };
 std::recursive_mutex p2p_mu;  // one point-to-point call at a time per process
 std::map<MPI_Request, std::unique_ptr<op>> ops;  // by the user's request handle
@@ -256,8 +255,11 @@ std::uint64_t bytes_of(int count, MPI_Datatype type) {
   return static_cast<std::uint64_t>(std::max(0, count)) * static_cast<std::uint64_t>(std::max(0, size));
 }
 
-/// Posts a send's envelope and hands the bytes to MPI. Synchronous: `o` gets the envelope id
-/// and the PMPI_Issend (wait for both); else the bytes are copied and `o` is complete.
+/// Posts a send's envelope and hands a copy of the bytes to MPI (a PMPI_Isend completed later:
+/// progress, p2p_finalize). Synchronous: `o` gets the envelope id, and completes when spin-emu
+/// says a receive matched it; its bytes do not wait in MPI for that receive's PMPI_Recv, which
+/// the receiving rank may post only after the simulation has moved on (it could wait for a
+/// synchronous send of its own: the textbook Irecv, Ssend, Wait exchange).
 int post_send(const void* buf, int count, MPI_Datatype type, int dest, int tag, MPI_Comm comm, bool sync, op& o, const char* call) {
   const comm_info* info = info_of(comm);
   if (info == nullptr)
@@ -273,10 +275,7 @@ int post_send(const void* buf, int count, MPI_Datatype type, int dest, int tag, 
     std::lock_guard g(vt.mu);
     if (auto r = vt.cl->p2p_send(vt.node, to, bits, bytes_of(count, type), o.id); !r) return failed(comm, call, r.err());
   }
-  if (sync) {
-    live.push_back(&o);
-    return PMPI_Issend(buf, count, type, dest, tag, comm, &o.inner);
-  }
+  if (sync) live.push_back(&o);
   auto [base, copy] = copy_of(buf, count, type);
   buffered b;
   b.copy = std::move(copy);
@@ -326,9 +325,6 @@ int finish(op& o, MPI_Status* status, const char* call) {
     else
       e = o.mpi_error;
     if (status != MPI_STATUS_IGNORE) *status = o.status;
-  } else if (o.k == kind::ssend) {
-    e = PMPI_Wait(&o.inner, MPI_STATUS_IGNORE);
-    if (status != MPI_STATUS_IGNORE) query_status(&o, status);
   } else if (status != MPI_STATUS_IGNORE) {
     query_status(&o, status);
   }
@@ -442,7 +438,8 @@ extern "C" {
 // ---- point to point: in virtual time through the envelopes above; else straight to PMPI ----
 
 #define SPIN_MPI_VT_ONLY(call, ...)                                        \
-  if (!vt.on || intercomm(comm)) return P##call(__VA_ARGS__);
+  if (!vt.on) return P##call(__VA_ARGS__);                                  \
+  if (intercomm(comm)) return vt_refuse(comm, #call, "point to point on an intercommunicator is not supported");
 
 namespace {
 int send_common(const void* buf, int count, MPI_Datatype type, int dest, int tag, MPI_Comm comm, bool sync, const char* call) {
@@ -663,13 +660,15 @@ int mprobe_common(int source, int tag, MPI_Comm comm, int* flag, MPI_Message* me
 } // namespace
 
 int MPI_Mprobe(int source, int tag, MPI_Comm comm, MPI_Message* message, MPI_Status* status) {
-  if (!vt.on || intercomm(comm) || source == MPI_PROC_NULL || bad_recv_args(0, source, tag, comm))
-    return PMPI_Mprobe(source, tag, comm, message, status);
+  if (!vt.on) return PMPI_Mprobe(source, tag, comm, message, status);
+  if (intercomm(comm)) return vt_refuse(comm, "MPI_Mprobe", "point to point on an intercommunicator is not supported");
+  if (source == MPI_PROC_NULL || bad_recv_args(0, source, tag, comm)) return PMPI_Mprobe(source, tag, comm, message, status);
   return mprobe_common(source, tag, comm, nullptr, message, status, "MPI_Mprobe");
 }
 int MPI_Improbe(int source, int tag, MPI_Comm comm, int* flag, MPI_Message* message, MPI_Status* status) {
-  if (!vt.on || intercomm(comm) || source == MPI_PROC_NULL || bad_recv_args(0, source, tag, comm))
-    return PMPI_Improbe(source, tag, comm, flag, message, status);
+  if (!vt.on) return PMPI_Improbe(source, tag, comm, flag, message, status);
+  if (intercomm(comm)) return vt_refuse(comm, "MPI_Improbe", "point to point on an intercommunicator is not supported");
+  if (source == MPI_PROC_NULL || bad_recv_args(0, source, tag, comm)) return PMPI_Improbe(source, tag, comm, flag, message, status);
   return mprobe_common(source, tag, comm, flag, message, status, "MPI_Improbe");
 }
 
@@ -683,7 +682,7 @@ int MPI_Wait(MPI_Request* request, MPI_Status* status) {
   op* o = ours(*request);
   if (o == nullptr) {
     if (foreign_pending(1, request))
-      return vt_refuse(MPI_COMM_WORLD, "MPI_Wait", "it waits for a request libspin-mpi did not make (a nonblocking collective)");
+      return vt_refuse(MPI_COMM_WORLD, "MPI_Wait", "it waits for a request libspin-mpi did not make (a nonblocking collective, a persistent request)");
     return PMPI_Wait(request, status);
   }
   if (auto r = learn({o}, 1); !r) return failed(o->comm, "MPI_Wait", r.err());
@@ -694,7 +693,7 @@ int MPI_Waitall(int count, MPI_Request requests[], MPI_Status statuses[]) {
   if (!vt.on) return PMPI_Waitall(count, requests, statuses);
   std::lock_guard g(p2p_mu);
   if (foreign_pending(count, requests))
-    return vt_refuse(MPI_COMM_WORLD, "MPI_Waitall", "it waits for a request libspin-mpi did not make (a nonblocking collective)");
+    return vt_refuse(MPI_COMM_WORLD, "MPI_Waitall", "it waits for a request libspin-mpi did not make (a nonblocking collective, a persistent request)");
   std::vector<op*> mine;
   for (int i = 0; i < count; ++i)
     if (op* o = requests[i] != MPI_REQUEST_NULL ? ours(requests[i]) : nullptr) mine.push_back(o);
@@ -717,7 +716,7 @@ namespace {
 /// requests that are complete count too.
 int some(int count, MPI_Request requests[], bool wait, bool one, std::vector<int>& done, std::vector<MPI_Status>& sts, const char* call) {
   if (foreign_pending(count, requests))
-    return vt_refuse(MPI_COMM_WORLD, call, "it waits for a request libspin-mpi did not make (a nonblocking collective)");
+    return vt_refuse(MPI_COMM_WORLD, call, "it waits for a request libspin-mpi did not make (a nonblocking collective, a persistent request)");
   std::vector<op*> mine;
   bool any_active = false;
   for (int i = 0; i < count; ++i) {

@@ -295,6 +295,28 @@ int main(int argc, char** argv) {
       check(sum == size, "the allreduce after halo exchange " + std::to_string(it) + " gave " + std::to_string(sum));
     }
     stamp(c, "halo exchanges", false);
+    // The textbook synchronous exchange (Irecv, Ssend, Wait) on a Cartesian ring: the
+    // synchronous send completes when the peer's receive matched it, in virtual time, before
+    // the peer takes the bytes from MPI.
+    {
+      MPI_Comm ring;
+      const int dims[1] = {size}, periods[1] = {1};
+      check(MPI_Cart_create(c, 1, dims, periods, 0, &ring) == MPI_SUCCESS, "MPI_Cart_create failed");
+      int src = -1, dst = -1;
+      MPI_Cart_shift(ring, 0, 1, &src, &dst);
+      const int peer = rank ^ 1;
+      int got = -1, mine = 500 + rank;
+      MPI_Request r;
+      MPI_Irecv(&got, 1, MPI_INT, peer, 40, ring, &r);
+      check(MPI_Ssend(&mine, 1, MPI_INT, peer, 40, ring) == MPI_SUCCESS, "MPI_Ssend in an exchange failed");
+      MPI_Wait(&r, MPI_STATUS_IGNORE);
+      check(got == 500 + peer, "the synchronous exchange got " + std::to_string(got));
+      int from = -1;
+      MPI_Sendrecv(&mine, 1, MPI_INT, dst, 41, &from, 1, MPI_INT, src, 41, ring, MPI_STATUS_IGNORE);
+      check(from == 500 + src, "a shift on the Cartesian ring got " + std::to_string(from));
+      MPI_Comm_free(&ring);
+      stamp(c, "synchronous exchange", false);
+    }
     // A message longer than the receive: MPI's own error (MPI_ERR_TRUNCATE), returned.
     {
       MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
